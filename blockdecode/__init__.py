@@ -1,0 +1,19 @@
+"""blockdecode: exact Blockwise Parallel Decoding (Stern, Shazeer & Uszkoreit, 2018) for transformers models."""
+
+from blockdecode.decode import BlockwiseOutput, DecodeStats, blockwise_generate
+from blockdecode.drafters import Drafter, HeadsDrafter, NgramDrafter, ScriptedDrafter
+from blockdecode.heads import HeadsConfig
+from blockdecode.model import BlockwiseLM, CheckpointError
+
+__all__ = [
+    "BlockwiseLM",
+    "BlockwiseOutput",
+    "CheckpointError",
+    "DecodeStats",
+    "Drafter",
+    "HeadsConfig",
+    "HeadsDrafter",
+    "NgramDrafter",
+    "ScriptedDrafter",
+    "blockwise_generate",
+]

@@ -1,0 +1,150 @@
+"""The `blockdecode` command."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+def load(model_dir: str, k: int | None, head_type: str, dtype: str):
+    """A BlockwiseLM and its tokenizer from a saved BlockwiseLM, or from a plain transformers
+    model directory (then with untrained heads: exact, but they rarely propose well)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from blockdecode.model import HEADS_CONFIG, BlockwiseLM
+
+    path = Path(model_dir)
+    if not path.is_dir():
+        raise SystemExit(f"error: --model {model_dir}: no such directory")
+    if (path / HEADS_CONFIG).is_file():
+        model = BlockwiseLM.from_pretrained(path, dtype=DTYPES[dtype])
+    else:
+        base = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype])
+        model = BlockwiseLM.from_base(base, k=k or 8, head_type=head_type)
+        print(f"note: {path} has no trained heads; using untrained {head_type} heads", file=sys.stderr)
+    tokenizer_dir = path if (path / "tokenizer.json").is_file() else model.base_location
+    return model.to(DTYPES[dtype]).eval(), AutoTokenizer.from_pretrained(tokenizer_dir)
+
+
+def cmd_generate(args: argparse.Namespace) -> None:
+    from blockdecode.drafters import NgramDrafter
+    from blockdecode.reference import first_divergence, greedy_generate
+
+    model, tokenizer = load(args.model, args.k, args.head_type, args.dtype)
+    ids = tokenizer(args.prompt, return_tensors="pt").input_ids
+    drafter = NgramDrafter() if args.drafter == "ngram" else None
+    out = model.generate(ids, args.max_new_tokens, drafter=drafter, k=args.k)
+    print(tokenizer.decode(out.sequences[0]))
+    s = out.stats
+    print(
+        f"\nblockwise ({args.drafter}, k={args.k or model.k}, {args.dtype}): {s.new_tokens} tokens, {s.calls} calls, "
+        f"mean accepted block {s.mean_block_size:.2f}, {s.tokens_per_second:.1f} tokens/s",
+        file=sys.stderr,
+    )
+    if args.compare:
+        ref, seconds = greedy_generate(model.base, ids, args.max_new_tokens, None)
+        new = ref.shape[1] - ids.shape[1]
+        print(f"greedy (transformers): {new} tokens, {new} calls, {new / seconds:.1f} tokens/s", file=sys.stderr)
+        diverged = first_divergence(model.base, ref, out.sequences)
+        print("identical: yes" if diverged is None else f"identical: NO ({diverged})", file=sys.stderr)
+
+
+def cmd_train(args: argparse.Namespace) -> None:
+    from blockdecode.train import TrainConfig, train
+
+    fields = {f for f in TrainConfig.__dataclass_fields__ if f != "extra"}
+    cfg = TrainConfig(**{name: value for name, value in vars(args).items() if name in fields and value is not None})
+    model = train(cfg)
+    print(f"saved {model.config.head_type} heads (k={model.k}) to {cfg.out}", file=sys.stderr)
+
+
+def add_train_parser(sub) -> None:
+    from blockdecode.train import MODES, TrainConfig
+
+    d = TrainConfig(base="", data=["-"], out="")
+    modes = "\n".join(f"  {name:17} {text}" for name, text in MODES.items())
+    p = sub.add_parser(
+        "train",
+        help="train proposal heads",
+        description=f"Train proposal heads. Modes:\n{modes}",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--base", required=True, help="transformers causal-LM directory (with its tokenizer for text data)")
+    p.add_argument("--data", nargs="+", required=True, help="text files, folders of them, or .npy token-id arrays")
+    p.add_argument("--out", required=True, help="where checkpoints, metrics.jsonl, training.png and the model go")
+    p.add_argument("--k", type=int, default=d.k, help="block size: heads p2..pk are trained")
+    p.add_argument("--mode", choices=tuple(MODES), default=d.mode)
+    p.add_argument("--head-type", choices=("paper", "medusa"), default=d.head_type)
+    p.add_argument("--head-hidden-size", type=int, default=d.head_hidden_size, help="0: the base's hidden size")
+    p.add_argument("--steps", type=int, default=d.steps)
+    p.add_argument("--batch-size", type=int, default=d.batch_size, help="global batch, split over processes")
+    p.add_argument("--seq-len", type=int, default=d.seq_len)
+    p.add_argument("--lr", type=float, default=d.lr, help="learning rate of the heads")
+    p.add_argument("--base-lr", type=float, default=d.base_lr, help="learning rate of the base (finetune modes)")
+    p.add_argument("--weight-decay", type=float, default=d.weight_decay)
+    p.add_argument("--warmup-steps", type=int, default=d.warmup_steps)
+    p.add_argument("--head-loss", choices=("all", "random"), default=d.head_loss, help="random: one head per step")
+    p.add_argument("--head-weights", type=float, nargs="+", default=None, help="k-1 weights for heads 2..k")
+    p.add_argument("--base-loss-weight", type=float, default=d.base_loss_weight, help="finetune: base's own loss")
+    p.add_argument("--holdout", type=float, default=d.holdout, help="fraction of sequences held out")
+    p.add_argument("--eval-every", type=int, default=d.eval_every)
+    p.add_argument("--eval-prompts", type=int, default=d.eval_prompts, help="held-out prompts decoded per eval")
+    p.add_argument("--log-every", type=int, default=d.log_every)
+    p.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every)
+    p.add_argument("--resume", action="store_true", help="continue from the checkpoint in --out")
+    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--mixed-precision", choices=("no", "bf16", "fp16"), default=d.mixed_precision)
+    p.add_argument("--distill-prompts", type=int, default=d.distill_prompts)
+    p.add_argument("--distill-new-tokens", type=int, default=d.distill_new_tokens)
+    p.add_argument("--distill-beams", type=int, default=d.distill_beams, help="1: greedy; more: beam search")
+    p.add_argument("--distill-cache", default=None, help="folder for distilled data, reused across runs")
+    p.set_defaults(func=cmd_train)
+
+
+def cmd_demo(args: argparse.Namespace) -> None:
+    from blockdecode.demo import run_demo
+
+    run_demo(max_new_tokens=args.max_new_tokens, k=args.k)
+
+
+def main(argv: list[str] | None = None) -> None:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    parser = argparse.ArgumentParser(prog="blockdecode", description=__doc__)
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    gen = sub.add_parser("generate", help="complete a prompt with exact blockwise decoding")
+    gen.add_argument("--model", required=True, help="a saved BlockwiseLM, or a transformers causal-LM directory")
+    gen.add_argument("--prompt", required=True)
+    gen.add_argument("--max-new-tokens", type=int, default=64)
+    gen.add_argument("--k", type=int, default=None, help="block size (default: the heads' k)")
+    gen.add_argument("--drafter", choices=("heads", "ngram"), default="heads", help="where proposals come from")
+    gen.add_argument("--head-type", choices=("paper", "medusa"), default="paper", help="for a model without heads")
+    gen.add_argument("--dtype", choices=tuple(DTYPES), default="fp32")
+    gen.add_argument("--compare", action="store_true", help="also run transformers greedy and compare outputs")
+    gen.set_defaults(func=cmd_generate)
+
+    add_train_parser(sub)
+
+    demo = sub.add_parser("demo", help="show blockwise decoding against greedy on the built-in model")
+    demo.add_argument("--max-new-tokens", type=int, default=96)
+    demo.add_argument("--k", type=int, default=8)
+    demo.set_defaults(func=cmd_demo)
+
+    args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    try:
+        args.func(args)
+    except (ValueError, FileNotFoundError) as err:
+        raise SystemExit(f"error: {err}") from err
+
+
+if __name__ == "__main__":
+    main()

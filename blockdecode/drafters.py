@@ -1,0 +1,91 @@
+"""Where proposals come from: the trained heads, n-gram lookup, or a scripted reference.
+
+Any object with `propose(tokens, hidden, n)` is a drafter; exactness never depends on it,
+only speed does, since every proposal is verified by the base model.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+import torch
+
+
+@runtime_checkable
+class Drafter(Protocol):
+    def propose(self, tokens: torch.LongTensor, hidden: torch.Tensor, n: int) -> torch.LongTensor:
+        """tokens [1, T]: everything decoded so far, ending with the base model's newest token;
+        hidden [1, D]: the base model's final hidden state at the position that produced that token;
+        returns [1, n]: guesses for the n tokens that follow."""
+        ...
+
+
+def check_proposal(draft: object, n: int, vocab_size: int) -> None:
+    """Raise a clear error for a drafter's output that is not n token ids of this vocabulary."""
+    if not isinstance(draft, torch.Tensor):
+        raise TypeError(f"the drafter returned {type(draft).__name__}; it must return a LongTensor of shape [1, {n}]")
+    if tuple(draft.shape) != (1, n):
+        raise ValueError(f"the drafter returned shape {tuple(draft.shape)}; expected [1, {n}]")
+    if draft.dtype not in (torch.int64, torch.int32):
+        raise TypeError(f"the drafter returned dtype {draft.dtype}; token ids must be integers")
+    if n and (int(draft.min()) < 0 or int(draft.max()) >= vocab_size):
+        raise ValueError(f"the drafter proposed token ids outside the vocabulary [0, {vocab_size})")
+
+
+class HeadsDrafter:
+    """The paper's proposals: argmax of heads p2..p(n+1) at the newest position."""
+
+    def __init__(self, heads: torch.nn.Module, output_projection: torch.nn.Module):
+        self.heads = heads
+        self.project = output_projection
+
+    def propose(self, tokens: torch.LongTensor, hidden: torch.Tensor, n: int) -> torch.LongTensor:
+        states = self.heads(hidden)[:, :n]  # [1, n, D]
+        return self.project(states).argmax(-1)
+
+
+class NgramDrafter:
+    """Prompt lookup: find the newest earlier occurrence of the last `max_ngram`..`min_ngram`
+    tokens and propose what followed it. Needs no training; strong on repetitive text and code."""
+
+    def __init__(self, max_ngram: int = 3, min_ngram: int = 1):
+        if not 1 <= min_ngram <= max_ngram:
+            raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
+        self.max_ngram, self.min_ngram = max_ngram, min_ngram
+
+    def propose(self, tokens: torch.LongTensor, hidden: torch.Tensor, n: int) -> torch.LongTensor:
+        seq = tokens[0].tolist()
+        guess: list[int] = []
+        for size in range(min(self.max_ngram, len(seq) - 1), self.min_ngram - 1, -1):
+            tail = seq[-size:]
+            for start in range(len(seq) - size - 1, -1, -1):
+                if seq[start : start + size] == tail:
+                    guess = seq[start + size : start + size + n]
+                    break
+            if guess:
+                break
+        # Pad a short or missing match by repeating the newest token: any guess is safe to verify.
+        guess += [guess[-1] if guess else seq[-1]] * (n - len(guess))
+        return torch.tensor([guess], dtype=torch.long, device=tokens.device)
+
+
+class ScriptedDrafter:
+    """Proposes a known continuation (e.g. the greedy reference), each token right with
+    probability `accuracy` and replaced by another id otherwise: every acceptance length
+    can be exercised, and accuracy=1 gives the ceiling a perfect drafter reaches."""
+
+    def __init__(self, reference: torch.LongTensor, accuracy: float = 1.0, seed: int = 0, vocab_size: int = 2):
+        if not 0.0 <= accuracy <= 1.0:
+            raise ValueError(f"accuracy must lie in [0, 1], got {accuracy}")
+        self.reference = reference.reshape(-1).tolist()
+        self.accuracy = accuracy
+        self.vocab_size = vocab_size
+        self.rng = torch.Generator().manual_seed(seed)
+
+    def propose(self, tokens: torch.LongTensor, hidden: torch.Tensor, n: int) -> torch.LongTensor:
+        start = tokens.shape[1]
+        truth = self.reference[start : start + n]
+        truth += [0] * (n - len(truth))
+        wrong = torch.rand(n, generator=self.rng) >= self.accuracy
+        guess = [(t + 1) % self.vocab_size if bad else t for t, bad in zip(truth, wrong.tolist())]
+        return torch.tensor([guess], dtype=torch.long, device=tokens.device)

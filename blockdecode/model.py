@@ -1,0 +1,181 @@
+"""BlockwiseLM: a transformers causal LM plus proposal heads, saved and loaded as one."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+from torch import nn
+from transformers import AutoModelForCausalLM, PreTrainedModel
+
+from blockdecode.decode import BlockwiseOutput, blockwise_generate
+from blockdecode.drafters import Drafter, HeadsDrafter
+from blockdecode.heads import HeadsConfig, build_heads
+
+HEADS_CONFIG = "blockdecode.json"
+HEADS_WEIGHTS = "heads.safetensors"
+
+
+class CheckpointError(ValueError):
+    """A saved BlockwiseLM that cannot be loaded as it is: missing, corrupt or mismatched."""
+
+
+def atomic_write(path: Path, write) -> None:
+    """Call write(tmp_path), then rename over `path`: readers see the old file or the new, never half."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _location(name: str) -> str | None:
+    """An absolute folder if `name` is one, else the hub-style name as given, else None."""
+    if not name:
+        return None
+    return str(Path(name).resolve()) if Path(name).is_dir() else name
+
+
+class BlockwiseLM(nn.Module):
+    """`base` (any transformers causal LM) with `heads` that propose tokens 2..k ahead.
+
+    The heads share the base model's output projection, so they add one small layer and no
+    vocabulary-sized weights."""
+
+    def __init__(self, base: PreTrainedModel, config: HeadsConfig, base_location: str | None = None):
+        """`base_location`: where the base can be loaded from again (a folder or hub name), None
+        if it exists only in memory; a heads-only save records it."""
+        super().__init__()
+        self.base = base
+        self.config = config
+        self.base_location = base_location
+        projection = base.get_output_embeddings()
+        if projection is None:
+            raise ValueError(f"{type(base).__name__} has no output projection (lm_head); is it a causal LM?")
+        base_hidden = projection.weight.shape[1]
+        base_vocab = projection.weight.shape[0]
+        if config.hidden_size != base_hidden:
+            raise CheckpointError(
+                f"heads were built for hidden size {config.hidden_size}, the base model's is {base_hidden}"
+            )
+        if config.vocab_size != base_vocab:
+            raise CheckpointError(
+                f"heads were built for a vocabulary of {config.vocab_size}, the base model's is {base_vocab}"
+            )
+        self.heads = build_heads(config).to(device=projection.weight.device, dtype=projection.weight.dtype)
+
+    @classmethod
+    def from_base(
+        cls, base: PreTrainedModel, k: int = 8, head_type: str = "paper", head_hidden_size: int = 0
+    ) -> BlockwiseLM:
+        """Untrained heads on `base`: exact from the start, fast once trained."""
+        projection = base.get_output_embeddings()
+        cfg = HeadsConfig(
+            k=k,
+            head_type=head_type,
+            hidden_size=projection.weight.shape[1],
+            head_hidden_size=head_hidden_size,
+            vocab_size=projection.weight.shape[0],
+        )
+        return cls(base, cfg, base_location=_location(getattr(base, "name_or_path", "")))
+
+    @property
+    def k(self) -> int:
+        return self.config.k
+
+    def head_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Decoder outputs [..., D] -> logits of heads p2..pk [..., k-1, V]."""
+        return self.base.get_output_embeddings()(self.heads(hidden))
+
+    def generate(
+        self,
+        input_ids: torch.LongTensor,
+        max_new_tokens: int,
+        eos_token_id: int | Sequence[int] | None = None,
+        drafter: Drafter | None = None,
+        k: int | None = None,
+        cache_implementation: str = "dynamic",
+        on_block: Callable[[list[int]], None] | None = None,
+    ) -> BlockwiseOutput:
+        """Exact greedy decoding, up to k tokens per base-model call.
+
+        k defaults to the heads' block size; with a drafter it may be any k >= 1."""
+        k = self.k if k is None else k
+        if drafter is None:
+            if not isinstance(k, int) or not 1 <= k <= self.k:
+                raise ValueError(f"k must be between 1 and the heads' block size {self.k}, got {k!r}")
+            drafter = HeadsDrafter(self.heads, self.base.get_output_embeddings())
+        return blockwise_generate(
+            self.base, input_ids, max_new_tokens, drafter, k, eos_token_id, cache_implementation, on_block
+        )
+
+    def save_pretrained(self, directory: str | os.PathLike, save_base: bool = True) -> None:
+        """Write the heads (safetensors), their config (JSON) and, by default, the base model.
+
+        Every file is written atomically; the config goes last, so a directory that has it is whole."""
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        if save_base:
+            with tempfile.TemporaryDirectory(dir=directory, prefix=".base-") as tmp:
+                self.base.save_pretrained(tmp)
+                for item in Path(tmp).iterdir():
+                    os.replace(item, directory / item.name)
+        tensors = {name: t.detach().contiguous().cpu() for name, t in self.heads.state_dict().items()}
+        atomic_write(directory / HEADS_WEIGHTS, lambda p: save_file(tensors, p, metadata={"format": "pt"}))
+        meta = {"heads": self.config.to_dict(), "base_model": "." if save_base else self.base_location}
+        atomic_write(directory / HEADS_CONFIG, lambda p: Path(p).write_text(json.dumps(meta, indent=2) + "\n"))
+
+    @classmethod
+    def from_pretrained(
+        cls, directory: str | os.PathLike, base: PreTrainedModel | None = None, **base_kwargs
+    ) -> BlockwiseLM:
+        """Load heads saved by save_pretrained, on `base` or on the base model they name."""
+        directory = Path(directory)
+        config_path = directory / HEADS_CONFIG
+        if not config_path.is_file():
+            raise CheckpointError(f"{directory} holds no {HEADS_CONFIG}: not a saved BlockwiseLM")
+        try:
+            meta = json.loads(config_path.read_text())
+            cfg = HeadsConfig(**meta["heads"])
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError) as err:
+            raise CheckpointError(f"{config_path} is corrupt: {err}") from err
+        location = meta.get("base_model")
+        if location is None:
+            if base is None:
+                raise CheckpointError(
+                    f"{directory} holds heads only, saved from a base model that was never on disk: pass base="
+                )
+        elif not isinstance(location, str) or not location:
+            raise CheckpointError(f"{config_path} has an invalid base_model entry {location!r}")
+        elif location == ".":
+            location = str(directory.resolve())
+        elif (directory / location).is_dir():  # a relative folder is read from the checkpoint's
+            location = str((directory / location).resolve())
+        if base is None:
+            base = AutoModelForCausalLM.from_pretrained(location, **base_kwargs)
+        model = cls(base, cfg, base_location=location)
+        weights = directory / HEADS_WEIGHTS
+        try:
+            state = load_file(str(weights))
+        except FileNotFoundError as err:
+            raise CheckpointError(f"{weights} is missing") from err
+        except (SafetensorError, OSError) as err:
+            raise CheckpointError(f"{weights} is corrupt or truncated: {err}") from err
+        expected = model.heads.state_dict()
+        if set(state) != set(expected) or any(state[n].shape != expected[n].shape for n in expected):
+            raise CheckpointError(
+                f"{weights} does not match its config (k={cfg.k}, head_type={cfg.head_type}, "
+                f"hidden_size={cfg.hidden_size}, head_hidden_size={cfg.head_hidden_size})"
+            )
+        model.heads.load_state_dict(state)
+        return model

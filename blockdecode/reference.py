@@ -1,0 +1,60 @@
+"""Plain greedy decoding with transformers, and where another output departs from it.
+
+Every exactness claim (tests, CLI --compare, demo, bench) is checked against this."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from transformers import PreTrainedModel
+
+from blockdecode.decode import resolve_eos
+
+
+@torch.inference_mode()
+def greedy_generate(
+    model: PreTrainedModel, input_ids: torch.LongTensor, max_new_tokens: int, eos_token_id: int | Sequence[int] | None
+) -> tuple[torch.LongTensor, float]:
+    """transformers' own greedy generate and its wall time; eos resolved as blockdecode does."""
+    eos = sorted(resolve_eos(model, eos_token_id))
+    start = time.perf_counter()
+    out = model.generate(
+        input_ids,
+        attention_mask=torch.ones_like(input_ids),
+        do_sample=False,
+        max_new_tokens=max_new_tokens,
+        eos_token_id=eos or None,
+        pad_token_id=eos[0] if eos else 0,
+    )
+    return out, time.perf_counter() - start
+
+
+@dataclass
+class Divergence:
+    """The first position where two outputs differ, and how close the reference's call was there."""
+
+    position: int  # index into the sequence (prompt included)
+    top2_gap: float  # reference logit gap between its best and second-best token at that position
+
+    def __str__(self) -> str:
+        return f"first differing token at position {self.position}; reference top-2 logit gap there {self.top2_gap:.3g}"
+
+
+@torch.inference_mode()
+def first_divergence(model: PreTrainedModel, reference: torch.LongTensor, other: torch.LongTensor) -> Divergence | None:
+    """None if the sequences are equal, else where they part and the reference's top-2 gap there.
+
+    A tiny gap means float non-associativity (a k-token pass against a 1-token pass, bf16)
+    can flip the argmax: a near-tie, not a decoding bug."""
+    a, b = reference[0].tolist(), other[0].tolist()
+    if a == b:
+        return None
+    pos = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    if pos == 0 or pos >= len(a):
+        return Divergence(pos, float("inf"))
+    logits = model(reference[:, :pos]).logits[0, -1].float()
+    top = logits.topk(2).values
+    return Divergence(pos, float(top[0] - top[1]))

@@ -1,0 +1,70 @@
+"""Small random-weight models built from configs: nothing is downloaded.
+
+Weights drawn wider than the usual init (std 0.02 makes a tiny model repeat one token)
+give varied greedy continuations, which is what exactness tests and loop benchmarks need.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import (
+    AutoModelForCausalLM,
+    GPT2Config,
+    GPTNeoXConfig,
+    LlamaConfig,
+    MistralConfig,
+    OPTConfig,
+    PhiConfig,
+    PretrainedConfig,
+    PreTrainedModel,
+    Qwen2Config,
+)
+
+
+def toy_config(arch: str, vocab: int = 512, width: int = 64, layers: int = 2, heads: int = 4, context: int = 512):
+    """A config of architecture `arch` at the given size."""
+    common = dict(vocab_size=vocab, bos_token_id=0, eos_token_id=1, pad_token_id=1)
+    llama_like = dict(
+        hidden_size=width,
+        intermediate_size=2 * width,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        max_position_embeddings=context,
+        **common,
+    )
+    builders: dict[str, PretrainedConfig] = {
+        "gpt2": lambda: GPT2Config(n_embd=width, n_layer=layers, n_head=heads, n_positions=context, **common),
+        "llama": lambda: LlamaConfig(num_key_value_heads=max(1, heads // 2), **llama_like),
+        "qwen2": lambda: Qwen2Config(num_key_value_heads=max(1, heads // 2), **llama_like),
+        "mistral": lambda: MistralConfig(num_key_value_heads=heads, sliding_window=None, **llama_like),
+        "gpt_neox": lambda: GPTNeoXConfig(rotary_pct=0.5, **llama_like),
+        "opt": lambda: OPTConfig(
+            hidden_size=width,
+            ffn_dim=2 * width,
+            num_hidden_layers=layers,
+            num_attention_heads=heads,
+            max_position_embeddings=context,
+            word_embed_proj_dim=width,
+            **common,
+        ),
+        "phi": lambda: PhiConfig(partial_rotary_factor=0.5, **llama_like),
+    }
+    if arch not in builders:
+        raise ValueError(f"unknown toy architecture {arch!r}: choose one of {', '.join(builders)}")
+    return builders[arch]()
+
+
+TOY_ARCHITECTURES = ("gpt2", "llama", "qwen2", "mistral", "gpt_neox", "opt", "phi")
+
+
+def toy_model(arch: str = "llama", seed: int = 0, std: float = 0.2, **size) -> PreTrainedModel:
+    """A random-weight causal LM in eval mode; 2-D weights ~ N(0, std) for varied greedy text."""
+    torch.manual_seed(seed)
+    config = toy_config(arch, **size)
+    config._attn_implementation = "eager" if arch == "opt" else "sdpa"
+    model = AutoModelForCausalLM.from_config(config)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.normal_(0.0, std)
+    return model.eval()

@@ -1,0 +1,485 @@
+"""Training the proposal heads: frozen, fine-tuned or distilled (Stern et al., 2018, §5).
+
+Head i at position t learns the token at t+i; head 1 is the base model's own next-token
+prediction. The same code runs on one CPU or under `accelerate launch` on many devices."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import random
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from accelerate import Accelerator, DistributedDataParallelKwargs
+from accelerate.state import AcceleratorState
+from torch import nn
+from tqdm.auto import tqdm
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
+
+from blockdecode.data import load_tokens, pack, split
+from blockdecode.decode import blockwise_generate, capture_decoder_output, context_length, resolve_eos
+from blockdecode.drafters import HeadsDrafter
+from blockdecode.model import BlockwiseLM, atomic_write
+
+MODES = {
+    "frozen": "base frozen (inference mode), heads trained on the data; decoding stays the original model's",
+    "finetune": "base and heads trained together, the base's own loss kept in the objective; the result is a new base",
+    "distill": "frozen base, heads trained on the base model's own greedy/beam continuations of data prompts",
+    "finetune+distill": "fine-tune base and heads on the base model's own continuations (the paper's best)",
+}
+HEAD_LOSSES = ("all", "random")
+IGNORE = -100
+
+
+@dataclass
+class TrainConfig:
+    """One training run. `batch_size` is the global batch, split across processes."""
+
+    base: str
+    data: list[str]
+    out: str
+    k: int = 8
+    mode: str = "frozen"
+    head_type: str = "paper"
+    head_hidden_size: int = 0
+    steps: int = 1000
+    batch_size: int = 8
+    seq_len: int = 256
+    lr: float = 1e-3
+    base_lr: float = 5e-5
+    weight_decay: float = 0.0
+    warmup_steps: int = 20
+    head_loss: str = "all"
+    head_weights: list[float] | None = None
+    base_loss_weight: float = 1.0
+    holdout: float = 0.05
+    eval_every: int = 100
+    eval_batches: int = 4
+    eval_prompts: int = 4
+    eval_prompt_len: int = 32
+    eval_new_tokens: int = 64
+    log_every: int = 10
+    checkpoint_every: int = 100
+    resume: bool = False
+    seed: int = 0
+    mixed_precision: str = "no"
+    distill_prompts: int = 256
+    distill_prompt_len: int = 32
+    distill_new_tokens: int = 128
+    distill_beams: int = 1
+    distill_batch_size: int = 16
+    distill_cache: str | None = None
+    extra: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"unknown mode {self.mode!r}: choose one of {', '.join(MODES)}")
+        if self.head_loss not in HEAD_LOSSES:
+            raise ValueError(f"unknown head loss {self.head_loss!r}: choose one of {', '.join(HEAD_LOSSES)}")
+        if not isinstance(self.k, int) or self.k < 2:
+            raise ValueError(f"k must be an integer >= 2 to have heads to train, got {self.k!r}")
+        if self.head_weights is not None and len(self.head_weights) != self.k - 1:
+            raise ValueError(
+                f"head_weights needs {self.k - 1} values (heads 2..{self.k}), got {len(self.head_weights)}"
+            )
+        if self.head_weights is not None and min(self.head_weights) <= 0:
+            raise ValueError(f"head_weights must all be positive, got {self.head_weights}")
+        for name in ("steps", "batch_size", "seq_len", "eval_every", "log_every", "checkpoint_every"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.seq_len <= self.k:
+            raise ValueError(f"seq_len ({self.seq_len}) must exceed k ({self.k}) for every head to have targets")
+        if not self.data:
+            raise ValueError("no training data given")
+        if self.distill and self.distill_prompt_len + self.distill_new_tokens <= self.k:
+            raise ValueError(
+                f"distilled rows of {self.distill_prompt_len} + {self.distill_new_tokens} tokens are too short "
+                f"for k={self.k}"
+            )
+
+    @property
+    def finetune(self) -> bool:
+        return self.mode.startswith("finetune")
+
+    @property
+    def distill(self) -> bool:
+        return self.mode.endswith("distill")
+
+
+def head_targets(input_ids: torch.LongTensor, k: int) -> torch.LongTensor:
+    """labels [B, L, k]: labels[b, t, i-1] is the token head i must predict at position t,
+    input_ids[b, t+i], or IGNORE where that lies beyond the sequence or is padding (< 0)."""
+    b, length = input_ids.shape
+    labels = input_ids.new_full((b, length, k), IGNORE)
+    for i in range(1, k + 1):
+        labels[:, : max(0, length - i), i - 1] = input_ids[:, i:]
+    return labels.masked_fill(labels < 0, IGNORE)
+
+
+class Objective(nn.Module):
+    """Base + heads -> the training loss and per-head accuracy; the module accelerate wraps."""
+
+    def __init__(self, model: BlockwiseLM, cfg: TrainConfig):
+        super().__init__()
+        self.model = model
+        self.cfg = cfg
+
+    def train(self, mode: bool = True) -> Objective:
+        """A frozen base stays in inference mode (no dropout) whatever the heads do."""
+        super().train(mode)
+        self.model.base.train(mode and self.cfg.finetune)
+        return self
+
+    def forward(self, input_ids: torch.LongTensor, heads: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Summed cross-entropy per head [k] (head 1 is the base's own; heads 2..k not listed
+        stay 0) and per-head [k, 2] (correct, count) tallies. Sums, not means, so the loss can
+        be normalised by the token count over all processes (`combine_loss`)."""
+        base, k = self.model.base, self.cfg.k
+        labels = head_targets(input_ids, k)
+        with capture_decoder_output(base) as hidden, torch.set_grad_enabled(self.cfg.finetune and self.training):
+            logits = base(input_ids=input_ids.clamp(min=0), use_cache=False).logits
+        tallies = torch.zeros(k, 2, device=input_ids.device)
+        sums = [self._sum(logits, labels[..., 0])]
+        tallies[0] = self._tally(logits, labels[..., 0])
+        states = self.model.heads(hidden[0])  # [B, L, k-1, D]
+        project = base.get_output_embeddings()
+        for i in range(2, k + 1):
+            if i not in heads:
+                sums.append(sums[0].new_zeros(()))
+                continue
+            head_logits = project(states[:, : -(i - 1), i - 2])
+            target = labels[:, : -(i - 1), i - 1]
+            sums.append(self._sum(head_logits, target))
+            tallies[i - 1] = self._tally(head_logits, target)
+        return torch.stack(sums), tallies
+
+    @staticmethod
+    def _sum(logits: torch.Tensor, target: torch.LongTensor) -> torch.Tensor:
+        return F.cross_entropy(logits.flatten(0, 1).float(), target.flatten(), ignore_index=IGNORE, reduction="sum")
+
+    @staticmethod
+    def _tally(logits: torch.Tensor, target: torch.LongTensor) -> torch.Tensor:
+        valid = target != IGNORE
+        correct = (logits.argmax(-1) == target) & valid
+        return torch.stack([correct.sum(), valid.sum()]).float()
+
+
+def combine_loss(sums: torch.Tensor, counts: torch.Tensor, heads: list[int], cfg: TrainConfig) -> torch.Tensor:
+    """The objective: weighted mean over the heads scored of each head's per-token loss, plus
+    the base's own loss in finetune modes. `counts` are target tokens per head over the whole
+    global batch, so every token weighs the same however the batch is split over processes."""
+    weights = cfg.head_weights or [1.0] * (cfg.k - 1)
+    total = sum(weights[i - 2] for i in heads)
+    per_token = sums / counts.clamp(min=1)
+    loss = sum(per_token[i - 1] * (weights[i - 2] / total) for i in heads)
+    if cfg.finetune:
+        loss = loss + cfg.base_loss_weight * per_token[0]
+    return loss
+
+
+def batch_indices(step: int, n: int, batch_size: int, seed: int) -> torch.LongTensor:
+    """The global batch at `step`: epochs of a seeded permutation, so any step can be found
+    again on resume without replaying the ones before it."""
+    per_epoch = max(1, n // batch_size)
+    epoch, b = divmod(step, per_epoch)
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed * 1_000_003 + epoch))
+    if n < batch_size:
+        perm = perm.repeat(math.ceil(batch_size / n))
+    return perm[b * batch_size : (b + 1) * batch_size]
+
+
+def sampled_heads(step: int, cfg: TrainConfig) -> list[int]:
+    """Heads whose loss this step computes: all of 2..k, or one drawn uniformly (the paper's
+    memory saver), seeded by the step so resumed and multi-process runs draw alike."""
+    if cfg.head_loss == "all":
+        return list(range(2, cfg.k + 1))
+    gen = torch.Generator().manual_seed(cfg.seed * 7919 + step)
+    return [int(torch.randint(2, cfg.k + 1, (1,), generator=gen))]
+
+
+@torch.inference_mode()
+def distill_sequences(
+    base: PreTrainedModel, sequences: torch.LongTensor, cfg: TrainConfig, show: bool = True
+) -> torch.LongTensor:
+    """The base model's own continuations (greedy, or beam search) of prompts drawn evenly
+    from `sequences`: [N, prompt_len + new_tokens], -1 after an EOS (padding the loss ignores),
+    cached on disk by content hash so later runs reuse them."""
+    n = min(cfg.distill_prompts, len(sequences))
+    picks = torch.linspace(0, len(sequences) - 1, n).long()
+    prompts = sequences[picks, : cfg.distill_prompt_len]
+    key = hashlib.sha256()
+    key.update(prompts.numpy().tobytes())
+    key.update(json.dumps([cfg.distill_new_tokens, cfg.distill_beams, cfg.base]).encode())
+    for p in base.parameters():
+        key.update(p.detach().float().sum().numpy().tobytes())
+    cache_dir = Path(cfg.distill_cache or Path(cfg.out) / "distill-cache")
+    path = cache_dir / f"distill-{key.hexdigest()[:16]}.npy"
+    if path.is_file():
+        return torch.from_numpy(np.load(path))
+    device = next(base.parameters()).device
+    eos = sorted(resolve_eos(base, None))
+    width = cfg.distill_prompt_len + cfg.distill_new_tokens
+    rows = []
+    for start in tqdm(range(0, n, cfg.distill_batch_size), desc="distilling", disable=not show):
+        batch = prompts[start : start + cfg.distill_batch_size].to(device)
+        out = base.generate(
+            batch,
+            attention_mask=torch.ones_like(batch),
+            do_sample=False,
+            num_beams=cfg.distill_beams,
+            max_new_tokens=cfg.distill_new_tokens,
+            pad_token_id=0,
+        ).cpu()
+        padded = out.new_full((len(out), width), -1)
+        for r, row in enumerate(out.tolist()):
+            stop = next((i + 1 for i in range(cfg.distill_prompt_len, len(row)) if row[i] in eos), len(row))
+            padded[r, :stop] = torch.tensor(row[:stop])
+        rows.append(padded)
+    data = torch.cat(rows)
+    atomic_write(path, lambda p: _save_npy(p, data.numpy()))
+    return data
+
+
+@torch.inference_mode()
+def evaluate(objective: Objective, held_out: torch.LongTensor, cfg: TrainConfig, device) -> dict:
+    """Held-out loss and per-head top-1 accuracy, and the mean accepted block size measured by
+    actually decoding held-out prompts with exact blockwise decoding."""
+    model = objective.model
+    was_training = objective.training
+    objective.eval()
+    tallies, sums = torch.zeros(cfg.k, 2), torch.zeros(cfg.k)
+    heads = list(range(2, cfg.k + 1))
+    for b in range(min(cfg.eval_batches, math.ceil(len(held_out) / cfg.batch_size))):
+        batch = held_out[b * cfg.batch_size : (b + 1) * cfg.batch_size].to(device)
+        s, t = objective(batch, heads)
+        sums += s.float().cpu()
+        tallies += t.cpu()
+    drafter = HeadsDrafter(model.heads, model.base.get_output_embeddings())
+    blocks: list[int] = []
+    budget = cfg.eval_new_tokens
+    limit = context_length(model.base) or (cfg.eval_prompt_len + budget)
+    budget = min(budget, limit - cfg.eval_prompt_len)
+    for row in held_out[: cfg.eval_prompts]:
+        prompt = row[: cfg.eval_prompt_len].unsqueeze(0).to(device)
+        out = blockwise_generate(model.base, prompt, budget, drafter, cfg.k, eos_token_id=[])
+        blocks += out.stats.block_sizes
+    objective.train(was_training)
+    return {
+        "eval_base_loss": float(sums[0] / tallies[0, 1].clamp(min=1)),
+        "eval_head_loss": (sums / tallies[:, 1].clamp(min=1)).tolist(),
+        "eval_head_acc": (tallies[:, 0] / tallies[:, 1].clamp(min=1)).tolist(),
+        "eval_mean_block_size": sum(blocks) / max(1, len(blocks)),
+    }
+
+
+def load_base(cfg: TrainConfig) -> tuple[PreTrainedModel, object]:
+    """The base model and its tokenizer (None if the directory has none)."""
+    base = AutoModelForCausalLM.from_pretrained(cfg.base, dtype=torch.float32)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(cfg.base)
+    except (OSError, ValueError):
+        tokenizer = None
+    return base, tokenizer
+
+
+def train(cfg: TrainConfig, callback: Callable[[int, dict], None] | None = None) -> BlockwiseLM:
+    """Train heads as `cfg` says; write checkpoints, metrics.jsonl, training.png and the model to cfg.out."""
+    ddp = DistributedDataParallelKwargs(find_unused_parameters=cfg.head_loss == "random")
+    AcceleratorState._reset_state()  # a fresh precision setting per run, also for several runs in one process
+    # cpu=True where there is no GPU: without it, processes launched on CPUs by torchrun never meet.
+    accelerator = Accelerator(
+        mixed_precision=cfg.mixed_precision, kwargs_handlers=[ddp], cpu=not torch.cuda.is_available()
+    )
+    if cfg.batch_size % accelerator.num_processes:
+        raise ValueError(
+            f"batch_size {cfg.batch_size} does not split evenly over {accelerator.num_processes} processes"
+        )
+    out = Path(cfg.out)
+    ckpt_path = out / "checkpoint" / "state.pt"
+    main = accelerator.is_main_process
+
+    base, tokenizer = load_base(cfg)
+    limit = context_length(base)
+    if limit is not None and cfg.seq_len > limit:
+        raise ValueError(f"seq_len {cfg.seq_len} exceeds the base model's context of {limit} positions")
+    eos = getattr(base.generation_config, "eos_token_id", None)
+    eos = eos[0] if isinstance(eos, list) else eos
+    sequences = pack(load_tokens(cfg.data, tokenizer, eos), cfg.seq_len)
+    vocab = base.get_output_embeddings().weight.shape[0]
+    if int(sequences.max()) >= vocab or int(sequences.min()) < 0:
+        raise ValueError(f"the training data holds token ids outside the base model's vocabulary [0, {vocab})")
+    train_seqs, held_out = split(sequences, cfg.holdout)
+
+    state = None
+    if cfg.resume and ckpt_path.is_file():
+        state = torch.load(ckpt_path, map_location="cpu", weights_only=False)
+        saved = state["config"]
+        for name in ("k", "mode", "head_type", "head_hidden_size"):
+            if saved[name] != getattr(cfg, name):
+                raise ValueError(
+                    f"--resume: the checkpoint in {ckpt_path.parent} has {name}={saved[name]!r}, this run asks "
+                    f"for {getattr(cfg, name)!r}"
+                )
+    torch.manual_seed(cfg.seed)
+    model = BlockwiseLM.from_base(base, k=cfg.k, head_type=cfg.head_type, head_hidden_size=cfg.head_hidden_size)
+    if cfg.distill:
+        with accelerator.main_process_first():
+            train_seqs = distill_sequences(base, train_seqs, cfg, show=main)
+
+    model.base.requires_grad_(cfg.finetune)
+    groups = [{"params": list(model.heads.parameters()), "lr": cfg.lr}]
+    if cfg.finetune:
+        groups.append({"params": list(model.base.parameters()), "lr": cfg.base_lr})
+    optimizer = torch.optim.AdamW(groups, weight_decay=cfg.weight_decay)
+
+    def schedule(step: int) -> float:
+        if step < cfg.warmup_steps:
+            return (step + 1) / cfg.warmup_steps
+        progress = (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps)
+        return 0.1 + 0.45 * (1 + math.cos(math.pi * min(1.0, progress)))
+
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
+    objective = Objective(model, cfg).train()
+    start_step = 0
+    if state is not None:
+        model.heads.load_state_dict(state["heads"])
+        if cfg.finetune:
+            model.base.load_state_dict(state["base"])
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        torch.set_rng_state(state["torch_rng"])
+        random.setstate(state["python_rng"])
+        start_step = state["step"]
+    objective, optimizer = accelerator.prepare(objective, optimizer)
+
+    metrics_path = out / "metrics.jsonl"
+    if main:
+        out.mkdir(parents=True, exist_ok=True)
+        keep = [line for line in _read_jsonl(metrics_path) if line["step"] <= start_step] if state else []
+        atomic_write(metrics_path, lambda p: Path(p).write_text("".join(json.dumps(m) + "\n" for m in keep)))
+        if start_step == 0:
+            _log(
+                metrics_path,
+                {"step": 0, **evaluate(accelerator.unwrap_model(objective), held_out, cfg, accelerator.device)},
+            )
+
+    rank, world = accelerator.process_index, accelerator.num_processes
+    bar = tqdm(range(start_step, cfg.steps), initial=start_step, total=cfg.steps, desc=cfg.mode, disable=not main)
+    window_tokens, window_start = 0, time.perf_counter()
+    tallies = torch.zeros(cfg.k, 2)
+    for step in bar:
+        idx = batch_indices(step, len(train_seqs), cfg.batch_size, cfg.seed)[rank::world]
+        batch = train_seqs[idx].to(accelerator.device)
+        heads = sampled_heads(step, cfg)
+        with accelerator.autocast():
+            sums, t = objective(batch, heads)
+        counts = accelerator.reduce(t[:, 1], reduction="sum")
+        # DDP averages gradients over processes; scaling by `world` turns that into the global token mean.
+        loss = combine_loss(sums, counts, heads, cfg) * world
+        accelerator.backward(loss)
+        loss = accelerator.reduce(loss.detach(), reduction="sum") / world
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        tallies += accelerator.reduce(t.detach(), reduction="sum").cpu()
+        window_tokens += batch.numel() * world
+        done = step + 1
+        record: dict = {"step": done}
+        if done % cfg.log_every == 0 or done == cfg.steps:
+            acc = (tallies[:, 0] / tallies[:, 1].clamp(min=1)).tolist()
+            rate = window_tokens / (time.perf_counter() - window_start)
+            record.update(loss=float(loss), head_acc=acc, tokens_per_s=rate)
+            bar.set_postfix(loss=f"{float(loss):.3f}", acc="/".join(f"{a:.2f}" for a in acc), tok_s=f"{rate:.0f}")
+            tallies.zero_()
+            window_tokens, window_start = 0, time.perf_counter()
+            if done % cfg.eval_every == 0 or done == cfg.steps:
+                unwrapped = accelerator.unwrap_model(objective)
+                if main:
+                    record.update(evaluate(unwrapped, held_out, cfg, accelerator.device))
+            if main:
+                _log(metrics_path, record)
+        if done % cfg.checkpoint_every == 0 and done < cfg.steps:
+            _save_checkpoint(accelerator, objective, optimizer, scheduler, cfg, done, ckpt_path)
+        if callback is not None:
+            callback(done, record)
+
+    accelerator.wait_for_everyone()
+    model = accelerator.unwrap_model(objective).model
+    if main:
+        model.eval()
+        model.save_pretrained(out, save_base=cfg.finetune)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(out)
+        _plot(metrics_path, out / "training.png")
+    return model
+
+
+def _save_checkpoint(accelerator, objective, optimizer, scheduler, cfg: TrainConfig, step: int, path: Path) -> None:
+    """Everything a resumed run needs to continue as if never stopped, written atomically."""
+    accelerator.wait_for_everyone()
+    if not accelerator.is_main_process:
+        return
+    model = accelerator.unwrap_model(objective).model
+    state = {
+        "step": step,
+        "config": asdict(cfg),
+        "heads": model.heads.state_dict(),
+        "base": model.base.state_dict() if cfg.finetune else None,
+        "optimizer": optimizer.state_dict(),
+        "scheduler": scheduler.state_dict(),
+        "torch_rng": torch.get_rng_state(),
+        "python_rng": random.getstate(),
+    }
+    atomic_write(path, lambda p: torch.save(state, p))
+
+
+def _save_npy(path: str, array: np.ndarray) -> None:
+    with open(path, "wb") as f:  # a file object, so numpy adds no .npy to the temporary name
+        np.save(f, array)
+
+
+def _read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
+
+
+def _log(path: Path, record: dict) -> None:
+    with open(path, "a") as f:
+        f.write(json.dumps(record) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _plot(metrics_path: Path, png: Path) -> None:
+    """Loss and per-head accuracy over steps."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = _read_jsonl(metrics_path)
+    train_rows = [r for r in rows if "loss" in r]
+    fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(11, 4))
+    ax_loss.plot([r["step"] for r in train_rows], [r["loss"] for r in train_rows], label="train loss")
+    evals = [r for r in rows if "eval_base_loss" in r]
+    ax_loss.plot([r["step"] for r in evals], [r["eval_base_loss"] for r in evals], "o-", label="held-out base loss")
+    ax_loss.set_xlabel("step")
+    ax_loss.legend()
+    if train_rows:
+        for i in range(len(train_rows[0]["head_acc"])):
+            ax_acc.plot([r["step"] for r in train_rows], [r["head_acc"][i] for r in train_rows], label=f"head {i + 1}")
+    ax_acc.set_xlabel("step")
+    ax_acc.set_ylabel("top-1 accuracy (train)")
+    ax_acc.legend(fontsize="small", ncol=2)
+    if evals:
+        ax_acc.set_title(f"held-out mean accepted block: {evals[-1]['eval_mean_block_size']:.2f}")
+    fig.tight_layout()
+    atomic_write(png, lambda p: fig.savefig(p, format="png", dpi=100))
+    plt.close(fig)

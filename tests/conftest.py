@@ -1,0 +1,104 @@
+"""Shared test helpers: tiny random-weight models, transformers' greedy reference, and the exactness rule.
+
+Everything runs offline on CPU in fp32; a toy model generates 40 tokens in milliseconds."""
+
+from __future__ import annotations
+
+import functools
+import os
+
+os.environ["HF_HUB_OFFLINE"] = "1"  # before transformers is imported: tests never touch the hub
+os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+
+import torch  # noqa: E402
+from transformers import PreTrainedModel  # noqa: E402
+from transformers.utils import logging as hf_logging  # noqa: E402
+
+from blockdecode.toy import toy_model  # noqa: E402
+
+# One thread: these models are too small to gain from more, and with two the 2-core CI box showed
+# multi-second scheduling stalls on millisecond forwards.
+torch.set_num_threads(1)
+hf_logging.set_verbosity_error()  # "pass an attention_mask" advice is noise for unpadded single rows
+
+NO_EOS: list[int] = []  # an empty EOS list: transformers and blockdecode both decode the whole budget
+
+
+@functools.cache
+def tiny(arch: str, seed: int = 0, **size: int) -> PreTrainedModel:
+    """A cached toy model. Shared across tests, so tests must not modify it: build a fresh
+    `toy_model` for anything that edits weights or configs."""
+    model = toy_model(arch, seed=seed, **size)
+    assert model.dtype == torch.float32 and not model.training
+    return model
+
+
+def vocab_size(model: PreTrainedModel) -> int:
+    return model.get_output_embeddings().weight.shape[0]
+
+
+def make_prompt(length: int, vocab: int, seed: int = 0) -> torch.LongTensor:
+    """Random ids [1, length], avoiding 0 and 1 (the toys' BOS and EOS) so a prompt never looks special."""
+    return torch.randint(2, vocab, (1, length), generator=torch.Generator().manual_seed(seed))
+
+
+@torch.inference_mode()
+def hf_greedy(model: PreTrainedModel, ids: torch.LongTensor, max_new_tokens: int, **kwargs) -> torch.LongTensor:
+    """transformers' own greedy decoding, the ground truth. Omit eos_token_id to get the generation
+    config's EOS (the toys say 1); note that passing eos_token_id=None explicitly to transformers
+    disables EOS instead, while blockdecode reads None as "use the generation config"."""
+    mask = torch.ones_like(ids)
+    return model.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=max_new_tokens, **kwargs)
+
+
+@torch.inference_mode()
+def assert_greedy_equal(
+    model: PreTrainedModel,
+    ids: torch.LongTensor,
+    ours: torch.LongTensor,
+    ref: torch.LongTensor,
+    tol: float = 1e-4,
+    what: str = "",
+) -> None:
+    """Assert that `ours` is greedy decoding of `model` from prompt `ids`, given the reference `ref`.
+
+    The rule: the two sequences must be identical, with one exception. Verifying a block in one pass
+    sums in a different order than decoding token by token, and float non-associativity can flip a
+    near tie. So at the first position where they differ, run the base model in fp32 over the
+    reference prefix before it (one full forward, no cache); if the top-2 logit gap there is below
+    `tol` and our token is one of the tied ones (it trails the top logit by less than `tol`), the
+    difference is accepted and the rest, being a different context, is not compared. Anything else
+    fails: a token with a clear margin, or a length difference on identical tokens (an EOS or budget
+    bug), with a message giving the position and the gap."""
+    ours, ref = ours.reshape(-1).cpu(), ref.reshape(-1).cpu()
+    start = ids.shape[-1]
+    prefix = f"{what}: " if what else ""
+    assert torch.equal(ours[:start], ref[:start]), f"{prefix}the output does not begin with the prompt"
+    n = min(len(ours), len(ref))
+    diff = (ours[:n] != ref[:n]).nonzero()
+    if len(diff) == 0:
+        assert len(ours) == len(ref), (
+            f"{prefix}same tokens, but {len(ours) - start} new tokens where the reference has {len(ref) - start}"
+        )
+        return
+    pos = int(diff[0])
+    device = next(model.parameters()).device
+    logits = model(ref[None, :pos].to(device), use_cache=False).logits[0, -1].float().cpu()
+    top2 = logits.topk(2).values
+    gap = float(top2[0] - top2[1])
+    trail = float(logits.max() - logits[ours[pos]])
+    assert gap < tol and trail < tol, (
+        f"{prefix}new token {pos - start} (position {pos}) differs: ours {int(ours[pos])}, reference "
+        f"{int(ref[pos])}; reference top-2 logit gap {gap:.3g}, our token trails the top by {trail:.3g} "
+        f"(tolerance {tol})"
+    )
+
+
+def perturb_heads(lm: torch.nn.Module, seed: int = 0, std: float = 0.5) -> torch.nn.Module:
+    """Give the heads random weights, as if trained (badly): zero-init heads only ever propose the base
+    model's next token repeated, random ones propose arbitrary tokens, which exactness must survive."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in lm.heads.parameters():
+            torch.nn.init.normal_(p, std=std, generator=gen)
+    return lm

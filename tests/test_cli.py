@@ -1,0 +1,72 @@
+"""The `blockdecode` command as a user runs it: generate with --compare, and the demo."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from blockdecode import BlockwiseLM, demo
+from blockdecode.cli import main
+from blockdecode.corpus import train_tokenizer
+from blockdecode.toy import toy_model
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A saved BlockwiseLM with its tokenizer, as `blockdecode generate --model` takes it."""
+    text = "\n".join(f"def f{i}(x):\n    return x + {i}\n" for i in range(200))
+    tokenizer = train_tokenizer([text], vocab_size=300)
+    base = toy_model("llama", vocab=len(tokenizer), context=256)
+    directory = tmp_path_factory.mktemp("model")
+    BlockwiseLM.from_base(base, k=4).save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
+def test_generate_compare_reports_identical(model_dir: Path, capsys: pytest.CaptureFixture) -> None:
+    main(["generate", "--model", str(model_dir), "--prompt", "def f(x):", "--max-new-tokens", "20", "--compare"])
+    out, err = capsys.readouterr()
+    assert out.startswith("def f(x):")
+    assert "calls" in err and "mean accepted block" in err
+    assert "identical: yes" in err
+
+
+def test_generate_with_ngram_drafter_on_a_plain_model_dir(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """A transformers directory without heads gets untrained heads and a note saying so."""
+    tokenizer = train_tokenizer(["a b c d e f g " * 50], vocab_size=270)
+    toy_model("gpt2", vocab=len(tokenizer), context=128).save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    main(["generate", "--model", str(tmp_path), "--prompt", "a b c", "--max-new-tokens", "12", "--drafter", "ngram"])
+    err = capsys.readouterr().err
+    assert "no trained heads" in err and "ngram" in err
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--prompt", "x", "--k", "9"], "k must be between 1 and the heads' block size 4"),
+        (["--prompt", "x", "--max-new-tokens", "1000"], "exceeds the model's context of 256"),
+        (["--prompt", ""], "prompt is empty"),
+    ],
+)
+def test_generate_bad_input_exits_with_a_clear_message(model_dir: Path, argv: list[str], message: str) -> None:
+    with pytest.raises(SystemExit, match=message):
+        main(["generate", "--model", str(model_dir), *argv])
+
+
+def test_generate_missing_model_dir(tmp_path: Path) -> None:
+    with pytest.raises(SystemExit, match="no such directory"):
+        main(["generate", "--model", str(tmp_path / "nope"), "--prompt", "x"])
+
+
+def test_demo_prints_a_table_and_states_every_divergence(capsys: pytest.CaptureFixture) -> None:
+    rows = demo.run_demo(max_new_tokens=16, k=4)
+    out = capsys.readouterr().out
+    assert "identical" in out and "perfect drafter (ceiling)" in out
+    assert {r["method"] for r in rows} == {"n-gram drafter", "untrained heads", "perfect drafter (ceiling)"}
+    for r in rows:
+        assert r["calls"] >= 1 and r["mean_block"] >= 1.0
+        assert r["identical"] or "top-2 logit gap" in r["divergence"]
+        if not r["identical"]:
+            assert r["divergence"] in out

@@ -1,0 +1,155 @@
+"""Drafters on their own: what each proposes, and how bad proposals are caught before verification."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import perturb_heads, tiny
+
+from blockdecode import BlockwiseLM, Drafter, HeadsDrafter, NgramDrafter, ScriptedDrafter
+from blockdecode.drafters import check_proposal
+
+NO_HIDDEN = torch.zeros(1, 8)  # n-gram and scripted drafters ignore the hidden state
+
+
+def ngram(tokens: list[int], n: int, **kwargs: int) -> list[int]:
+    """NgramDrafter's proposal for `tokens`, as a list; checks the shape and dtype on the way."""
+    out = NgramDrafter(**kwargs).propose(torch.tensor([tokens]), NO_HIDDEN, n)
+    assert out.shape == (1, n) and out.dtype == torch.long
+    return out[0].tolist()
+
+
+def test_ngram_proposes_what_followed_the_most_recent_match() -> None:
+    assert ngram([1, 2, 3, 9, 1, 2, 4, 1, 2], 3, max_ngram=2) == [4, 1, 2]
+
+
+def test_ngram_prefers_the_longest_match() -> None:
+    """The tail [1, 2] matched early beats the more recent single-token match of [2]."""
+    assert ngram([5, 1, 2, 7, 3, 2, 8, 1, 2], 2) == [7, 3]
+    assert ngram([5, 1, 2, 7, 3, 2, 8, 1, 2], 2, max_ngram=1) == [8, 1]
+
+
+def test_ngram_pads_a_short_continuation_with_its_last_token() -> None:
+    assert ngram([1, 2, 3, 1, 2], 4) == [3, 1, 2, 2]
+
+
+def test_ngram_without_a_match_repeats_the_newest_token() -> None:
+    assert ngram([1, 2, 3], 3) == [3, 3, 3]
+    assert ngram([7], 2) == [7, 7]
+    assert ngram([4, 5, 6, 5], 2, min_ngram=2) == [5, 5]  # only a 1-gram would match
+    assert ngram([4, 5, 6, 5], 2, min_ngram=1) == [6, 5]
+
+
+def test_ngram_leaves_its_input_alone() -> None:
+    tokens = torch.tensor([[1, 2, 3, 1, 2]])
+    NgramDrafter().propose(tokens, NO_HIDDEN, 3)
+    assert tokens.tolist() == [[1, 2, 3, 1, 2]]
+
+
+@pytest.mark.parametrize("max_ngram, min_ngram", [(3, 0), (2, 3), (0, 0)])
+def test_ngram_rejects_bad_sizes(max_ngram: int, min_ngram: int) -> None:
+    with pytest.raises(ValueError, match="need 1 <= min_ngram <= max_ngram"):
+        NgramDrafter(max_ngram=max_ngram, min_ngram=min_ngram)
+
+
+REFERENCE = torch.arange(100, 140)[None]  # a stand-in "greedy sequence" of 40 tokens
+
+
+def test_scripted_perfect_returns_the_reference() -> None:
+    drafter = ScriptedDrafter(REFERENCE, accuracy=1.0, vocab_size=512)
+    for length in (1, 10, 33):
+        guess = drafter.propose(REFERENCE[:, :length], NO_HIDDEN, 5)
+        assert guess.tolist() == REFERENCE[:, length : length + 5].tolist()
+    assert drafter.propose(REFERENCE[:, :38], NO_HIDDEN, 4).tolist() == [[138, 139, 0, 0]]  # past the end
+
+
+def test_scripted_zero_accuracy_is_never_right() -> None:
+    drafter = ScriptedDrafter(REFERENCE, accuracy=0.0, vocab_size=140)
+    for length in range(1, 40):
+        guess = drafter.propose(REFERENCE[:, :length], NO_HIDDEN, 8)[0]
+        truth = REFERENCE[0, length : length + 8].tolist()
+        truth += [0] * (8 - len(truth))
+        assert all(g != t and 0 <= g < 140 for g, t in zip(guess.tolist(), truth))
+
+
+def test_scripted_errors_are_seeded_and_at_the_requested_rate() -> None:
+    """Same seed, same errors (tests are reproducible); about `accuracy` of the tokens are right."""
+
+    def hits(seed: int) -> list[bool]:
+        drafter = ScriptedDrafter(REFERENCE, accuracy=0.7, seed=seed, vocab_size=512)
+        out: list[bool] = []
+        for _ in range(100):
+            out += (drafter.propose(REFERENCE[:, :10], NO_HIDDEN, 8) == REFERENCE[:, 10:18])[0].tolist()
+        return out
+
+    assert hits(1) == hits(1) != hits(2)
+    assert 0.6 < sum(hits(1)) / 800 < 0.8
+
+
+@pytest.mark.parametrize("accuracy", [-0.1, 1.5])
+def test_scripted_rejects_bad_accuracy(accuracy: float) -> None:
+    with pytest.raises(ValueError, match="accuracy must lie in \\[0, 1\\]"):
+        ScriptedDrafter(REFERENCE, accuracy=accuracy)
+
+
+@pytest.mark.parametrize("head_type", ["paper", "medusa"])
+def test_untrained_heads_propose_the_next_token_repeated(head_type: str) -> None:
+    """Zero-init heads pass h through: every head predicts what the base model's own head 1 does."""
+    model = tiny("llama")
+    lm = BlockwiseLM.from_base(model, k=6, head_type=head_type)
+    drafter = HeadsDrafter(lm.heads, model.get_output_embeddings())
+    hidden = torch.randn(1, 64, generator=torch.Generator().manual_seed(0))
+    next_token = model.get_output_embeddings()(hidden).argmax(-1)
+    for n in (1, 3, 5):
+        assert torch.equal(drafter.propose(torch.tensor([[2]]), hidden, n), next_token.repeat(1, n))
+
+
+@pytest.mark.parametrize("head_type", ["paper", "medusa"])
+def test_random_heads_propose_their_own_argmax(head_type: str) -> None:
+    """Perturbed heads give arbitrary proposals: head i's argmax, heads beyond n unused."""
+    model = tiny("llama")
+    lm = perturb_heads(BlockwiseLM.from_base(model, k=6, head_type=head_type))
+    drafter = HeadsDrafter(lm.heads, model.get_output_embeddings())
+    hidden = torch.randn(1, 64, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        expected = lm.head_logits(hidden).argmax(-1)  # [1, 5]
+        assert torch.equal(drafter.propose(torch.tensor([[2]]), hidden, 5), expected)
+        assert torch.equal(drafter.propose(torch.tensor([[2]]), hidden, 2), expected[:, :2])
+    assert len(set(expected[0].tolist())) > 1, "random heads should not all agree"
+
+
+def test_every_drafter_satisfies_the_protocol() -> None:
+    lm = BlockwiseLM.from_base(tiny("llama"), k=2)
+    drafters = [NgramDrafter(), ScriptedDrafter(REFERENCE), HeadsDrafter(lm.heads, lm.base.get_output_embeddings())]
+    assert all(isinstance(d, Drafter) for d in drafters)
+
+
+@pytest.mark.parametrize(
+    "draft, n",
+    [
+        (torch.zeros(1, 3, dtype=torch.long), 3),
+        (torch.zeros(1, 3, dtype=torch.int32), 3),
+        (torch.full((1, 2), 99), 2),
+        (torch.zeros(1, 0, dtype=torch.long), 0),
+    ],
+)
+def test_check_proposal_accepts_good_drafts(draft: torch.Tensor, n: int) -> None:
+    check_proposal(draft, n, 100)
+
+
+@pytest.mark.parametrize(
+    "draft, error, match",
+    [
+        ([1, 2, 3], TypeError, "returned list; it must return a LongTensor of shape \\[1, 3\\]"),
+        (torch.zeros(3, dtype=torch.long), ValueError, "returned shape \\(3,\\); expected \\[1, 3\\]"),
+        (torch.zeros(1, 2, dtype=torch.long), ValueError, "returned shape \\(1, 2\\)"),
+        (torch.zeros(2, 3, dtype=torch.long), ValueError, "returned shape \\(2, 3\\)"),
+        (torch.zeros(1, 3), TypeError, "dtype torch.float32; token ids must be integers"),
+        (torch.zeros(1, 3, dtype=torch.bool), TypeError, "token ids must be integers"),
+        (torch.tensor([[1, 100, 2]]), ValueError, "outside the vocabulary \\[0, 100\\)"),
+        (torch.tensor([[1, -1, 2]]), ValueError, "outside the vocabulary"),
+    ],
+)
+def test_check_proposal_rejects_bad_drafts(draft: object, error: type, match: str) -> None:
+    with pytest.raises(error, match=match):
+        check_proposal(draft, 3, 100)

@@ -1,0 +1,138 @@
+"""Proposal heads: shapes, the zero-init identity, config validation, and sharing the base's output projection."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import perturb_heads, tiny
+
+from blockdecode import BlockwiseLM, HeadsConfig
+from blockdecode.heads import MedusaHeads, PaperHeads, build_heads
+from blockdecode.toy import toy_model
+
+HEAD_TYPES = ["paper", "medusa"]
+# k=1 paper heads are zero-width Linear layers; torch warns that initialising them is a no-op (see report).
+pytestmark = pytest.mark.filterwarnings("ignore:Initializing zero-element tensors:UserWarning")
+
+
+def heads(k: int, head_type: str, d: int = 16, **kwargs: int) -> torch.nn.Module:
+    return build_heads(HeadsConfig(k=k, head_type=head_type, hidden_size=d, vocab_size=50, **kwargs))
+
+
+@pytest.mark.parametrize("head_type", HEAD_TYPES)
+@pytest.mark.parametrize("k", [1, 2, 5, 8])
+@pytest.mark.parametrize("batch", [(), (1,), (2, 3)])
+def test_output_shape(head_type: str, k: int, batch: tuple[int, ...]) -> None:
+    """h [..., D] -> [..., k-1, D]; k=1 means no proposals, an empty but well-formed tensor."""
+    out = heads(k, head_type)(torch.randn(*batch, 16))
+    assert out.shape == (*batch, k - 1, 16)
+
+
+@pytest.mark.parametrize("head_type", HEAD_TYPES)
+def test_untrained_heads_return_h_exactly(head_type: str) -> None:
+    """Zero-init output layers: each head's state is h itself, so it proposes the base's next token."""
+    h = torch.randn(4, 16) * 10
+    assert torch.equal(heads(6, head_type)(h), h.unsqueeze(-2).expand(4, 5, 16))
+
+
+@pytest.mark.parametrize("head_type", HEAD_TYPES)
+def test_random_heads_are_finite_and_per_head(head_type: str) -> None:
+    """Random weights and large inputs give finite states that differ from h and between heads."""
+    module = heads(4, head_type)
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in module.parameters():
+            torch.nn.init.normal_(p, std=1.0, generator=gen)
+        h = torch.randn(3, 16, generator=gen) * 100
+        out = module(h)
+    assert torch.isfinite(out).all()
+    assert not torch.allclose(out[:, 0], h) and not torch.allclose(out[:, 0], out[:, 1])
+
+
+def test_paper_heads_form() -> None:
+    """Stern et al.: one ReLU layer of width (k-1)*d_hidden, its (k-1)*d outputs added back to h per head."""
+    module = heads(4, "paper", head_hidden_size=8)
+    assert isinstance(module, PaperHeads)
+    assert module.up.weight.shape == (3 * 8, 16) and module.down.weight.shape == (3 * 16, 3 * 8)
+    torch.nn.init.normal_(module.down.weight)
+    h = torch.randn(2, 16)
+    delta = module.down(torch.relu(module.up(h))).reshape(2, 3, 16)
+    torch.testing.assert_close(module(h), h[:, None] + delta)
+
+
+def test_medusa_heads_form() -> None:
+    """Medusa: an independent residual block h + SiLU(W h) per head."""
+    module = heads(4, "medusa")
+    assert isinstance(module, MedusaHeads) and len(module.blocks) == 3
+    for block in module.blocks:
+        torch.nn.init.normal_(block.weight)
+    h = torch.randn(2, 16)
+    expected = torch.stack([h + torch.nn.functional.silu(b(h)) for b in module.blocks], dim=1)
+    torch.testing.assert_close(module(h), expected)
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(k=0), "k must be an integer >= 1"),
+        (dict(k=-1), "k must be an integer >= 1"),
+        (dict(k=2.5), "k must be an integer >= 1"),
+        (dict(k="3"), "k must be an integer >= 1"),
+        (dict(head_type="eagle"), "unknown head_type 'eagle': choose one of paper, medusa"),
+        (dict(hidden_size=0), "hidden_size must be positive"),
+    ],
+)
+def test_config_validation(kwargs: dict, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        HeadsConfig(**{"hidden_size": 16, "vocab_size": 50, **kwargs})
+
+
+def test_config_defaults_and_round_trip() -> None:
+    cfg = HeadsConfig(k=4, hidden_size=16, vocab_size=50)
+    assert cfg.head_hidden_size == 16 and cfg.head_type == "paper"
+    assert HeadsConfig(k=4, hidden_size=16, head_hidden_size=8).head_hidden_size == 8
+    assert HeadsConfig(**cfg.to_dict()) == cfg
+
+
+def test_from_base_rejects_unknown_head_type() -> None:
+    with pytest.raises(ValueError, match="unknown head_type 'eagle'"):
+        BlockwiseLM.from_base(tiny("llama"), k=4, head_type="eagle")
+
+
+@pytest.mark.parametrize("head_type", HEAD_TYPES)
+def test_head_logits_share_the_base_projection(head_type: str) -> None:
+    """The heads add one small layer and no vocabulary-sized weights: logits come from the base's own
+    lm_head, the same tensor, not a copy (so editing it moves the heads' logits too)."""
+    base = toy_model("llama", vocab=97)  # private copy, edited below; 97 matches no other dimension
+    lm = perturb_heads(BlockwiseLM.from_base(base, k=5, head_type=head_type))
+    projection = base.get_output_embeddings().weight
+    head_params = list(lm.heads.parameters())
+    assert all(97 not in p.shape for p in head_params)
+    assert all(p.data_ptr() != projection.data_ptr() for p in head_params)
+    expected = 4 * (64 * 64 + 64) if head_type == "medusa" else (64 * 256 + 256) + (256 * 256 + 256)
+    assert sum(p.numel() for p in head_params) == expected
+    assert sum(p.numel() for p in lm.parameters()) == sum(p.numel() for p in base.parameters()) + expected
+
+    h = torch.randn(2, 64)
+    with torch.no_grad():
+        logits = lm.head_logits(h)
+        assert logits.shape == (2, 4, 97)
+        torch.testing.assert_close(logits, torch.nn.functional.linear(lm.heads(h), projection))
+        projection.mul_(2)
+        torch.testing.assert_close(lm.head_logits(h), 2 * logits)
+
+
+def test_untrained_head_logits_equal_the_base_logits() -> None:
+    model = tiny("gpt2")
+    lm = BlockwiseLM.from_base(model, k=3)
+    h = torch.randn(5, 64)
+    with torch.no_grad():
+        base = model.get_output_embeddings()(h)
+        torch.testing.assert_close(lm.head_logits(h), base[:, None].expand(5, 2, 512), rtol=0, atol=1e-5)
+
+
+def test_heads_follow_the_base_dtype() -> None:
+    """Heads are built on the projection's device and dtype, so bf16 bases get bf16 heads."""
+    base = toy_model("llama").to(torch.bfloat16)
+    lm = BlockwiseLM.from_base(base, k=3)
+    assert all(p.dtype == torch.bfloat16 for p in lm.heads.parameters())

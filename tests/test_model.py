@@ -1,0 +1,211 @@
+"""BlockwiseLM checkpoints: round trips, and a clear CheckpointError for anything missing, corrupt or mismatched."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import NO_EOS, make_prompt, perturb_heads, tiny
+from transformers import AutoModelForCausalLM
+
+from blockdecode import BlockwiseLM, CheckpointError, HeadsConfig, ScriptedDrafter
+from blockdecode.model import HEADS_CONFIG, HEADS_WEIGHTS
+
+pytestmark = pytest.mark.filterwarnings("ignore:Initializing zero-element tensors:UserWarning")
+
+
+def trained(head_type: str = "paper", k: int = 4, arch: str = "llama", **size: int) -> BlockwiseLM:
+    """Heads with random weights: a round trip of zero-init heads would prove little."""
+    return perturb_heads(BlockwiseLM.from_base(tiny(arch, **size), k=k, head_type=head_type), seed=1)
+
+
+def assert_same_heads(a: BlockwiseLM, b: BlockwiseLM) -> None:
+    assert a.config == b.config
+    sa, sb = a.heads.state_dict(), b.heads.state_dict()
+    assert sa.keys() == sb.keys() and all(torch.equal(sa[n], sb[n]) for n in sa)
+
+
+def assert_same_generation(a: BlockwiseLM, b: BlockwiseLM) -> None:
+    """Same tokens and same block sizes: the heads propose exactly what they did before saving."""
+    ids = make_prompt(6, 512)
+    for k in (None, 1):
+        x, y = a.generate(ids, 30, eos_token_id=NO_EOS, k=k), b.generate(ids, 30, eos_token_id=NO_EOS, k=k)
+        assert torch.equal(x.sequences, y.sequences)
+        assert (x.stats.calls, x.stats.block_sizes) == (y.stats.calls, y.stats.block_sizes)
+
+
+def leftovers(directory: Path) -> list[str]:
+    """Temporary files or folders a save may have left behind."""
+    return [p.name for p in directory.rglob("*") if p.name.endswith(".tmp") or p.name.startswith(".")]
+
+
+@pytest.mark.parametrize("head_type", ["paper", "medusa"])
+def test_round_trip_with_base(tmp_path: Path, head_type: str) -> None:
+    lm = trained(head_type)
+    lm.save_pretrained(tmp_path)
+    assert {HEADS_CONFIG, HEADS_WEIGHTS, "config.json"} <= {p.name for p in tmp_path.iterdir()}
+    assert leftovers(tmp_path) == []
+    assert json.loads((tmp_path / HEADS_CONFIG).read_text())["base_model"] == "."
+    loaded = BlockwiseLM.from_pretrained(tmp_path)
+    assert_same_heads(lm, loaded)
+    base, other = lm.base.state_dict(), loaded.base.state_dict()
+    assert all(torch.equal(base[n], other[n]) for n in base)
+    assert_same_generation(lm, loaded)
+
+
+@pytest.mark.parametrize("k", [1, 3, 8])
+@pytest.mark.parametrize("head_type", ["paper", "medusa"])
+def test_round_trip_heads_only(tmp_path: Path, head_type: str, k: int) -> None:
+    lm = trained(head_type, k=k)
+    lm.save_pretrained(tmp_path, save_base=False)
+    assert {p.name for p in tmp_path.iterdir()} == {HEADS_CONFIG, HEADS_WEIGHTS}
+    loaded = BlockwiseLM.from_pretrained(tmp_path, base=lm.base)
+    assert loaded.base is lm.base
+    assert_same_heads(lm, loaded)
+    assert_same_generation(lm, loaded)
+
+
+def test_saving_twice_overwrites_cleanly(tmp_path: Path) -> None:
+    trained(k=4).save_pretrained(tmp_path, save_base=False)
+    lm = trained("medusa", k=6)
+    lm.save_pretrained(tmp_path, save_base=False)
+    assert leftovers(tmp_path) == []
+    assert_same_heads(lm, BlockwiseLM.from_pretrained(tmp_path, base=lm.base))
+
+
+def test_heads_only_checkpoint_finds_a_base_loaded_from_disk(tmp_path: Path) -> None:
+    """A base loaded from a directory is recorded by its path, so the heads alone can be reloaded."""
+    trained().save_pretrained(tmp_path / "full")
+    base = AutoModelForCausalLM.from_pretrained(tmp_path / "full")
+    lm = perturb_heads(BlockwiseLM.from_base(base, k=4))
+    lm.save_pretrained(tmp_path / "heads", save_base=False)
+    loaded = BlockwiseLM.from_pretrained(tmp_path / "heads")
+    assert_same_heads(lm, loaded)
+    assert_same_generation(lm, loaded)
+
+
+def test_heads_only_checkpoint_of_an_in_memory_base_fails_clearly(tmp_path: Path) -> None:
+    """A base that came from no directory (built from a config) cannot be reloaded from a heads-only
+    checkpoint; that must be a CheckpointError naming the problem, not transformers' unrelated
+    "Unrecognized model" error. Exposes a bug: the config records base_model ".", which from_pretrained
+    reads as "the base is saved here" (see the report)."""
+    trained().save_pretrained(tmp_path, save_base=False)
+    with pytest.raises(CheckpointError):
+        BlockwiseLM.from_pretrained(tmp_path)
+
+
+def test_resaving_heads_of_a_loaded_checkpoint_keeps_the_base_location(tmp_path: Path) -> None:
+    """Load a full checkpoint, save only its heads elsewhere, load those: the base must still be found.
+    Exposes a bug: the loaded model keeps base_location "." (relative to the first directory) and
+    writes it into the second checkpoint, which then points at itself (see the report)."""
+    trained().save_pretrained(tmp_path / "full")
+    lm = BlockwiseLM.from_pretrained(tmp_path / "full")
+    lm.save_pretrained(tmp_path / "heads", save_base=False)
+    assert_same_heads(lm, BlockwiseLM.from_pretrained(tmp_path / "heads"))
+
+
+# Mismatches: heads built for another model.
+
+
+def test_heads_config_must_match_the_base() -> None:
+    base = tiny("llama")
+    with pytest.raises(CheckpointError, match="heads were built for hidden size 32, the base model's is 64"):
+        BlockwiseLM(base, HeadsConfig(k=4, hidden_size=32, vocab_size=512))
+    with pytest.raises(CheckpointError, match="heads were built for a vocabulary of 1000, the base model's is 512"):
+        BlockwiseLM(base, HeadsConfig(k=4, hidden_size=64, vocab_size=1000))
+
+
+@pytest.mark.parametrize(
+    "size, match",
+    [(dict(width=32), "hidden size 64, the base model's is 32"), (dict(vocab=300), "vocabulary of 512")],
+)
+def test_loading_heads_onto_a_different_base(tmp_path: Path, size: dict, match: str) -> None:
+    trained().save_pretrained(tmp_path, save_base=False)
+    with pytest.raises(CheckpointError, match=match):
+        BlockwiseLM.from_pretrained(tmp_path, base=tiny("llama", **size))
+
+
+# Damaged checkpoints.
+
+
+@pytest.fixture
+def saved(tmp_path: Path) -> Path:
+    """A heads-only checkpoint of k=4 paper heads on tiny('llama')."""
+    trained().save_pretrained(tmp_path, save_base=False)
+    return tmp_path
+
+
+def load(directory: Path) -> BlockwiseLM:
+    return BlockwiseLM.from_pretrained(directory, base=tiny("llama"))
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        lambda data: data[: len(data) // 2],  # truncated mid-tensor
+        lambda data: data[:20],  # truncated inside the header
+        lambda data: b"",
+        lambda data: b"not a safetensors file at all" * 8,
+        lambda data: bytes(len(data)),
+    ],
+    ids=["half", "header", "empty", "garbage", "zeros"],
+)
+def test_damaged_weights(saved: Path, damage) -> None:
+    weights = saved / HEADS_WEIGHTS
+    weights.write_bytes(damage(weights.read_bytes()))
+    with pytest.raises(CheckpointError, match=f"{HEADS_WEIGHTS} is corrupt or truncated"):
+        load(saved)
+
+
+def test_missing_weights(saved: Path) -> None:
+    (saved / HEADS_WEIGHTS).unlink()
+    with pytest.raises(CheckpointError, match=f"{HEADS_WEIGHTS} is missing"):
+        load(saved)
+
+
+def test_weights_that_do_not_match_the_config(saved: Path) -> None:
+    """Config says k=3, weights are for k=4: refused rather than partly loaded."""
+    meta = json.loads((saved / HEADS_CONFIG).read_text())
+    meta["heads"]["k"] = 3
+    (saved / HEADS_CONFIG).write_text(json.dumps(meta))
+    with pytest.raises(CheckpointError, match="does not match its config \\(k=3, head_type=paper"):
+        load(saved)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "{ not json",
+        "",
+        "[1, 2]",
+        '{"base_model": "."}',
+        '{"heads": {"k": 0, "hidden_size": 64, "vocab_size": 512}}',
+        '{"heads": {"k": 4, "head_type": "eagle", "hidden_size": 64, "vocab_size": 512}}',
+        '{"heads": {"k": 4, "hidden_size": 64, "vocab_size": 512, "colour": "blue"}}',
+    ],
+    ids=["syntax", "empty", "list", "no-heads", "bad-k", "bad-type", "unknown-key"],
+)
+def test_corrupt_config(saved: Path, text: str) -> None:
+    (saved / HEADS_CONFIG).write_text(text)
+    with pytest.raises(CheckpointError, match=f"{HEADS_CONFIG} is corrupt"):
+        load(saved)
+
+
+def test_missing_directory_or_config(tmp_path: Path) -> None:
+    with pytest.raises(CheckpointError, match="holds no blockdecode.json: not a saved BlockwiseLM"):
+        BlockwiseLM.from_pretrained(tmp_path / "nowhere")
+    (tmp_path / HEADS_WEIGHTS).write_bytes(b"")
+    with pytest.raises(CheckpointError, match="holds no blockdecode.json"):
+        BlockwiseLM.from_pretrained(tmp_path, base=tiny("llama"))
+
+
+def test_generate_after_load_is_still_exact(saved: Path) -> None:
+    """Loaded random heads still decode greedily (a sanity check on the whole path)."""
+    lm = load(saved)
+    ids = make_prompt(5, 512)
+    ref = lm.base.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=20)
+    assert torch.equal(lm.generate(ids, 20).sequences, ref)
+    drafter = ScriptedDrafter(ref, accuracy=1.0, vocab_size=512)
+    assert torch.equal(lm.generate(ids, 20, drafter=drafter).sequences, ref)

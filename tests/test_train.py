@@ -1,0 +1,757 @@
+"""Head training: targets, the objective's effect, distillation data, resume, multi-process, bad input, CLI.
+
+Every run trains a 2-layer toy Llama (width 64) on a small repetitive corpus: eight words in cyclic
+order, each line starting at a random word. A model that learns it predicts several tokens ahead
+with certainty, so trained heads must lift the accepted block size well above 1 within 60 steps."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+from dataclasses import asdict, replace
+from pathlib import Path
+from types import SimpleNamespace
+
+os.environ["HF_HUB_OFFLINE"] = "1"
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+import torch  # noqa: E402
+import transformers  # noqa: E402
+from conftest import assert_greedy_equal, hf_greedy  # noqa: E402
+from safetensors.torch import load_file  # noqa: E402
+from transformers import AutoModelForCausalLM  # noqa: E402
+
+from blockdecode import BlockwiseLM  # noqa: E402
+from blockdecode.cli import main as cli_main  # noqa: E402
+from blockdecode.corpus import train_tokenizer  # noqa: E402
+from blockdecode.data import load_tokens, pack, split  # noqa: E402
+from blockdecode.model import HEADS_CONFIG, HEADS_WEIGHTS  # noqa: E402
+from blockdecode.toy import toy_model  # noqa: E402
+from blockdecode.train import (  # noqa: E402
+    IGNORE,
+    TrainConfig,
+    batch_indices,
+    distill_sequences,
+    head_targets,
+    sampled_heads,
+    train,
+)
+
+WORDS = ["alpha", "beta", "gamma", "delta", "eps", "zeta", "eta", "theta"]
+CONTEXT = 256
+SEQ_LEN = 64
+
+
+# ----------------------------------------------------------------------------- fixtures and helpers
+
+
+@pytest.fixture(scope="session")
+def tiny_base(tmp_path_factory) -> SimpleNamespace:
+    """A saved toy Llama + byte-level BPE tokenizer, and the corpus they were made for.
+
+    The model's EOS is the tokenizer's <|endoftext|>, as for a real checkpoint, so EOS separators
+    in the training data and EOS stops in distillation use the same id."""
+    root = tmp_path_factory.mktemp("tiny-base")
+    rng = random.Random(0)
+    lines = []
+    for _ in range(1500):
+        start = rng.randrange(len(WORDS))
+        lines.append(" ".join(WORDS[(start + j) % len(WORDS)] for j in range(12)))
+    corpus = root / "corpus.txt"
+    corpus.write_text("\n".join(lines))
+    tok = train_tokenizer([corpus.read_text()], vocab_size=300)
+    model = toy_model("llama", vocab=len(tok), width=64, layers=2, std=0.02, context=CONTEXT)
+    for cfg in (model.config, model.generation_config):
+        cfg.eos_token_id = tok.eos_token_id
+        cfg.bos_token_id = tok.eos_token_id
+        cfg.pad_token_id = tok.pad_token_id
+    base = root / "base"
+    model.save_pretrained(base)
+    tok.save_pretrained(base)
+    sequences = pack(load_tokens([corpus], tok, tok.eos_token_id), SEQ_LEN)
+    return SimpleNamespace(dir=base, corpus=corpus, tokenizer=tok, vocab=len(tok), sequences=sequences)
+
+
+def make_cfg(tiny_base: SimpleNamespace, out: Path, **overrides) -> TrainConfig:
+    """The brief's fast configuration (1-4 s a run), with a lighter evaluation."""
+    kw = dict(
+        base=str(tiny_base.dir),
+        data=[str(tiny_base.corpus)],
+        out=str(out),
+        k=4,
+        mode="frozen",
+        steps=60,
+        batch_size=8,
+        seq_len=SEQ_LEN,
+        lr=3e-3,
+        base_lr=1e-3,
+        eval_every=30,
+        log_every=10,
+        checkpoint_every=30,
+        eval_batches=2,
+        eval_prompts=2,
+        eval_prompt_len=16,
+        eval_new_tokens=32,
+        distill_prompts=32,
+        distill_new_tokens=48,
+        distill_prompt_len=16,
+    )
+    kw.update(overrides)
+    return TrainConfig(**kw)
+
+
+def read_metrics(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
+
+
+def base_state(directory: Path) -> dict[str, torch.Tensor]:
+    return AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).state_dict()
+
+
+def assert_nothing_saved(out: Path) -> None:
+    """A failed run leaves no model behind: no heads, no config that would make the folder look loadable."""
+    assert not (out / HEADS_WEIGHTS).exists(), f"{out} holds {HEADS_WEIGHTS} after a failed run"
+    assert not (out / HEADS_CONFIG).exists(), f"{out} holds {HEADS_CONFIG} after a failed run"
+
+
+def log_every_step(cfg: TrainConfig) -> TrainConfig:
+    """Same run, every step logged, one evaluation at the end."""
+    return replace(cfg, log_every=1, eval_every=cfg.steps)
+
+
+def assert_same_tensors(got: dict, want: dict, atol: float, what: str) -> None:
+    assert got.keys() == want.keys(), f"{what}: different tensors saved"
+    for name in want:
+        diff = float((got[name].float() - want[name].float()).abs().max())
+        assert diff <= atol, (
+            f"{what} differ: {name}, max |diff| {diff:.3g} (largest value {want[name].abs().max():.3g})"
+        )
+
+
+class Killed(Exception):
+    """Raised from a training callback to stop a run the way a kill would, mid-way."""
+
+
+def kill_at(step: int):
+    def callback(done: int, record: dict) -> None:
+        if done == step:
+            raise Killed(f"killed at step {done}")
+
+    return callback
+
+
+# ----------------------------------------------------------------------------- targets, batches, heads
+
+
+def test_head_targets_hand_built():
+    ids = torch.tensor([[10, 11, 12, 13, 14], [20, 21, 22, -1, -1]])
+    labels = head_targets(ids, 3)
+    x = IGNORE
+    expected = torch.tensor(
+        [
+            # t:   head 1 (t+1), head 2 (t+2), head 3 (t+3)
+            [[11, 12, 13], [12, 13, 14], [13, 14, x], [14, x, x], [x, x, x]],
+            [[21, 22, x], [22, x, x], [x, x, x], [x, x, x], [x, x, x]],
+        ]
+    )
+    assert labels.shape == (2, 5, 3)
+    assert torch.equal(labels, expected)
+    # the rule, stated generally
+    for b in range(2):
+        for t in range(5):
+            for i in range(1, 4):
+                want = int(ids[b, t + i]) if t + i < 5 and ids[b, t + i] >= 0 else IGNORE
+                assert labels[b, t, i - 1] == want
+
+
+def test_head_targets_shorter_than_k():
+    """A sequence shorter than the block (e.g. a distilled row of prompt_len + new_tokens <= k)
+    has no targets for the far heads: all IGNORE, not a crash."""
+    labels = head_targets(torch.tensor([[5, 6, 7]]), 4)
+    expected = torch.tensor([[[6, 7, IGNORE, IGNORE], [7, IGNORE, IGNORE, IGNORE], [IGNORE] * 4]])
+    assert torch.equal(labels, expected)
+
+
+def test_batch_indices_epochs_and_determinism():
+    n, bs = 20, 8
+    per_epoch = n // bs
+    batches = [batch_indices(s, n, bs, seed=3) for s in range(2 * per_epoch)]
+    assert all(len(b) == bs for b in batches)
+    assert all(torch.equal(b, batch_indices(s, n, bs, seed=3)) for s, b in enumerate(batches))
+    first_epoch = torch.cat(batches[:per_epoch])
+    assert len(set(first_epoch.tolist())) == len(first_epoch)  # no sequence twice within an epoch
+    assert not torch.equal(batches[0], batch_indices(0, n, bs, seed=4))
+    small = batch_indices(0, 3, 8, seed=0)  # fewer sequences than a batch: repeated to fill it
+    assert len(small) == 8 and set(small.tolist()) == {0, 1, 2}
+
+
+def test_sampled_heads():
+    cfg = TrainConfig(base="b", data=["d"], out="o", k=5, head_loss="all")
+    assert sampled_heads(7, cfg) == [2, 3, 4, 5]
+    cfg = TrainConfig(base="b", data=["d"], out="o", k=5, head_loss="random")
+    draws = [sampled_heads(s, cfg) for s in range(200)]
+    assert all(len(d) == 1 and 2 <= d[0] <= 5 for d in draws)
+    assert {d[0] for d in draws} == {2, 3, 4, 5}
+    assert draws == [sampled_heads(s, cfg) for s in range(200)]  # seeded by the step
+
+
+# ----------------------------------------------------------------------------- configuration errors
+
+
+@pytest.mark.parametrize(
+    "overrides, match",
+    [
+        (dict(mode="bogus"), "mode"),
+        (dict(head_loss="bogus"), "head loss"),
+        (dict(head_weights=[1.0, 1.0]), "head_weights"),
+        (dict(head_weights=[1.0] * 4), "head_weights"),
+        (dict(k=1), "k must"),
+        (dict(seq_len=4), "seq_len"),
+        (dict(steps=0), "steps"),
+        (dict(batch_size=0), "batch_size"),
+        (dict(data=[]), "no training data"),
+    ],
+)
+def test_config_rejects(tiny_base, tmp_path, overrides, match):
+    with pytest.raises(ValueError, match=match):
+        make_cfg(tiny_base, tmp_path / "out", **overrides)
+    assert not (tmp_path / "out").exists()
+
+
+# ----------------------------------------------------------------------------- the objective works
+
+
+def test_frozen_lowers_loss_and_leaves_base_untouched(tiny_base, tmp_path):
+    out = tmp_path / "out"
+    before = base_state(tiny_base.dir)
+    model = train(make_cfg(tiny_base, out, mode="frozen", steps=30, log_every=1, eval_every=30))
+
+    losses = [r["loss"] for r in read_metrics(out) if "loss" in r]
+    assert len(losses) == 30 and all(math.isfinite(x) for x in losses)
+    first, last = sum(losses[:3]) / 3, sum(losses[-3:]) / 3
+    assert last < 0.8 * first, f"head loss did not drop: {first:.3f} -> {last:.3f}"
+
+    after = model.base.state_dict()
+    assert before.keys() == after.keys()
+    for name, tensor in before.items():
+        assert torch.equal(tensor, after[name]), f"frozen mode changed base weight {name}"
+
+    # The saved model is heads only, pointing at the original base.
+    assert (out / HEADS_WEIGHTS).is_file() and (out / "training.png").is_file()
+    assert not (out / "model.safetensors").exists()
+    meta = json.loads((out / HEADS_CONFIG).read_text())
+    assert meta["base_model"] == str(tiny_base.dir.resolve())
+    assert meta["heads"]["k"] == 4
+    loaded = BlockwiseLM.from_pretrained(out)
+    for name, tensor in loaded.base.state_dict().items():
+        assert torch.equal(tensor, before[name])
+    saved = load_file(out / HEADS_WEIGHTS)
+    for name, tensor in model.heads.state_dict().items():
+        assert torch.equal(saved[name], tensor)
+    assert not torch.equal(saved["down.weight"], torch.zeros_like(saved["down.weight"]))  # trained
+
+
+def test_frozen_heads_find_their_base_from_anywhere(tiny_base, tmp_path, monkeypatch):
+    """A heads-only save names its base; given as a relative path, that name must still lead to the
+    base when the saved model is loaded from another working directory."""
+    out = tmp_path / "out"
+    monkeypatch.chdir(tiny_base.dir.parent)
+    train(make_cfg(tiny_base, out, base="base", data=["corpus.txt"], steps=2, log_every=1, eval_every=2))
+    meta = json.loads((out / HEADS_CONFIG).read_text())
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    loaded = BlockwiseLM.from_pretrained(out)  # fails if base_model is "base", relative to the old cwd
+    assert Path(meta["base_model"]).resolve() == tiny_base.dir.resolve()
+    assert loaded.k == 4
+
+
+def test_finetune_raises_block_size_and_stays_exact(tiny_base, tmp_path):
+    out = tmp_path / "out"
+    original = base_state(tiny_base.dir)
+    model = train(make_cfg(tiny_base, out, mode="finetune", steps=60, eval_every=30))
+
+    evals = [r for r in read_metrics(out) if "eval_mean_block_size" in r]
+    assert [r["step"] for r in evals] == [0, 30, 60]
+    start, end = evals[0]["eval_mean_block_size"], evals[-1]["eval_mean_block_size"]
+    assert end > 2 * start and end > 2.5, f"mean accepted block size {start:.2f} -> {end:.2f} (k=4)"
+
+    # A new base was saved beside the heads, and it is the fine-tuned one.
+    meta = json.loads((out / HEADS_CONFIG).read_text())
+    assert meta["base_model"] == "."
+    loaded = BlockwiseLM.from_pretrained(out).eval()
+    trained = model.base.state_dict()
+    for name, tensor in loaded.base.state_dict().items():
+        assert torch.equal(tensor, trained[name])
+    assert any(not torch.equal(t, original[n]) for n, t in trained.items()), "finetune left the base unchanged"
+    assert (out / "tokenizer.json").is_file()
+
+    # Blockwise decoding of a held-out prompt is greedy decoding of the saved (fine-tuned) base, and fast.
+    _, held_out = split(tiny_base.sequences, 0.05)
+    reference_base = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+    blocks = []
+    for row in held_out[:3]:
+        prompt = row[:16].unsqueeze(0)
+        ours = loaded.generate(prompt, max_new_tokens=48)
+        ref = hf_greedy(reference_base, prompt, 48)
+        assert_greedy_equal(reference_base, prompt, ours.sequences, ref, what="fine-tuned base")
+        blocks += ours.stats.block_sizes
+    assert sum(blocks) / len(blocks) > 2.5
+
+
+def test_head_weights_with_a_zero_and_random_head_loss_stay_finite(tiny_base, tmp_path):
+    """head_weights=[1, 1, 0] (head 4 switched off) with head_loss="random": a step that draws head 4
+    divides by a total weight of 0. Either reject such weights up front or never draw a zero-weight head;
+    a NaN loss that silently ruins the heads is neither."""
+    try:
+        cfg = make_cfg(tiny_base, tmp_path / "out", head_weights=[1.0, 1.0, 0.0], head_loss="random", steps=8)
+    except ValueError:
+        return  # rejecting zero weights is a fix too
+    model = train(log_every_step(cfg))
+    losses = [r["loss"] for r in read_metrics(tmp_path / "out") if "loss" in r]
+    assert all(math.isfinite(x) for x in losses), f"losses {losses}"
+    assert all(torch.isfinite(p).all() for p in model.heads.parameters())
+
+
+def test_same_seed_gives_same_heads(tiny_base, tmp_path):
+    """cfg.seed should make a run reproducible. train() seeds torch only after building the heads,
+    so their random initialisation depends on whatever the process did before."""
+    cfg_a = make_cfg(tiny_base, tmp_path / "a", steps=2, log_every=1, eval_every=2, eval_prompts=1)
+    cfg_b = make_cfg(tiny_base, tmp_path / "b", steps=2, log_every=1, eval_every=2, eval_prompts=1)
+    torch.manual_seed(1)
+    train(cfg_a)
+    torch.manual_seed(2)
+    train(cfg_b)
+    a, b = load_file(tmp_path / "a" / HEADS_WEIGHTS), load_file(tmp_path / "b" / HEADS_WEIGHTS)
+    assert_same_tensors(b, a, 0.0, "heads of two runs with the same config and seed")
+
+
+# ----------------------------------------------------------------------------- distillation
+
+
+def varied_base(vocab: int):
+    """A random base whose greedy text varies (std 0.2), so continuations are not one repeated token."""
+    return toy_model("llama", vocab=vocab, width=64, layers=2, std=0.2, context=CONTEXT)
+
+
+@torch.inference_mode()
+def test_distill_sequences_are_the_base_models_greedy_output(tiny_base, tmp_path, monkeypatch):
+    base = varied_base(tiny_base.vocab)
+    sequences = tiny_base.sequences[:40]
+    cfg = make_cfg(
+        tiny_base,
+        tmp_path / "out",
+        mode="distill",
+        distill_prompts=6,
+        distill_prompt_len=8,
+        distill_new_tokens=20,
+        distill_batch_size=4,  # a full batch and a ragged one
+    )
+    prompts = sequences[torch.linspace(0, len(sequences) - 1, 6).long(), :8]
+    # Choose as EOS a token greedy decoding emits mid-way through the first continuation, so at
+    # least one row stops early and the padding after EOS is exercised.
+    free = hf_greedy(base, prompts[:1], 20, eos_token_id=None)[0, 8:].tolist()
+    eos = next(t for i, t in enumerate(free) if i >= 5 and t not in free[:i])
+    base.generation_config.eos_token_id = eos
+    base.config.eos_token_id = eos
+
+    data = distill_sequences(base, sequences, cfg, show=False)
+    assert data.shape == (6, 28) and data.dtype == torch.long
+    stopped_early = 0
+    for r in range(6):
+        ref = hf_greedy(base, prompts[r : r + 1], 20, pad_token_id=0)[0]
+        n = len(ref)
+        assert torch.equal(data[r, :n], ref), f"row {r} is not the base's greedy continuation"
+        assert (data[r, n:] == -1).all(), f"row {r}: expected -1 after EOS"
+        if n < 28:
+            stopped_early += 1
+            assert int(ref[-1]) == eos
+    assert stopped_early >= 1
+
+    # Cached on disk, and a second call reads it back without generating.
+    cached = list((tmp_path / "out" / "distill-cache").glob("distill-*.npy"))
+    assert len(cached) == 1
+    assert torch.equal(torch.from_numpy(np.load(cached[0])), data)
+
+    def no_generate(*args, **kwargs):
+        raise AssertionError("generate called although the distilled data is cached")
+
+    monkeypatch.setattr(base, "generate", no_generate)
+    assert torch.equal(distill_sequences(base, sequences, cfg, show=False), data)
+    # ... and the cache key depends on what is generated: another budget is not served from it.
+    with pytest.raises(AssertionError, match="generate called"):
+        distill_sequences(base, sequences, replace(cfg, distill_new_tokens=21), show=False)
+
+
+@torch.inference_mode()
+def test_distill_sequences_with_beams(tiny_base, tmp_path):
+    base = varied_base(tiny_base.vocab)
+    sequences = tiny_base.sequences[:20]
+    cfg = make_cfg(
+        tiny_base,
+        tmp_path / "out",
+        mode="distill",
+        distill_prompts=4,
+        distill_prompt_len=8,
+        distill_new_tokens=12,
+        distill_beams=2,
+    )
+    data = distill_sequences(base, sequences, cfg, show=False)
+    assert data.shape == (4, 20)
+    prompts = sequences[torch.linspace(0, 19, 4).long(), :8]
+    assert torch.equal(data[:, :8], prompts)
+    assert ((data == -1) | ((data >= 0) & (data < tiny_base.vocab))).all()
+    for r in range(4):
+        ref = base.generate(
+            prompts[r : r + 1],
+            attention_mask=torch.ones(1, 8, dtype=torch.long),
+            do_sample=False,
+            num_beams=2,
+            max_new_tokens=12,
+            pad_token_id=0,
+        )[0]
+        assert torch.equal(data[r, : len(ref)], ref)
+
+
+def test_distill_mode_trains_and_reuses_the_cache(tiny_base, tmp_path, monkeypatch):
+    cache = tmp_path / "cache"
+    kw = dict(mode="finetune+distill", steps=4, distill_prompts=16, distill_cache=str(cache), log_every=1, eval_every=4)
+    train(make_cfg(tiny_base, tmp_path / "a", **kw))
+    assert len(list(cache.glob("distill-*.npy"))) == 1
+    assert (tmp_path / "a" / HEADS_WEIGHTS).is_file() and (tmp_path / "a" / "model.safetensors").is_file()
+
+    def no_generate(*args, **kwargs):
+        raise AssertionError("a second run with the same base and prompts generated again")
+
+    monkeypatch.setattr(transformers.GenerationMixin, "generate", no_generate)
+    train(make_cfg(tiny_base, tmp_path / "b", **kw))
+    assert (tmp_path / "b" / HEADS_WEIGHTS).is_file()
+
+
+def test_distilled_rows_shorter_than_the_block_are_refused(tiny_base, tmp_path):
+    """Distilled rows are distill_prompt_len + distill_new_tokens long, whatever seq_len says; at or
+    below k the far heads have no targets (seq_len > k is checked, this is the same rule)."""
+    out = tmp_path / "out"
+    with pytest.raises(ValueError, match="distill"):
+        train(make_cfg(tiny_base, out, mode="distill", k=8, distill_prompts=8, distill_prompt_len=4,
+                       distill_new_tokens=3, steps=2, log_every=1, eval_every=2, eval_prompts=1))  # fmt: skip
+    assert_nothing_saved(out)
+
+
+# ----------------------------------------------------------------------------- resume
+
+
+@pytest.mark.parametrize("mode, head_loss", [("frozen", "all"), ("finetune", "all"), ("frozen", "random")])
+def test_resume_after_kill_matches_uninterrupted_run(tiny_base, tmp_path, mode, head_loss):
+    kw = dict(mode=mode, head_loss=head_loss, steps=8, checkpoint_every=4, log_every=1, eval_every=100)
+    a, b = tmp_path / "a", tmp_path / "b"
+    # Seed both fresh runs alike: train() does not seed the heads' initialisation itself (see
+    # test_same_seed_gives_same_heads); this test is about the resume, not that.
+    torch.manual_seed(0)
+    train(make_cfg(tiny_base, a, **kw))
+
+    torch.manual_seed(0)
+    with pytest.raises(Killed):
+        train(make_cfg(tiny_base, b, **kw), callback=kill_at(6))
+    assert (b / "checkpoint" / "state.pt").is_file()
+    assert_nothing_saved(b)
+    assert [r["step"] for r in read_metrics(b)] == list(range(7))
+
+    torch.manual_seed(123)  # the resumed run must not depend on the process's RNG state
+    train(make_cfg(tiny_base, b, resume=True, **kw))
+
+    assert_same_tensors(
+        load_file(b / HEADS_WEIGHTS), load_file(a / HEADS_WEIGHTS), 1e-6, "resumed and uninterrupted heads"
+    )
+    if mode == "finetune":
+        assert_same_tensors(
+            load_file(b / "model.safetensors"),
+            load_file(a / "model.safetensors"),
+            1e-6,
+            "resumed and uninterrupted base",
+        )
+
+    rows_a, rows_b = read_metrics(a), read_metrics(b)
+    steps_b = [r["step"] for r in rows_b]
+    assert steps_b == list(range(9)), f"metrics steps after resume: {steps_b}"
+    loss_a = [r["loss"] for r in rows_a if "loss" in r]
+    loss_b = [r["loss"] for r in rows_b if "loss" in r]
+    assert len(loss_b) == 8 and loss_b == pytest.approx(loss_a, rel=1e-5)
+    assert rows_b[-1]["eval_mean_block_size"] == pytest.approx(rows_a[-1]["eval_mean_block_size"])
+
+
+# ----------------------------------------------------------------------------- bad input
+
+
+def write_npy(path: Path, array: np.ndarray) -> Path:
+    np.save(path, array)
+    return path
+
+
+@pytest.mark.parametrize(
+    "case, error, match",
+    [
+        ("empty file", ValueError, "fewer than one sequence|no tokens"),
+        ("missing path", FileNotFoundError, "does not exist"),
+        ("empty folder", ValueError, "no training data found"),
+        ("ids beyond vocab", ValueError, "vocabulary"),
+        ("negative ids", ValueError, "vocabulary"),
+        ("float array", ValueError, "integer"),
+        ("one sequence", ValueError, "at least 2 sequences"),
+        ("seq_len beyond context", ValueError, "context"),
+    ],
+)
+def test_bad_input_fails_clearly_and_saves_nothing(tiny_base, tmp_path, case, error, match):
+    data, overrides = tmp_path / "data", {}
+    data.mkdir()
+    if case == "empty file":
+        path = data / "empty.txt"
+        path.write_text("")
+    elif case == "missing path":
+        path = data / "nope.txt"
+    elif case == "empty folder":
+        path = data / "sub"
+        path.mkdir()
+        (path / "notes.bin").write_bytes(b"\0")  # not a data suffix: ignored in a folder
+    elif case == "ids beyond vocab":
+        path = write_npy(data / "ids.npy", np.arange(400, dtype=np.int64) % (tiny_base.vocab + 5))
+    elif case == "negative ids":
+        ids = np.arange(400, dtype=np.int64) % tiny_base.vocab
+        ids[17] = -3
+        path = write_npy(data / "ids.npy", ids)
+    elif case == "float array":
+        path = write_npy(data / "ids.npy", np.arange(400, dtype=np.float32))
+    elif case == "one sequence":
+        path = write_npy(data / "ids.npy", np.arange(SEQ_LEN + 10, dtype=np.int64) % tiny_base.vocab)
+    else:
+        path, overrides = tiny_base.corpus, {"seq_len": CONTEXT + 1}
+    out = tmp_path / "out"
+    with pytest.raises(error, match=match):
+        train(make_cfg(tiny_base, out, data=[str(path)], **overrides))
+    assert not out.exists(), f"{case}: the failed run created {sorted(p.name for p in out.iterdir())}"
+
+
+def test_npy_token_data_trains(tiny_base, tmp_path):
+    """Token-id arrays are data too (int32 here), used as they are."""
+    path = write_npy(tmp_path / "ids.npy", tiny_base.sequences[:40].numpy().astype(np.int32))
+    out = tmp_path / "out"
+    train(make_cfg(tiny_base, out, data=[str(path)], steps=2, log_every=1, eval_every=2, eval_prompts=1))
+    assert (out / HEADS_WEIGHTS).is_file()
+
+
+@pytest.mark.parametrize("changed", [{"k": 3}, {"mode": "finetune"}])
+def test_resume_with_a_different_config_is_refused(tiny_base, tmp_path, changed):
+    out = tmp_path / "out"
+    kw = dict(steps=8, checkpoint_every=4, log_every=1, eval_every=100)
+    with pytest.raises(Killed):
+        train(make_cfg(tiny_base, out, k=4, **kw), callback=kill_at(5))
+    metrics = (out / "metrics.jsonl").read_bytes()
+    checkpoint = (out / "checkpoint" / "state.pt").read_bytes()
+
+    name, value = next(iter(changed.items()))
+    with pytest.raises(ValueError, match=rf"{name}=.*{value}") as err:
+        train(make_cfg(tiny_base, out, resume=True, **{**kw, **changed}))
+    assert "resume" in str(err.value)
+    assert_nothing_saved(out)
+    assert (out / "metrics.jsonl").read_bytes() == metrics
+    assert (out / "checkpoint" / "state.pt").read_bytes() == checkpoint
+
+
+# ----------------------------------------------------------------------------- CLI
+
+
+def test_cli_train(tiny_base, tmp_path, capsys):
+    out = tmp_path / "out"
+    cli_main(
+        [
+            "train", "--base", str(tiny_base.dir), "--data", str(tiny_base.corpus), "--out", str(out),
+            "--k", "4", "--steps", "5", "--batch-size", "8", "--seq-len", "64", "--log-every", "1",
+            "--eval-every", "5", "--eval-prompts", "1", "--checkpoint-every", "100", "--lr", "3e-3",
+        ]
+    )  # fmt: skip
+    png = (out / "training.png").read_bytes()
+    assert png.startswith(b"\x89PNG") and len(png) > 1000
+    steps = [r["step"] for r in read_metrics(out)]
+    assert steps == [0, 1, 2, 3, 4, 5]
+    assert (out / HEADS_WEIGHTS).is_file() and (out / HEADS_CONFIG).is_file()
+    assert json.loads((out / HEADS_CONFIG).read_text())["heads"]["k"] == 4
+    assert "saved paper heads (k=4)" in capsys.readouterr().err
+
+
+def test_cli_train_rejects_bad_arguments(tiny_base, tmp_path, capsys):
+    common = ["train", "--base", str(tiny_base.dir), "--out", str(tmp_path / "out")]
+    with pytest.raises(SystemExit) as err:
+        cli_main([*common, "--data", str(tiny_base.corpus), "--mode", "bogus"])
+    assert err.value.code == 2
+    assert "invalid choice" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as err:
+        cli_main([*common, "--data", str(tmp_path / "missing.txt"), "--steps", "1"])
+    assert str(err.value.code).startswith("error:") and "does not exist" in str(err.value.code)
+    with pytest.raises(SystemExit) as err:
+        cli_main([*common, "--data", str(tiny_base.corpus), "--k", "4", "--head-weights", "1", "1"])
+    assert "head_weights" in str(err.value.code)
+    assert not (tmp_path / "out").exists()
+
+
+# ----------------------------------------------------------------------------- two processes
+
+TWO_PROCESS_SCRIPT = textwrap.dedent(
+    """
+    import json, os, sys
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    import torch
+    from blockdecode.train import TrainConfig, train
+    torch.set_num_threads(1)
+    torch.manual_seed(0)  # the heads' initialisation; train() does not seed it (rank 0's is broadcast)
+    train(TrainConfig(**json.loads(sys.argv[1])))
+    """
+)
+
+
+def launch_two(script: Path, cfg: TrainConfig, timeout: float = 180) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    # accelerate's own launcher with --cpu starts a single process unless told --multi_gpu; torchrun
+    # (the same torch.distributed.run accelerate uses underneath) gives two gloo ranks on the CPU.
+    with socket.socket() as sock:  # a free port for the rendezvous
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(port)]
+    # A session of its own, so a hung run is killed whole: torchrun's workers too, not just torchrun.
+    proc = subprocess.Popen(
+        [*command, str(script), json.dumps(asdict(cfg))],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise
+    return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
+
+
+@pytest.fixture(scope="module")
+def two_process_runs(tiny_base, tmp_path_factory) -> SimpleNamespace:
+    root = tmp_path_factory.mktemp("two-processes")
+    script = root / "run_train.py"
+    script.write_text(TWO_PROCESS_SCRIPT)
+    kw = dict(mode="finetune", steps=6, log_every=1, eval_every=6, checkpoint_every=3, eval_prompts=1)
+    two = make_cfg(tiny_base, root / "two", **kw)
+    proc = launch_two(script, two)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    torch.manual_seed(0)
+    train(make_cfg(tiny_base, root / "one", **kw))
+    return SimpleNamespace(root=root, script=script, one=root / "one", two=root / "two")
+
+
+@pytest.mark.slow
+def test_two_processes_train_the_same_heads_as_one(two_process_runs):
+    one, two = two_process_runs.one, two_process_runs.two
+    assert_same_tensors(load_file(two / HEADS_WEIGHTS), load_file(one / HEADS_WEIGHTS), 1e-5, "2-process heads")
+    assert_same_tensors(
+        load_file(two / "model.safetensors"), load_file(one / "model.safetensors"), 1e-5, "2-process base"
+    )
+    assert [r["step"] for r in read_metrics(two)] == list(range(7))  # one writer, no duplicated lines
+
+
+@pytest.mark.slow
+def test_two_processes_log_the_global_batch_loss(two_process_runs):
+    """metrics.jsonl's loss describes the global batch, whatever the number of processes: under
+    two processes it must match the single-process run's (to float noise), not rank 0's half."""
+    loss_1 = [r["loss"] for r in read_metrics(two_process_runs.one) if "loss" in r]
+    loss_2 = [r["loss"] for r in read_metrics(two_process_runs.two) if "loss" in r]
+    assert loss_2 == pytest.approx(loss_1, rel=1e-4, abs=1e-5)
+
+
+@pytest.mark.slow
+def test_two_processes_refuse_an_uneven_batch(two_process_runs, tiny_base):
+    out = two_process_runs.root / "uneven"
+    proc = launch_two(two_process_runs.script, make_cfg(tiny_base, out, batch_size=3, steps=2, eval_prompts=1))
+    assert proc.returncode != 0
+    assert "does not split evenly" in proc.stderr
+    assert_nothing_saved(out)
+
+
+@pytest.fixture(scope="module")
+def eos_heavy_base(tiny_base, tmp_path_factory) -> Path:
+    """A varied random base whose EOS is the token its greedy continuations emit most: distilled
+    rows then stop at many different lengths, so the two halves of a batch hold unequal token counts."""
+    base = varied_base(tiny_base.vocab)
+    free = hf_greedy(base, tiny_base.sequences[:16, :16], 48, eos_token_id=None, pad_token_id=0)[:, 16:]
+    eos = int(torch.mode(free.flatten()).values)
+    for cfg in (base.config, base.generation_config):
+        cfg.eos_token_id = eos
+    directory = tmp_path_factory.mktemp("eos-heavy")
+    base.save_pretrained(directory)
+    tiny_base.tokenizer.save_pretrained(directory)
+    return directory
+
+
+@pytest.mark.slow
+def test_two_processes_distill_with_uneven_rows_match_one(two_process_runs, tiny_base, eos_heavy_base):
+    """The global batch's loss is a mean over its valid tokens. Distilled rows end at EOS (the rest is
+    ignored padding), so each process's half holds a different number of valid tokens; DDP averaging
+    the two per-process means weights tokens unequally, unlike the single process."""
+    kw = dict(
+        base=str(eos_heavy_base), mode="distill", steps=6, log_every=1, eval_every=6, checkpoint_every=100,
+        eval_prompts=1, distill_prompts=32, distill_prompt_len=16, distill_new_tokens=48,
+    )  # fmt: skip
+    root = two_process_runs.root
+    proc = launch_two(two_process_runs.script, make_cfg(tiny_base, root / "distill-two", **kw))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    torch.manual_seed(0)
+    train(make_cfg(tiny_base, root / "distill-one", **kw))
+    rows = torch.from_numpy(np.load(next((root / "distill-one" / "distill-cache").glob("*.npy"))))
+    lengths = (rows >= 0).sum(1)
+    assert lengths.min() < lengths.max(), "the distilled rows were meant to have different lengths"
+    heads_1 = load_file(root / "distill-one" / HEADS_WEIGHTS)
+    assert_same_tensors(load_file(root / "distill-two" / HEADS_WEIGHTS), heads_1, 1e-5, "2-process distilled heads")
+
+
+# ----------------------------------------------------------------------------- mixed precision
+
+
+def run_script(script: Path, cfg: TrainConfig, timeout: float = 120) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    return subprocess.run(
+        [sys.executable, str(script), json.dumps(asdict(cfg))], env=env, capture_output=True, text=True, timeout=timeout
+    )
+
+
+def test_bf16_mixed_precision_trains(tiny_base, tmp_path):
+    """In a fresh process (accelerate's state is per process, see the next test)."""
+    script = tmp_path / "run_train.py"
+    script.write_text(TWO_PROCESS_SCRIPT)
+    out = tmp_path / "out"
+    cfg = make_cfg(tiny_base, out, mode="finetune", mixed_precision="bf16", steps=20, log_every=1, eval_every=20)
+    proc = run_script(script, cfg)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    losses = [r["loss"] for r in read_metrics(out) if "loss" in r]
+    assert len(losses) == 20 and all(math.isfinite(x) for x in losses)
+    assert sum(losses[-3:]) < 0.9 * sum(losses[:3])
+    heads = load_file(out / HEADS_WEIGHTS)
+    assert all(t.dtype == torch.float32 for t in heads.values())  # weights stay fp32; only compute is bf16
+    loaded = BlockwiseLM.from_pretrained(out)
+    prompt = tiny_base.sequences[-1:, :16]
+    assert_greedy_equal(loaded.base, prompt, loaded.generate(prompt, 24).sequences, hf_greedy(loaded.base, prompt, 24))
+
+
+def test_train_twice_in_one_process_with_different_mixed_precision(tiny_base, tmp_path):
+    """train() is a library call: a notebook or a sweep calls it again with other settings. accelerate keeps
+    one AcceleratorState per process and refuses a different mixed_precision the second time."""
+    kw = dict(steps=2, log_every=1, eval_every=2, eval_prompts=1)
+    train(make_cfg(tiny_base, tmp_path / "fp32", mixed_precision="no", **kw))
+    train(make_cfg(tiny_base, tmp_path / "bf16", mixed_precision="bf16", **kw))
+    assert (tmp_path / "bf16" / HEADS_WEIGHTS).is_file()
