@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import cProfile
 import gc
+import inspect
 import io
 import json
 import os
@@ -54,7 +55,18 @@ from blockdecode import ScriptedDrafter, blockwise_generate
 from blockdecode.toy import toy_model
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-CACHES = ("dynamic", "static")
+CACHES_ALL = ("dynamic", "static")
+CACHES = CACHES_ALL  # narrowed in main() to what this transformers supports
+
+
+def croppable_caches() -> tuple[str, ...]:
+    """The cache implementations this transformers can roll back (StaticLayer.crop is recent in 5.x)."""
+    from transformers import cache_utils
+
+    static_layer = getattr(cache_utils, "StaticLayer", None)
+    return CACHES_ALL if static_layer is not None and hasattr(static_layer, "crop") else ("dynamic",)
+
+
 TARGET_EFFICIENCY = 0.9
 QUICK = dict(
     layers=2, width=128, heads=4, vocab=2048, new_tokens=32, prompts=2, repeats=2, fwd_reps=3, context=64, max_q=8
@@ -107,7 +119,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="before each measurement wait up to this many s for other processes to go quiet (default 20 on cpu)",
     )
     p.add_argument("--quiet-budget", type=float, default=180, help="total quiet-waiting allowed per dtype, s")
-    p.add_argument("--retries", type=int, default=None, help="re-runs of contended measurements per dtype (default 4)")
+    p.add_argument("--retries", type=int, default=None, help="re-runs of contended measurements per dtype (default 8)")
     p.add_argument("--profile", action="store_true", help="also cProfile one blockwise run per dtype and cache")
     p.add_argument("--out", default=None, help="JSON results path (default benchmarks/results/core_speed[_quick].json)")
     p.add_argument("--no-progress", action="store_true", help="hide the tqdm bars")
@@ -241,6 +253,9 @@ def write_json(path: Path, data: dict) -> None:
         with os.fdopen(fd, "w") as f:
             json.dump(data, f, indent=1)
             f.write("\n")
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes it 0600; give it a normal file's mode
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -276,9 +291,16 @@ def make_cache(model, impl: str, max_len: int):
     return StaticCache(config=model.config, max_cache_len=max_len)
 
 
+def cache_kwarg(model) -> str:
+    """transformers renamed `past_key_values` to `cache` during 5.x: the name this model's forward takes
+    (a wrong name would be swallowed by **kwargs and every pass would run without its context)."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
 @torch.inference_mode()
 def forward_costs(model, args, device, bar) -> dict:
     """t(q) for q = 1..max_q over `context` cached tokens, per cache type; and the prefill cost."""
+    name = cache_kwarg(model)
     g = torch.Generator().manual_seed(args.seed + 12345)
     ctx = torch.randint(0, args.vocab, (1, args.context), generator=g).to(device)
     new = torch.randint(0, args.vocab, (1, args.max_q), generator=g).to(device)
@@ -289,7 +311,7 @@ def forward_costs(model, args, device, bar) -> dict:
     caches = {}
     for impl in CACHES:
         cache = make_cache(model, impl, args.context + args.max_q)
-        model(input_ids=ctx, cache=cache, use_cache=True, logits_to_keep=1)
+        model(input_ids=ctx, use_cache=True, logits_to_keep=1, **{name: cache})
         caches[impl] = cache
     # Reps outermost and q, cache interleaved inside: slow drift of the machine hits every q alike.
     for rep in range(-1, args.fwd_reps):  # rep -1 is the warm-up
@@ -297,13 +319,13 @@ def forward_costs(model, args, device, bar) -> dict:
             cache = caches[impl]
             for q in qs:
                 # logits_to_keep=0: all q logits, as the blockwise verify pass computes them.
-                _, dt = timed(lambda: model(input_ids=new[:, :q], cache=cache, use_cache=True), device)  # noqa: B023
+                _, dt = timed(lambda: model(input_ids=new[:, :q], use_cache=True, **{name: cache}), device)  # noqa: B023
                 cache.crop(-q)
                 if rep >= 0:
                     samples[impl][q].append(dt)
                 bar.update(1)
             fresh = make_cache(model, impl, args.prompt_len + args.new_tokens)
-            _, dt = timed(lambda: model(input_ids=prompt, cache=fresh, use_cache=True, logits_to_keep=1), device)  # noqa: B023
+            _, dt = timed(lambda: model(input_ids=prompt, use_cache=True, logits_to_keep=1, **{name: fresh}), device)  # noqa: B023
             if rep >= 0:
                 prefill[impl].append(dt)
     for impl in CACHES:
@@ -488,10 +510,14 @@ def bench_dtype(name: str, args, device: torch.device, prompts: list[torch.Tenso
     # One instrumented run per method (prompt 0): forward time measured inside the run itself.
     split = {}
     for method in methods:
-        quiet.wait()
-        with ForwardTimer(model, device) as fwd:
-            seq, stats, dt = run_method(model, method, prompts[0], 0, refs, args, device)
+        while True:
+            quiet.wait()
+            with ForeignLoad() as load, ForwardTimer(model, device) as fwd:
+                seq, stats, dt = run_method(model, method, prompts[0], 0, refs, args, device)
+            if not (load.contended(args.noise_cores) and quiet.retry()):
+                break
         split[method] = {
+            "contended": load.contended(args.noise_cores),
             "wall_ms": 1000 * dt,
             "forward_ms": 1000 * fwd.seconds,
             "forward_calls": fwd.calls,
@@ -695,7 +721,7 @@ def print_tables(args, results: list[dict]) -> None:
             print(
                 f"{r['dtype']:<5} {method:<12} {x['wall_ms']:>9.1f} {x['forward_ms']:>9.1f} {model_ms[method]:>9.1f} "
                 f"{x['overhead_ms']:>9.1f} {x['forward_calls']:>6d} {x['overhead_ms_per_call']:>9.3f} "
-                f"{100 * x['overhead_ms'] / x['wall_ms']:>6.1f}"
+                f"{100 * x['overhead_ms'] / x['wall_ms']:>6.1f}" + ("  contended" if x["contended"] else "")
             )
     print(
         "fwd ms = Σ of the model's forward calls in that run (device synced around each); overhead = wall − fwd:\n"
@@ -751,10 +777,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.quiet_wait is None:
         args.quiet_wait = 20.0 if shared_cpu else 0.0
     if args.retries is None:
-        args.retries = 4 if shared_cpu else 0
+        args.retries = 8 if shared_cpu else 0
     if args.noise_cores is None:
         busy_threads = torch.get_num_threads() if device.type == "cpu" else 1
         args.noise_cores = max(0, (os.cpu_count() or 1) - busy_threads) + 0.1
+    global CACHES
+    CACHES = croppable_caches()
     out_path = Path(args.out)
 
     g = torch.Generator().manual_seed(args.seed)
@@ -781,6 +809,7 @@ def main(argv: list[str] | None = None) -> int:
             "std": args.std,
             "attn_implementation": "sdpa",
         },
+        "caches": list(CACHES),
         "target_efficiency": TARGET_EFFICIENCY,
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
@@ -790,6 +819,8 @@ def main(argv: list[str] | None = None) -> int:
         f"k={args.k}, {args.new_tokens} tokens, {args.prompts} prompts × {args.repeats} repeats; load {loadavg()}",
         flush=True,
     )
+    if CACHES != CACHES_ALL:
+        print(f"transformers {transformers.__version__} cannot crop a StaticCache: timing the dynamic cache only")
     results = []
     start = time.perf_counter()
     for name in args.dtype_names:

@@ -143,6 +143,8 @@ def make_cache(model: PreTrainedModel, impl: str, max_len: int):
         cache = StaticCache(config=model.config, max_cache_len=max_len)
         if any(layer.is_sliding for layer in cache.layers):
             raise ValueError("a static cache cannot roll back sliding-window layers: use the dynamic cache")
+        if not all(hasattr(layer, "crop") for layer in cache.layers):
+            raise ValueError("this transformers version's static cache cannot roll back: use the dynamic cache")
         return cache
     raise ValueError(f"unknown cache implementation {impl!r}: choose one of {', '.join(CACHE_IMPLEMENTATIONS)}")
 
@@ -201,12 +203,13 @@ def blockwise_generate(
     with capture_decoder_output(model) as hidden:
         verify = Verifier(model, hidden, cache_implementation, prompt_len + max_new_tokens)
         logits, h = verify(input_ids, last_only=True)
-        seq[0, length] = logits[-1].argmax()
+        first = int(logits[-1].float().argmax())
+        seq[0, length] = first
         length += 1
         if on_block is not None:
-            on_block([int(seq[0, length - 1])])
+            on_block([first])
         h_last = h[-1:]
-        done = int(seq[0, length - 1]) in eos
+        done = first in eos
 
         while not done and length < prompt_len + max_new_tokens:
             # Predict: at most k-1 proposals, and never more than the budget can take.
@@ -217,19 +220,18 @@ def blockwise_generate(
 
             # Verify: one pass scores the newest token and every proposal (causal masking).
             logits, h = verify(torch.cat([seq[:, length - 1 : length], draft.to(seq.device)], dim=1))
-            greedy = logits.argmax(-1)
+            greedy = logits.float().argmax(-1)  # fp32: CPU argmax over bf16 is several times slower
 
             # Accept the longest agreeing prefix plus the base model's own next token.
             accepted = int((draft[0] == greedy[:-1]).cumprod(0).sum())
-            gained = greedy[: accepted + 1]
-            hits = [i for i, t in enumerate(gained.tolist()) if t in eos]
-            if hits:
-                gained, done = gained[: hits[0] + 1], True
-            seq[0, length : length + len(gained)] = gained
+            gained = greedy[: accepted + 1].tolist()
+            if eos.intersection(gained):  # stop where greedy stops: nothing past the EOS
+                gained, done = gained[: next(i for i, t in enumerate(gained) if t in eos) + 1], True
+            seq[0, length : length + len(gained)] = greedy[: len(gained)]
             length += len(gained)
             stats.block_sizes.append(len(gained))
             if on_block is not None:
-                on_block(gained.tolist())
+                on_block(gained)
             verify.rollback(n - accepted)
             h_last = h[accepted : accepted + 1]
 

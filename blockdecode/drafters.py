@@ -28,7 +28,7 @@ def check_proposal(draft: object, n: int, vocab_size: int) -> None:
         raise ValueError(f"the drafter returned shape {tuple(draft.shape)}; expected [1, {n}]")
     if draft.dtype not in (torch.int64, torch.int32):
         raise TypeError(f"the drafter returned dtype {draft.dtype}; token ids must be integers")
-    if n and (int(draft.min()) < 0 or int(draft.max()) >= vocab_size):
+    if n and not 0 <= (bounds := draft.aminmax()).min.item() <= bounds.max.item() < vocab_size:
         raise ValueError(f"the drafter proposed token ids outside the vocabulary [0, {vocab_size})")
 
 
