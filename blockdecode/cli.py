@@ -56,12 +56,13 @@ def cmd_generate(args: argparse.Namespace) -> None:
 
 
 def cmd_train(args: argparse.Namespace) -> None:
-    from blockdecode.train import TrainConfig, train
+    from blockdecode.train import TrainConfig, train, training_summary
 
-    fields = {f for f in TrainConfig.__dataclass_fields__ if f != "extra"}
+    fields = set(TrainConfig.__dataclass_fields__)
     cfg = TrainConfig(**{name: value for name, value in vars(args).items() if name in fields and value is not None})
     model = train(cfg)
     print(f"saved {model.config.head_type} heads (k={model.k}) to {cfg.out}", file=sys.stderr)
+    print(training_summary(cfg.out), file=sys.stderr)
 
 
 def add_train_parser(sub) -> None:

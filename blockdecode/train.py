@@ -12,7 +12,7 @@ import os
 import random
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -77,7 +77,6 @@ class TrainConfig:
     distill_beams: int = 1
     distill_batch_size: int = 16
     distill_cache: str | None = None
-    extra: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -420,6 +419,19 @@ def train(cfg: TrainConfig, callback: Callable[[int, dict], None] | None = None)
             tokenizer.save_pretrained(out)
         _plot(metrics_path, out / "training.png")
     return model
+
+
+def training_summary(out: str | Path) -> str:
+    """Held-out base loss and decoded mean accepted block size before and after a run."""
+    evals = [r for r in _read_jsonl(Path(out) / "metrics.jsonl") if "eval_base_loss" in r]
+    if not evals:
+        return "no evaluation recorded"
+    first, last = evals[0], evals[-1]
+    return (
+        f"held-out base loss {first['eval_base_loss']:.3f} -> {last['eval_base_loss']:.3f}; "
+        f"mean accepted block size {first['eval_mean_block_size']:.2f} -> {last['eval_mean_block_size']:.2f} "
+        f"(steps {first['step']} -> {last['step']})"
+    )
 
 
 def _save_checkpoint(accelerator, objective, optimizer, scheduler, cfg: TrainConfig, step: int, path: Path) -> None:

@@ -10,6 +10,7 @@ import json
 import math
 import os
 import random
+import re
 import signal
 import socket
 import subprocess
@@ -583,7 +584,9 @@ def test_cli_train(tiny_base, tmp_path, capsys):
     assert steps == [0, 1, 2, 3, 4, 5]
     assert (out / HEADS_WEIGHTS).is_file() and (out / HEADS_CONFIG).is_file()
     assert json.loads((out / HEADS_CONFIG).read_text())["heads"]["k"] == 4
-    assert "saved paper heads (k=4)" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "saved paper heads (k=4)" in err
+    assert re.search(r"held-out base loss [\d.]+ -> [\d.]+; mean accepted block size [\d.]+ -> [\d.]+", err)
 
 
 def test_cli_train_rejects_bad_arguments(tiny_base, tmp_path, capsys):
