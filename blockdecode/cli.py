@@ -9,6 +9,8 @@ from pathlib import Path
 
 import torch
 
+from blockdecode.heads import HEAD_TYPES
+
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
@@ -66,7 +68,7 @@ def cmd_train(args: argparse.Namespace) -> None:
 
 
 def add_train_parser(sub) -> None:
-    from blockdecode.train import MODES, TrainConfig
+    from blockdecode.train import HEAD_LOSSES, MODES, TrainConfig
 
     d = TrainConfig(base="", data=["-"], out="")
     modes = "\n".join(f"  {name:17} {text}" for name, text in MODES.items())
@@ -81,7 +83,7 @@ def add_train_parser(sub) -> None:
     p.add_argument("--out", required=True, help="where checkpoints, metrics.jsonl, training.png and the model go")
     p.add_argument("--k", type=int, default=d.k, help="block size: heads p2..pk are trained")
     p.add_argument("--mode", choices=tuple(MODES), default=d.mode)
-    p.add_argument("--head-type", choices=("paper", "medusa"), default=d.head_type)
+    p.add_argument("--head-type", choices=HEAD_TYPES, default=d.head_type)
     p.add_argument("--head-hidden-size", type=int, default=d.head_hidden_size, help="0: the base's hidden size")
     p.add_argument("--steps", type=int, default=d.steps)
     p.add_argument("--batch-size", type=int, default=d.batch_size, help="global batch, split over processes")
@@ -90,7 +92,7 @@ def add_train_parser(sub) -> None:
     p.add_argument("--base-lr", type=float, default=d.base_lr, help="learning rate of the base (finetune modes)")
     p.add_argument("--weight-decay", type=float, default=d.weight_decay)
     p.add_argument("--warmup-steps", type=int, default=d.warmup_steps)
-    p.add_argument("--head-loss", choices=("all", "random"), default=d.head_loss, help="random: one head per step")
+    p.add_argument("--head-loss", choices=HEAD_LOSSES, default=d.head_loss, help="random: one head per step")
     p.add_argument("--head-weights", type=float, nargs="+", default=None, help="k-1 weights for heads 2..k")
     p.add_argument("--base-loss-weight", type=float, default=d.base_loss_weight, help="finetune: base's own loss")
     p.add_argument("--holdout", type=float, default=d.holdout, help="fraction of sequences held out")
@@ -114,10 +116,17 @@ def cmd_demo(args: argparse.Namespace) -> None:
     run_demo(max_new_tokens=args.max_new_tokens, k=args.k)
 
 
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
 def main(argv: list[str] | None = None) -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     parser = argparse.ArgumentParser(prog="blockdecode", description=__doc__)
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    parser.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads (default: torch's)")
     sub = parser.add_subparsers(dest="command", required=True)
 
     gen = sub.add_parser("generate", help="complete a prompt with exact blockwise decoding")
@@ -126,7 +135,7 @@ def main(argv: list[str] | None = None) -> None:
     gen.add_argument("--max-new-tokens", type=int, default=64)
     gen.add_argument("--k", type=int, default=None, help="block size (default: the heads' k)")
     gen.add_argument("--drafter", choices=("heads", "ngram"), default="heads", help="where proposals come from")
-    gen.add_argument("--head-type", choices=("paper", "medusa"), default="paper", help="for a model without heads")
+    gen.add_argument("--head-type", choices=HEAD_TYPES, default="paper", help="for a model without heads")
     gen.add_argument("--dtype", choices=tuple(DTYPES), default="fp32")
     gen.add_argument("--compare", action="store_true", help="also run transformers greedy and compare outputs")
     gen.set_defaults(func=cmd_generate)
@@ -143,7 +152,7 @@ def main(argv: list[str] | None = None) -> None:
         torch.set_num_threads(args.threads)
     try:
         args.func(args)
-    except (ValueError, FileNotFoundError) as err:
+    except (ValueError, OSError) as err:
         raise SystemExit(f"error: {err}") from err
 
 

@@ -30,7 +30,6 @@ class DecodeStats:
     block_sizes: list[int] = field(default_factory=list)
     new_tokens: int = 0
     seconds: float = 0.0
-    exact: bool = True  # the output is greedy decoding's, token for token
 
     @property
     def mean_block_size(self) -> float:
@@ -48,7 +47,6 @@ class DecodeStats:
             "block_sizes": list(self.block_sizes),
             "seconds": self.seconds,
             "tokens_per_second": self.tokens_per_second,
-            "exact": self.exact,
         }
 
 
@@ -132,21 +130,24 @@ def capture_decoder_output(model: PreTrainedModel) -> Iterator[list[torch.Tensor
 def make_cache(model: PreTrainedModel, impl: str, max_len: int):
     """A transformers KV cache that `crop(-n)` rolls back: `dynamic` trims its tensors,
     `static` (preallocated, written by position) only moves its write position."""
+    if impl not in CACHE_IMPLEMENTATIONS:
+        raise ValueError(f"unknown cache implementation {impl!r}: choose one of {', '.join(CACHE_IMPLEMENTATIONS)}")
     if impl == "dynamic":
         cache = DynamicCache(config=model.config)
-        if any(layer.is_sliding for layer in cache.layers):
-            # A sliding layer keeps only its window and cannot roll back past it; full layers
-            # can, and the model's own mask still limits attention to the window.
-            cache = DynamicCache()
-        return cache
-    if impl == "static":
+    else:
         cache = StaticCache(config=model.config, max_cache_len=max_len)
-        if any(layer.is_sliding for layer in cache.layers):
+    if any(getattr(layer, "is_sliding", False) for layer in cache.layers):
+        if impl == "static":
             raise ValueError("a static cache cannot roll back sliding-window layers: use the dynamic cache")
-        if not all(hasattr(layer, "crop") for layer in cache.layers):
-            raise ValueError("this transformers version's static cache cannot roll back: use the dynamic cache")
-        return cache
-    raise ValueError(f"unknown cache implementation {impl!r}: choose one of {', '.join(CACHE_IMPLEMENTATIONS)}")
+        # A sliding layer keeps only its window and cannot roll back past it; full layers
+        # can, and the model's own mask still limits attention to the window.
+        cache = DynamicCache()
+    if not all(getattr(layer, "is_croppable", False) and hasattr(layer, "crop") for layer in cache.layers):
+        raise ValueError(
+            f"{type(model).__name__} keeps state that this transformers version cannot roll back (recurrent or "
+            f"linear-attention layers, or a {impl} cache without crop): blockwise decoding needs a croppable cache"
+        )
+    return cache
 
 
 class Verifier:
@@ -217,13 +218,14 @@ def blockwise_generate(
             # A copy: a drafter must not be able to change what has been decoded.
             draft = drafter.propose(seq[:, :length].clone(), h_last, n) if n else seq.new_empty((1, 0))
             check_proposal(draft, n, vocab)
+            draft = draft.to(seq.device)
 
             # Verify: one pass scores the newest token and every proposal (causal masking).
-            logits, h = verify(torch.cat([seq[:, length - 1 : length], draft.to(seq.device)], dim=1))
+            logits, h = verify(torch.cat([seq[:, length - 1 : length], draft], dim=1))
             greedy = logits.float().argmax(-1)  # fp32: CPU argmax over bf16 is several times slower
 
             # Accept the longest agreeing prefix plus the base model's own next token.
-            accepted = int((draft[0] == greedy[:-1]).cumprod(0).sum())
+            accepted = int((draft[0] == greedy[:-1].to(seq.device)).cumprod(0).sum())
             gained = greedy[: accepted + 1].tolist()
             if eos.intersection(gained):  # stop where greedy stops: nothing past the EOS
                 gained, done = gained[: next(i for i, t in enumerate(gained) if t in eos) + 1], True

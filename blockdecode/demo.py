@@ -64,7 +64,7 @@ def run_demo(max_new_tokens: int = 96, k: int = 8, dtype: torch.dtype = torch.bf
         methods = {
             "n-gram drafter": NgramDrafter(),
             "untrained heads": None,
-            "perfect drafter (ceiling)": ScriptedDrafter(reference, 1.0, vocab_size=len(tokenizer)),
+            "perfect drafter (ceiling)": ScriptedDrafter(reference, vocab_size=len(tokenizer)),
         }
         print(f"--- prompt {prompt!r}")
         for name, drafter in methods.items():

@@ -74,7 +74,7 @@ class ScriptedDrafter:
     probability `accuracy` and replaced by another id otherwise: every acceptance length
     can be exercised, and accuracy=1 gives the ceiling a perfect drafter reaches."""
 
-    def __init__(self, reference: torch.LongTensor, accuracy: float = 1.0, seed: int = 0, vocab_size: int = 2):
+    def __init__(self, reference: torch.LongTensor, vocab_size: int, accuracy: float = 1.0, seed: int = 0):
         if not 0.0 <= accuracy <= 1.0:
             raise ValueError(f"accuracy must lie in [0, 1], got {accuracy}")
         self.reference = reference.reshape(-1).tolist()

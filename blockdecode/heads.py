@@ -32,6 +32,8 @@ class HeadsConfig:
             raise ValueError(f"unknown head_type {self.head_type!r}: choose one of {', '.join(HEAD_TYPES)}")
         if self.hidden_size < 1:
             raise ValueError(f"hidden_size must be positive, got {self.hidden_size}")
+        if self.head_hidden_size < 0:
+            raise ValueError(f"head_hidden_size must be positive (or 0 for hidden_size), got {self.head_hidden_size}")
         if self.head_hidden_size == 0:
             self.head_hidden_size = self.hidden_size
 

@@ -33,6 +33,11 @@ def atomic_write(path: Path, write) -> None:
     os.close(fd)
     try:
         write(tmp)
+        with open(tmp, "rb+") as f:  # on disk before the rename makes it visible
+            os.fsync(f.fileno())
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp's 0600 would make the result private
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -162,6 +167,8 @@ class BlockwiseLM(nn.Module):
         elif (directory / location).is_dir():  # a relative folder is read from the checkpoint's
             location = str((directory / location).resolve())
         if base is None:
+            if Path(location).is_absolute() and not Path(location).is_dir():
+                raise CheckpointError(f"{config_path} names the base model {location}, which does not exist")
             base = AutoModelForCausalLM.from_pretrained(location, **base_kwargs)
         model = cls(base, cfg, base_location=location)
         weights = directory / HEADS_WEIGHTS

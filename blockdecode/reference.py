@@ -5,11 +5,12 @@ Every exactness claim (tests, CLI --compare, demo, bench) is checked against thi
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
-from transformers import PreTrainedModel
+from transformers import GenerationConfig, PreTrainedModel
 
 from blockdecode.decode import resolve_eos
 
@@ -21,15 +22,29 @@ def greedy_generate(
     """transformers' own greedy generate and its wall time; eos resolved as blockdecode does."""
     eos = sorted(resolve_eos(model, eos_token_id))
     start = time.perf_counter()
-    out = model.generate(
-        input_ids,
-        attention_mask=torch.ones_like(input_ids),
-        do_sample=False,
-        max_new_tokens=max_new_tokens,
-        eos_token_id=eos or None,
-        pad_token_id=eos[0] if eos else 0,
-    )
+    with plain_generation_config(model):
+        out = model.generate(
+            input_ids,
+            attention_mask=torch.ones_like(input_ids),
+            do_sample=False,
+            max_new_tokens=max_new_tokens,
+            eos_token_id=eos or None,
+            pad_token_id=eos[0] if eos else 0,
+        )
     return out, time.perf_counter() - start
+
+
+@contextmanager
+def plain_generation_config(model: PreTrainedModel) -> Iterator[None]:
+    """Decode with transformers' defaults rather than the checkpoint's generation config, whose
+    logits processors (repetition_penalty, no_repeat_ngram_size, ...) would change greedy's
+    tokens: `generate` fills every argument left unset from the model's own config."""
+    saved = model.generation_config
+    model.generation_config = GenerationConfig()
+    try:
+        yield
+    finally:
+        model.generation_config = saved
 
 
 @dataclass

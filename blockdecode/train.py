@@ -11,6 +11,7 @@ import math
 import os
 import random
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -37,6 +38,21 @@ MODES = {
 }
 HEAD_LOSSES = ("all", "random")
 IGNORE = -100
+
+
+POSITIVE_FIELDS = (
+    "steps",
+    "batch_size",
+    "seq_len",
+    "eval_every",
+    "eval_prompts",
+    "log_every",
+    "checkpoint_every",
+    "distill_prompts",
+    "distill_new_tokens",
+    "distill_beams",
+    "distill_batch_size",
+)
 
 
 @dataclass
@@ -91,7 +107,7 @@ class TrainConfig:
             )
         if self.head_weights is not None and min(self.head_weights) <= 0:
             raise ValueError(f"head_weights must all be positive, got {self.head_weights}")
-        for name in ("steps", "batch_size", "seq_len", "eval_every", "log_every", "checkpoint_every"):
+        for name in POSITIVE_FIELDS:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         if self.seq_len <= self.k:
@@ -309,29 +325,19 @@ def train(cfg: TrainConfig, callback: Callable[[int, dict], None] | None = None)
     limit = context_length(base)
     if limit is not None and cfg.seq_len > limit:
         raise ValueError(f"seq_len {cfg.seq_len} exceeds the base model's context of {limit} positions")
-    eos = getattr(base.generation_config, "eos_token_id", None)
-    eos = eos[0] if isinstance(eos, list) else eos
-    sequences = pack(load_tokens(cfg.data, tokenizer, eos), cfg.seq_len)
+    eos = sorted(resolve_eos(base, None))
+    sequences = pack(load_tokens(cfg.data, tokenizer, eos[0] if eos else None), cfg.seq_len)
     vocab = base.get_output_embeddings().weight.shape[0]
     if int(sequences.max()) >= vocab or int(sequences.min()) < 0:
         raise ValueError(f"the training data holds token ids outside the base model's vocabulary [0, {vocab})")
     train_seqs, held_out = split(sequences, cfg.holdout)
 
-    state = None
-    if cfg.resume and ckpt_path.is_file():
-        state = torch.load(ckpt_path, map_location="cpu", weights_only=False)
-        saved = state["config"]
-        for name in ("k", "mode", "head_type", "head_hidden_size"):
-            if saved[name] != getattr(cfg, name):
-                raise ValueError(
-                    f"--resume: the checkpoint in {ckpt_path.parent} has {name}={saved[name]!r}, this run asks "
-                    f"for {getattr(cfg, name)!r}"
-                )
+    state = _load_checkpoint(ckpt_path, cfg) if cfg.resume else None
     torch.manual_seed(cfg.seed)
     model = BlockwiseLM.from_base(base, k=cfg.k, head_type=cfg.head_type, head_hidden_size=cfg.head_hidden_size)
     if cfg.distill:
         with accelerator.main_process_first():
-            train_seqs = distill_sequences(base, train_seqs, cfg, show=main)
+            train_seqs = distill_sequences(base.to(accelerator.device), train_seqs, cfg, show=main)
 
     model.base.requires_grad_(cfg.finetune)
     groups = [{"params": list(model.heads.parameters()), "lr": cfg.lr}]
@@ -398,13 +404,12 @@ def train(cfg: TrainConfig, callback: Callable[[int, dict], None] | None = None)
             record.update(loss=float(loss), head_acc=acc, tokens_per_s=rate)
             bar.set_postfix(loss=f"{float(loss):.3f}", acc="/".join(f"{a:.2f}" for a in acc), tok_s=f"{rate:.0f}")
             tallies.zero_()
-            window_tokens, window_start = 0, time.perf_counter()
-            if done % cfg.eval_every == 0 or done == cfg.steps:
-                unwrapped = accelerator.unwrap_model(objective)
-                if main:
-                    record.update(evaluate(unwrapped, held_out, cfg, accelerator.device))
+        if (done % cfg.eval_every == 0 or done == cfg.steps) and main:
+            record.update(evaluate(accelerator.unwrap_model(objective), held_out, cfg, accelerator.device))
+        if len(record) > 1:
             if main:
                 _log(metrics_path, record)
+            window_tokens, window_start = 0, time.perf_counter()  # after any evaluation, so it is not counted
         if done % cfg.checkpoint_every == 0 and done < cfg.steps:
             _save_checkpoint(accelerator, objective, optimizer, scheduler, cfg, done, ckpt_path)
         if callback is not None:
@@ -432,6 +437,28 @@ def training_summary(out: str | Path) -> str:
         f"mean accepted block size {first['eval_mean_block_size']:.2f} -> {last['eval_mean_block_size']:.2f} "
         f"(steps {first['step']} -> {last['step']})"
     )
+
+
+RESUME_MUST_MATCH = ("k", "mode", "head_type", "head_hidden_size", "seed", "batch_size", "seq_len", "steps", "data")
+
+
+def _load_checkpoint(path: Path, cfg: TrainConfig) -> dict | None:
+    """The checkpoint a resumed run continues from, checked against this run's config."""
+    if not path.is_file():
+        warnings.warn(f"--resume: no checkpoint at {path}; starting from step 0", stacklevel=3)
+        return None
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+        saved = state["config"]
+    except Exception as err:  # torch raises many types for a damaged file
+        raise ValueError(f"--resume: the checkpoint {path} is corrupt: {err}") from err
+    for name in RESUME_MUST_MATCH:
+        if saved.get(name) != getattr(cfg, name):
+            raise ValueError(
+                f"--resume: the checkpoint in {path.parent} has {name}={saved.get(name)!r}, this run asks "
+                f"for {getattr(cfg, name)!r}"
+            )
+    return state
 
 
 def _save_checkpoint(accelerator, objective, optimizer, scheduler, cfg: TrainConfig, step: int, path: Path) -> None:

@@ -70,3 +70,15 @@ def test_demo_prints_a_table_and_states_every_divergence(capsys: pytest.CaptureF
         assert r["identical"] or "top-2 logit gap" in r["divergence"]
         if not r["identical"]:
             assert r["divergence"] in out
+
+
+def test_train_with_a_missing_base_exits_with_a_clear_message(tmp_path: Path) -> None:
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("x = 1\n" * 100)
+    with pytest.raises(SystemExit, match="error: .*nope"):
+        main(["train", "--base", str(tmp_path / "nope"), "--data", str(corpus), "--out", str(tmp_path / "o")])
+
+
+def test_threads_must_be_positive() -> None:
+    with pytest.raises(SystemExit):
+        main(["--threads", "0", "demo"])

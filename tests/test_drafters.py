@@ -89,7 +89,7 @@ def test_scripted_errors_are_seeded_and_at_the_requested_rate() -> None:
 @pytest.mark.parametrize("accuracy", [-0.1, 1.5])
 def test_scripted_rejects_bad_accuracy(accuracy: float) -> None:
     with pytest.raises(ValueError, match="accuracy must lie in \\[0, 1\\]"):
-        ScriptedDrafter(REFERENCE, accuracy=accuracy)
+        ScriptedDrafter(REFERENCE, vocab_size=512, accuracy=accuracy)
 
 
 @pytest.mark.parametrize("head_type", ["paper", "medusa"])
@@ -120,7 +120,11 @@ def test_random_heads_propose_their_own_argmax(head_type: str) -> None:
 
 def test_every_drafter_satisfies_the_protocol() -> None:
     lm = BlockwiseLM.from_base(tiny("llama"), k=2)
-    drafters = [NgramDrafter(), ScriptedDrafter(REFERENCE), HeadsDrafter(lm.heads, lm.base.get_output_embeddings())]
+    drafters = [
+        NgramDrafter(),
+        ScriptedDrafter(REFERENCE, vocab_size=512),
+        HeadsDrafter(lm.heads, lm.base.get_output_embeddings()),
+    ]
     assert all(isinstance(d, Drafter) for d in drafters)
 
 

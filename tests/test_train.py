@@ -548,7 +548,7 @@ def test_npy_token_data_trains(tiny_base, tmp_path):
     assert (out / HEADS_WEIGHTS).is_file()
 
 
-@pytest.mark.parametrize("changed", [{"k": 3}, {"mode": "finetune"}])
+@pytest.mark.parametrize("changed", [{"k": 3}, {"mode": "finetune"}, {"seed": 7}, {"batch_size": 4}])
 def test_resume_with_a_different_config_is_refused(tiny_base, tmp_path, changed):
     out = tmp_path / "out"
     kw = dict(steps=8, checkpoint_every=4, log_every=1, eval_every=100)
@@ -564,6 +564,30 @@ def test_resume_with_a_different_config_is_refused(tiny_base, tmp_path, changed)
     assert_nothing_saved(out)
     assert (out / "metrics.jsonl").read_bytes() == metrics
     assert (out / "checkpoint" / "state.pt").read_bytes() == checkpoint
+
+
+def test_resume_from_a_corrupt_checkpoint_says_so(tiny_base, tmp_path):
+    out = tmp_path / "out"
+    kw = dict(steps=8, checkpoint_every=4, log_every=1, eval_every=100)
+    with pytest.raises(Killed):
+        train(make_cfg(tiny_base, out, **kw), callback=kill_at(5))
+    (out / "checkpoint" / "state.pt").write_bytes(b"garbage\n")
+    with pytest.raises(ValueError, match="checkpoint .* is corrupt"):
+        train(make_cfg(tiny_base, out, resume=True, **kw))
+
+
+def test_resume_without_a_checkpoint_warns_and_starts_over(tiny_base, tmp_path):
+    with pytest.warns(UserWarning, match="no checkpoint"):
+        train(make_cfg(tiny_base, tmp_path / "out", steps=2, eval_every=100, resume=True))
+    assert [r["step"] for r in read_metrics(tmp_path / "out")][0] == 0
+
+
+def test_eval_every_does_not_depend_on_log_every(tiny_base, tmp_path):
+    out = tmp_path / "out"
+    train(make_cfg(tiny_base, out, steps=6, eval_every=3, log_every=2, eval_prompts=1))
+    evaluated = [r["step"] for r in read_metrics(out) if "eval_mean_block_size" in r]
+    logged = [r["step"] for r in read_metrics(out) if "loss" in r]
+    assert evaluated == [0, 3, 6] and logged == [2, 4, 6]
 
 
 # ----------------------------------------------------------------------------- CLI

@@ -1,0 +1,75 @@
+"""The greedy reference every exactness claim is checked against, and how divergences are reported."""
+
+from __future__ import annotations
+
+import os
+import stat
+
+import pytest
+import torch
+import transformers
+from conftest import NO_EOS, make_prompt, tiny
+from transformers import AutoModelForCausalLM
+
+from blockdecode import NgramDrafter, blockwise_generate
+from blockdecode.model import atomic_write
+from blockdecode.reference import first_divergence, greedy_generate
+from blockdecode.toy import toy_model
+
+
+def test_reference_ignores_the_checkpoints_logits_processors() -> None:
+    """Exact means plain argmax: a generation config asking for a repetition penalty or n-gram
+    blocking must change neither blockdecode nor the reference it is compared with."""
+    model = toy_model("llama", seed=3)
+    model.generation_config.repetition_penalty = 1.3
+    model.generation_config.no_repeat_ngram_size = 2
+    ids = make_prompt(8, 512)
+    ours = blockwise_generate(model, ids, 30, NgramDrafter(), 4, eos_token_id=NO_EOS)
+    ref, _ = greedy_generate(model, ids, 30, NO_EOS)
+    assert first_divergence(model, ref, ours.sequences) is None
+    assert model.generation_config.repetition_penalty == 1.3  # restored afterwards
+
+
+def test_first_divergence_names_the_position_and_the_gap() -> None:
+    model = tiny("gpt2")
+    ref, _ = greedy_generate(model, make_prompt(5, 512), 12, NO_EOS)
+    other = ref.clone()
+    other[0, 9] = (other[0, 9] + 1) % 512
+    found = first_divergence(model, ref, other)
+    assert found is not None and found.position == 9
+    with torch.no_grad():
+        logits = model(ref[:, :9].clone()).logits[0, -1]
+    top = logits.topk(2).values
+    assert found.top2_gap == pytest.approx(float(top[0] - top[1]), rel=1e-5)
+    assert "position 9" in str(found)
+    assert first_divergence(model, ref, ref.clone()) is None
+
+
+def test_recurrent_layers_are_refused_clearly() -> None:
+    """A convolution/SSM state cannot be cropped back after a rejected proposal."""
+    config = transformers.Lfm2Config(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        layer_types=["conv", "full_attention"],
+        max_position_embeddings=128,
+    )
+    model = AutoModelForCausalLM.from_config(config).eval()
+    with pytest.raises(ValueError, match="cannot roll back"):
+        blockwise_generate(model, torch.tensor([[3, 4, 5]]), 10, NgramDrafter(), 4)
+
+
+def test_atomic_write_leaves_a_readable_file_and_no_temporary(tmp_path) -> None:
+    target = tmp_path / "out.txt"
+    atomic_write(target, lambda p: open(p, "w").write("hello"))
+    assert target.read_text() == "hello"
+    umask = os.umask(0)
+    os.umask(umask)
+    assert stat.S_IMODE(target.stat().st_mode) == 0o666 & ~umask
+    with pytest.raises(RuntimeError):
+        atomic_write(target, lambda p: (_ for _ in ()).throw(RuntimeError("disk full")))
+    assert target.read_text() == "hello"
+    assert [p.name for p in tmp_path.iterdir()] == ["out.txt"]
