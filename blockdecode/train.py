@@ -423,6 +423,8 @@ def train(cfg: TrainConfig, callback: Callable[[int, dict], None] | None = None)
         if tokenizer is not None:
             tokenizer.save_pretrained(out)
         _plot(metrics_path, out / "training.png")
+    accelerator.wait_for_everyone()
+    accelerator.end_training()  # tears the process group down before exit, not in a destructor
     return model
 
 
