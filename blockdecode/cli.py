@@ -113,7 +113,7 @@ def add_train_parser(sub) -> None:
 def cmd_demo(args: argparse.Namespace) -> None:
     from blockdecode.demo import run_demo
 
-    run_demo(max_new_tokens=args.max_new_tokens, k=args.k)
+    run_demo(max_new_tokens=args.max_new_tokens, k=args.k, dtype=DTYPES[args.dtype])
 
 
 def positive_int(text: str) -> int:
@@ -145,6 +145,7 @@ def main(argv: list[str] | None = None) -> None:
     demo = sub.add_parser("demo", help="show blockwise decoding against greedy on the built-in model")
     demo.add_argument("--max-new-tokens", type=int, default=96)
     demo.add_argument("--k", type=int, default=8)
+    demo.add_argument("--dtype", choices=tuple(DTYPES), default="fp32")
     demo.set_defaults(func=cmd_demo)
 
     args = parser.parse_args(argv)
