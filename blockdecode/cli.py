@@ -63,8 +63,9 @@ def cmd_train(args: argparse.Namespace) -> None:
     fields = set(TrainConfig.__dataclass_fields__)
     cfg = TrainConfig(**{name: value for name, value in vars(args).items() if name in fields and value is not None})
     model = train(cfg)
-    print(f"saved {model.config.head_type} heads (k={model.k}) to {cfg.out}", file=sys.stderr)
-    print(training_summary(cfg.out), file=sys.stderr)
+    if os.environ.get("RANK", "0") == "0":  # once, not once per process under a launcher
+        print(f"saved {model.config.head_type} heads (k={model.k}) to {cfg.out}", file=sys.stderr)
+        print(training_summary(cfg.out), file=sys.stderr)
 
 
 def add_train_parser(sub) -> None:
@@ -93,7 +94,7 @@ def add_train_parser(sub) -> None:
     p.add_argument("--weight-decay", type=float, default=d.weight_decay)
     p.add_argument("--warmup-steps", type=int, default=d.warmup_steps)
     p.add_argument("--head-loss", choices=HEAD_LOSSES, default=d.head_loss, help="random: one head per step")
-    p.add_argument("--head-weights", type=float, nargs="+", default=None, help="k-1 weights for heads 2..k")
+    p.add_argument("--head-weights", type=float, nargs="+", default=None, help="k-1 weights, heads 2..k (all)")
     p.add_argument("--base-loss-weight", type=float, default=d.base_loss_weight, help="finetune: base's own loss")
     p.add_argument("--holdout", type=float, default=d.holdout, help="fraction of sequences held out")
     p.add_argument("--eval-every", type=int, default=d.eval_every)

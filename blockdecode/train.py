@@ -429,13 +429,18 @@ def train(cfg: TrainConfig, callback: Callable[[int, dict], None] | None = None)
 
 
 def training_summary(out: str | Path) -> str:
-    """Held-out base loss and decoded mean accepted block size before and after a run."""
+    """Held-out base loss, heads' accuracy and decoded mean accepted block size before and after a run."""
     evals = [r for r in _read_jsonl(Path(out) / "metrics.jsonl") if "eval_base_loss" in r]
     if not evals:
         return "no evaluation recorded"
     first, last = evals[0], evals[-1]
+
+    def heads_acc(r: dict) -> float:
+        return sum(r["eval_head_acc"][1:]) / max(1, len(r["eval_head_acc"]) - 1)
+
     return (
         f"held-out base loss {first['eval_base_loss']:.3f} -> {last['eval_base_loss']:.3f}; "
+        f"heads 2..k top-1 accuracy {heads_acc(first):.3f} -> {heads_acc(last):.3f}; "
         f"mean accepted block size {first['eval_mean_block_size']:.2f} -> {last['eval_mean_block_size']:.2f} "
         f"(steps {first['step']} -> {last['step']})"
     )

@@ -610,7 +610,8 @@ def test_cli_train(tiny_base, tmp_path, capsys):
     assert json.loads((out / HEADS_CONFIG).read_text())["heads"]["k"] == 4
     err = capsys.readouterr().err
     assert "saved paper heads (k=4)" in err
-    assert re.search(r"held-out base loss [\d.]+ -> [\d.]+; mean accepted block size [\d.]+ -> [\d.]+", err)
+    assert re.search(r"held-out base loss [\d.]+ -> [\d.]+; heads 2..k top-1 accuracy [\d.]+ -> [\d.]+;", err)
+    assert re.search(r"mean accepted block size [\d.]+ -> [\d.]+", err)
 
 
 def test_cli_train_rejects_bad_arguments(tiny_base, tmp_path, capsys):
