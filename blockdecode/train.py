@@ -5,6 +5,7 @@ prediction. The same code runs on one CPU or under `accelerate launch` on many d
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import json
 import math
@@ -423,8 +424,13 @@ def train(cfg: TrainConfig, callback: Callable[[int, dict], None] | None = None)
         if tokenizer is not None:
             tokenizer.save_pretrained(out)
         _plot(metrics_path, out / "training.png")
+    # Drop the DDP wrapper while every process is still here, then end the process group: left
+    # to interpreter exit, gloo's destructors can wait on a peer that is already gone.
+    del objective, optimizer, scheduler
+    accelerator.free_memory()
+    gc.collect()
     accelerator.wait_for_everyone()
-    accelerator.end_training()  # tears the process group down before exit, not in a destructor
+    accelerator.end_training()
     return model
 
 
