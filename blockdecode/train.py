@@ -30,6 +30,7 @@ from blockdecode.data import load_tokens, pack, split
 from blockdecode.decode import blockwise_generate, capture_decoder_output, context_length, resolve_eos
 from blockdecode.drafters import HeadsDrafter
 from blockdecode.model import BlockwiseLM, atomic_write
+from blockdecode.reference import plain_generation_config
 
 MODES = {
     "frozen": "base frozen (inference mode), heads trained on the data; decoding stays the original model's",
@@ -246,14 +247,16 @@ def distill_sequences(
     rows = []
     for start in tqdm(range(0, n, cfg.distill_batch_size), desc="distilling", disable=not show):
         batch = prompts[start : start + cfg.distill_batch_size].to(device)
-        out = base.generate(
-            batch,
-            attention_mask=torch.ones_like(batch),
-            do_sample=False,
-            num_beams=cfg.distill_beams,
-            max_new_tokens=cfg.distill_new_tokens,
-            pad_token_id=0,
-        ).cpu()
+        with plain_generation_config(base):  # the model's own argmax, as decoding will verify it
+            out = base.generate(
+                batch,
+                attention_mask=torch.ones_like(batch),
+                do_sample=False,
+                num_beams=cfg.distill_beams,
+                max_new_tokens=cfg.distill_new_tokens,
+                eos_token_id=eos or None,
+                pad_token_id=0,
+            ).cpu()
         padded = out.new_full((len(out), width), -1)
         for r, row in enumerate(out.tolist()):
             stop = next((i + 1 for i in range(cfg.distill_prompt_len, len(row)) if row[i] in eos), len(row))
@@ -280,9 +283,8 @@ def evaluate(objective: Objective, held_out: torch.LongTensor, cfg: TrainConfig,
         tallies += t.cpu()
     drafter = HeadsDrafter(model.heads, model.base.get_output_embeddings())
     blocks: list[int] = []
-    budget = cfg.eval_new_tokens
-    limit = context_length(model.base) or (cfg.eval_prompt_len + budget)
-    budget = min(budget, limit - cfg.eval_prompt_len)
+    limit = context_length(model.base)
+    budget = cfg.eval_new_tokens if limit is None else min(cfg.eval_new_tokens, limit - cfg.eval_prompt_len)
     for row in held_out[: cfg.eval_prompts]:
         prompt = row[: cfg.eval_prompt_len].unsqueeze(0).to(device)
         out = blockwise_generate(model.base, prompt, budget, drafter, cfg.k, eos_token_id=[])
