@@ -4,7 +4,7 @@ STAMP := .venv/.installed
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_NO_ADVISORY_WARNINGS := 1
 
-.PHONY: demo test lint bench install
+.PHONY: demo test lint bench bench-quick default-model install
 
 install: $(STAMP)
 
@@ -24,5 +24,13 @@ test: $(STAMP)
 lint: $(STAMP)
 	.venv/bin/ruff check blockdecode tests benchmarks && .venv/bin/ruff format --check blockdecode tests benchmarks
 
+# blockdecode against greedy, prompt lookup and assisted generation, with the approximate rules too (~10 min).
 bench: $(STAMP)
-	$(PY) benchmarks/core_speed.py
+	.venv/bin/blockdecode --threads 2 bench --acceptance topk:2,topk:3,min-block:2,min-block:3
+
+bench-quick: $(STAMP)
+	.venv/bin/blockdecode --threads 2 bench --quick
+
+# Rebuild the built-in model from the standard library (about two hours on 2 cores; resumable).
+default-model: $(STAMP)
+	SHIP=1 bash recipes/default_model.sh

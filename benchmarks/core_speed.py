@@ -52,6 +52,7 @@ from tqdm import tqdm
 from transformers import DynamicCache, StaticCache
 
 from blockdecode import ScriptedDrafter, blockwise_generate
+from blockdecode.bench import cpu_name
 from blockdecode.toy import toy_model
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -170,15 +171,7 @@ def median(xs):
 
 
 def device_name(device: torch.device) -> str:
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name()
 
 
 def loadavg() -> list[float] | None:

@@ -2,7 +2,8 @@
 
 One call of the base model verifies a block and, from the same pass, yields the hidden
 state the drafter proposes the next block from (the paper's merged scheme), so m tokens
-cost about m / k̂ + 1 calls. Acceptance is exact: the output equals greedy decoding.
+cost about m / k̂ + 1 calls. Acceptance is exact by default, so the output equals greedy
+decoding; the paper's relaxed rules (`blockdecode.acceptance`) are opt-in.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from dataclasses import dataclass, field
 import torch
 from transformers import DynamicCache, PreTrainedModel, StaticCache
 
+from blockdecode.acceptance import Acceptance, parse_acceptance
 from blockdecode.drafters import Drafter, check_proposal
 
 CACHE_IMPLEMENTATIONS = ("dynamic", "static")
@@ -30,6 +32,11 @@ class DecodeStats:
     block_sizes: list[int] = field(default_factory=list)
     new_tokens: int = 0
     seconds: float = 0.0
+    acceptance: str = "exact"  # anything else: the output is not the exact greedy output
+
+    @property
+    def exact(self) -> bool:
+        return self.acceptance == "exact"
 
     @property
     def mean_block_size(self) -> float:
@@ -47,6 +54,8 @@ class DecodeStats:
             "block_sizes": list(self.block_sizes),
             "seconds": self.seconds,
             "tokens_per_second": self.tokens_per_second,
+            "acceptance": self.acceptance,
+            "exact": self.exact,
         }
 
 
@@ -150,6 +159,11 @@ def make_cache(model: PreTrainedModel, impl: str, max_len: int):
     return cache
 
 
+def cache_argument(model: PreTrainedModel) -> str:
+    """transformers renamed `past_key_values` to `cache` during 5.x: the name this model takes."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
 class Verifier:
     """The base model over a growing sequence: score new tokens, drop rejected ones."""
 
@@ -158,9 +172,7 @@ class Verifier:
         self.hidden = hidden
         self.cache = make_cache(model, cache_impl, max_len)
         self.calls = 0
-        # transformers renamed `past_key_values` to `cache` during 5.x: pass it by the name this model takes.
-        params = inspect.signature(model.forward).parameters
-        self.cache_arg = "cache" if "cache" in params else "past_key_values"
+        self.cache_arg = cache_argument(model)
 
     def __call__(self, ids: torch.LongTensor, last_only: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """ids [1, q] -> logits [q', V] and decoder outputs [q', D] (q' = 1 if last_only)."""
@@ -184,21 +196,25 @@ def blockwise_generate(
     eos_token_id: int | Sequence[int] | None = None,
     cache_implementation: str = "dynamic",
     on_block: Callable[[list[int]], None] | None = None,
+    acceptance: str | Acceptance | None = None,
 ) -> BlockwiseOutput:
     """Greedy decoding of `model`, k tokens per call at best, proposals from `drafter`.
 
     `on_block`, if given, receives the tokens each call gains (the prefill's one included),
-    in order: enough to stream text and to show the accepted blocks."""
+    in order: enough to stream text and to show the accepted blocks. `acceptance` other than
+    exact (the default) relaxes verification: faster, no longer the greedy output."""
     if not isinstance(k, int) or k < 1:
         raise ValueError(f"k must be an integer >= 1 (the block size, head 1 included), got {k!r}")
     input_ids = check_prompt(model, input_ids, max_new_tokens)
     eos = resolve_eos(model, eos_token_id)
     vocab = model.get_output_embeddings().weight.shape[0]
+    rule = parse_acceptance(acceptance)
+    rule.check(k, vocab)
     prompt_len = input_ids.shape[1]
     seq = input_ids.new_empty((1, prompt_len + max_new_tokens))
     seq[:, :prompt_len] = input_ids
     length = prompt_len
-    stats = DecodeStats()
+    stats = DecodeStats(acceptance=rule.spec)
     start = time.perf_counter()
 
     with capture_decoder_output(model) as hidden:
@@ -224,12 +240,15 @@ def blockwise_generate(
             logits, h = verify(torch.cat([seq[:, length - 1 : length], draft], dim=1))
             greedy = logits.float().argmax(-1)  # fp32: CPU argmax over bf16 is several times slower
 
-            # Accept the longest agreeing prefix plus the base model's own next token.
-            accepted = int((draft[0] == greedy[:-1].to(seq.device)).cumprod(0).sum())
-            gained = greedy[: accepted + 1].tolist()
+            # Accept the longest prefix the rule agrees with, plus the base model's own next token.
+            # (Exact: the agreeing proposals equal the base model's tokens.)
+            greedy = greedy.to(seq.device)
+            accepted = rule.accepted(draft[0], logits, greedy)
+            block = torch.cat([draft[0, :accepted], greedy[accepted : accepted + 1]])
+            gained = block.tolist()
             if eos.intersection(gained):  # stop where greedy stops: nothing past the EOS
                 gained, done = gained[: next(i for i, t in enumerate(gained) if t in eos) + 1], True
-            seq[0, length : length + len(gained)] = greedy[: len(gained)]
+            seq[0, length : length + len(gained)] = block[: len(gained)]
             length += len(gained)
             stats.block_sizes.append(len(gained))
             if on_block is not None:

@@ -14,10 +14,12 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
+from blockdecode.acceptance import Acceptance
 from blockdecode.decode import BlockwiseOutput, blockwise_generate
 from blockdecode.drafters import Drafter, HeadsDrafter
 from blockdecode.heads import HeadsConfig, build_heads
 
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 HEADS_CONFIG = "blockdecode.json"
 HEADS_WEIGHTS = "heads.safetensors"
 
@@ -111,17 +113,19 @@ class BlockwiseLM(nn.Module):
         k: int | None = None,
         cache_implementation: str = "dynamic",
         on_block: Callable[[list[int]], None] | None = None,
+        acceptance: str | Acceptance | None = None,
     ) -> BlockwiseOutput:
         """Exact greedy decoding, up to k tokens per base-model call.
 
-        k defaults to the heads' block size; with a drafter it may be any k >= 1."""
+        k defaults to the heads' block size; with a drafter it may be any k >= 1. `acceptance`
+        (topk:N, distance:EPS, min-block:L) trades exactness for speed; exact by default."""
         k = self.k if k is None else k
         if drafter is None:
             if not isinstance(k, int) or not 1 <= k <= self.k:
                 raise ValueError(f"k must be between 1 and the heads' block size {self.k}, got {k!r}")
             drafter = HeadsDrafter(self.heads, self.base.get_output_embeddings())
         return blockwise_generate(
-            self.base, input_ids, max_new_tokens, drafter, k, eos_token_id, cache_implementation, on_block
+            self.base, input_ids, max_new_tokens, drafter, k, eos_token_id, cache_implementation, on_block, acceptance
         )
 
     def save_pretrained(self, directory: str | os.PathLike, save_base: bool = True) -> None:
@@ -147,6 +151,12 @@ class BlockwiseLM(nn.Module):
         """Load heads saved by save_pretrained, on `base` or on the base model they name."""
         directory = Path(directory)
         config_path = directory / HEADS_CONFIG
+        if not directory.is_dir():
+            from blockdecode import DEFAULT_MODEL
+
+            missing_default = str(directory) == DEFAULT_MODEL
+            hint = ": the built-in model is not installed; `make default-model` builds it" if missing_default else ""
+            raise CheckpointError(f"{directory} does not exist{hint}")
         if not config_path.is_file():
             raise CheckpointError(f"{directory} holds no {HEADS_CONFIG}: not a saved BlockwiseLM")
         try:

@@ -263,7 +263,7 @@ def distill_sequences(
             padded[r, :stop] = torch.tensor(row[:stop])
         rows.append(padded)
     data = torch.cat(rows)
-    atomic_write(path, lambda p: _save_npy(p, data.numpy()))
+    atomic_write(path, lambda p: save_npy(p, data.numpy()))
     return data
 
 
@@ -371,10 +371,11 @@ def train(cfg: TrainConfig, callback: Callable[[int, dict], None] | None = None)
     metrics_path = out / "metrics.jsonl"
     if main:
         out.mkdir(parents=True, exist_ok=True)
-        keep = [line for line in _read_jsonl(metrics_path) if line["step"] <= start_step] if state else []
+        atomic_write(out / "train_config.json", lambda p: Path(p).write_text(json.dumps(asdict(cfg), indent=1)))
+        keep = [line for line in read_jsonl(metrics_path) if line["step"] <= start_step] if state else []
         atomic_write(metrics_path, lambda p: Path(p).write_text("".join(json.dumps(m) + "\n" for m in keep)))
         if start_step == 0:
-            _log(
+            append_jsonl(
                 metrics_path,
                 {"step": 0, **evaluate(accelerator.unwrap_model(objective), held_out, cfg, accelerator.device)},
             )
@@ -411,7 +412,7 @@ def train(cfg: TrainConfig, callback: Callable[[int, dict], None] | None = None)
             record.update(evaluate(accelerator.unwrap_model(objective), held_out, cfg, accelerator.device))
         if len(record) > 1:
             if main:
-                _log(metrics_path, record)
+                append_jsonl(metrics_path, record)
             window_tokens, window_start = 0, time.perf_counter()  # after any evaluation, so it is not counted
         if done % cfg.checkpoint_every == 0 and done < cfg.steps:
             _save_checkpoint(accelerator, objective, optimizer, scheduler, cfg, done, ckpt_path)
@@ -438,7 +439,7 @@ def train(cfg: TrainConfig, callback: Callable[[int, dict], None] | None = None)
 
 def training_summary(out: str | Path) -> str:
     """Held-out base loss, heads' accuracy and decoded mean accepted block size before and after a run."""
-    evals = [r for r in _read_jsonl(Path(out) / "metrics.jsonl") if "eval_base_loss" in r]
+    evals = [r for r in read_jsonl(Path(out) / "metrics.jsonl") if "eval_base_loss" in r]
     if not evals:
         return "no evaluation recorded"
     first, last = evals[0], evals[-1]
@@ -462,12 +463,18 @@ def _load_checkpoint(path: Path, cfg: TrainConfig) -> dict | None:
     if not path.is_file():
         warnings.warn(f"--resume: no checkpoint at {path}; starting from step 0", stacklevel=3)
         return None
+    return load_state(path, cfg, RESUME_MUST_MATCH)
+
+
+def load_state(path: Path, cfg, must_match: tuple[str, ...]) -> dict:
+    """A training checkpoint, refused with a clear error if damaged or saved by a run whose
+    `must_match` settings differ from cfg's."""
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
         saved = state["config"]
     except Exception as err:  # torch raises many types for a damaged file
         raise ValueError(f"--resume: the checkpoint {path} is corrupt: {err}") from err
-    for name in RESUME_MUST_MATCH:
+    for name in must_match:
         if saved.get(name) != getattr(cfg, name):
             raise ValueError(
                 f"--resume: the checkpoint in {path.parent} has {name}={saved.get(name)!r}, this run asks "
@@ -495,16 +502,16 @@ def _save_checkpoint(accelerator, objective, optimizer, scheduler, cfg: TrainCon
     atomic_write(path, lambda p: torch.save(state, p))
 
 
-def _save_npy(path: str, array: np.ndarray) -> None:
+def save_npy(path: str, array: np.ndarray) -> None:
     with open(path, "wb") as f:  # a file object, so numpy adds no .npy to the temporary name
         np.save(f, array)
 
 
-def _read_jsonl(path: Path) -> list[dict]:
+def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
 
 
-def _log(path: Path, record: dict) -> None:
+def append_jsonl(path: Path, record: dict) -> None:
     with open(path, "a") as f:
         f.write(json.dumps(record) + "\n")
         f.flush()
@@ -518,7 +525,7 @@ def _plot(metrics_path: Path, png: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = _read_jsonl(metrics_path)
+    rows = read_jsonl(metrics_path)
     train_rows = [r for r in rows if "loss" in r]
     fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(11, 4))
     ax_loss.plot([r["step"] for r in train_rows], [r["loss"] for r in train_rows], label="train loss")

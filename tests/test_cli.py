@@ -60,16 +60,29 @@ def test_generate_missing_model_dir(tmp_path: Path) -> None:
         main(["generate", "--model", str(tmp_path / "nope"), "--prompt", "x"])
 
 
-def test_demo_prints_a_table_and_states_every_divergence(capsys: pytest.CaptureFixture) -> None:
-    rows = demo.run_demo(max_new_tokens=16, k=4)
+class Letters:
+    """A tokenizer stand-in: token i is the i-th letter."""
+
+    def decode(self, ids: list[int]) -> str:
+        return "".join(chr(ord("a") + i) for i in ids)
+
+
+def test_block_printer_marks_every_block(capsys: pytest.CaptureFixture) -> None:
+    for colour, expected in ((False, "a|bc|def|"), (True, f"{demo.COLOURS[0]}a{demo.RESET}{demo.COLOURS[1]}bc")):
+        printer = demo.BlockPrinter(Letters(), colour)
+        for block in ([0], [1, 2], [3, 4, 5]):
+            printer(block)
+        assert capsys.readouterr().out.startswith(expected)
+
+
+@pytest.mark.parametrize("drafter", ["heads", "ngram"])
+def test_demo_streams_blocks_and_prints_a_table(model_dir: Path, drafter: str, capsys: pytest.CaptureFixture) -> None:
+    rows = demo.run_demo(str(model_dir), max_new_tokens=12, prompts=("def f(x):\n",), repeats=1, drafter=drafter)
     out = capsys.readouterr().out
-    assert "identical" in out and "perfect drafter (ceiling)" in out
-    assert {r["method"] for r in rows} == {"n-gram drafter", "untrained heads", "perfect drafter (ceiling)"}
-    for r in rows:
-        assert r["calls"] >= 1 and r["mean_block"] >= 1.0
-        assert r["identical"] or "top-2 logit gap" in r["divergence"]
-        if not r["identical"]:
-            assert r["divergence"] in out
+    assert "identical" in out and "median speedup" in out and rows[0].prompt == "def f(x):\n"
+    assert ("n-gram drafter" in out) == (drafter == "ngram")
+    assert rows[0].new_tokens == 12 and rows[0].calls >= 1 and rows[0].mean_block >= 1.0
+    assert rows[0].identical or "top-2 logit gap" in out
 
 
 def test_train_with_a_missing_base_exits_with_a_clear_message(tmp_path: Path) -> None:

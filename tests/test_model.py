@@ -194,7 +194,7 @@ def test_corrupt_config(saved: Path, text: str) -> None:
 
 
 def test_missing_directory_or_config(tmp_path: Path) -> None:
-    with pytest.raises(CheckpointError, match="holds no blockdecode.json: not a saved BlockwiseLM"):
+    with pytest.raises(CheckpointError, match="nowhere does not exist$"):
         BlockwiseLM.from_pretrained(tmp_path / "nowhere")
     (tmp_path / HEADS_WEIGHTS).write_bytes(b"")
     with pytest.raises(CheckpointError, match="holds no blockdecode.json"):
@@ -209,3 +209,11 @@ def test_generate_after_load_is_still_exact(saved: Path) -> None:
     assert torch.equal(lm.generate(ids, 20).sequences, ref)
     drafter = ScriptedDrafter(ref, accuracy=1.0, vocab_size=512)
     assert torch.equal(lm.generate(ids, 20, drafter=drafter).sequences, ref)
+
+
+def test_a_missing_built_in_model_says_how_to_build_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import blockdecode
+
+    monkeypatch.setattr(blockdecode, "DEFAULT_MODEL", str(tmp_path / "default_model"))
+    with pytest.raises(CheckpointError, match="built-in model is not installed; `make default-model` builds it"):
+        BlockwiseLM.from_pretrained(tmp_path / "default_model")

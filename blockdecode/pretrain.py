@@ -1,0 +1,301 @@
+"""Training the built-in base model from scratch: corpus, tokenizer and a small Llama.
+
+The recipe behind `blockdecode.DEFAULT_MODEL`: the running Python's standard library is the
+corpus (no download), split by file, tokenised with a byte-level BPE trained on the training
+files only, and a `LlamaForCausalLM` trained on it with bf16 autocast. Every step's batch is a
+function of (seed, step), so a stopped run resumes exactly where it was."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import sysconfig
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from accelerate import Accelerator
+from accelerate.state import AcceleratorState
+from tqdm.auto import tqdm
+from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+from blockdecode.corpus import SPECIAL_TOKENS, is_heldout, read_text, stdlib_files, train_tokenizer
+from blockdecode.model import atomic_write
+from blockdecode.train import append_jsonl, load_state, read_jsonl, save_npy
+
+SPLITS = ("train", "heldout")
+
+
+@dataclass
+class CorpusConfig:
+    """Which files, which split, which tokenizer."""
+
+    out: str
+    root: str | None = None  # default: the running Python's standard library
+    vocab_size: int = 8192
+    heldout_fraction: float = 0.05
+    max_files: int | None = None  # a small slice, for tests and quick trials
+
+
+def prepare_corpus(cfg: CorpusConfig, show: bool = True) -> PreTrainedTokenizerFast:
+    """tokenizer.json and {train,heldout}.npy (uint16 token ids, EOS between files) in cfg.out;
+    files already there are reused, so a resumed recipe does not redo this."""
+    out = Path(cfg.out)
+    if (out / "tokenizer.json").is_file() and all((out / f"{s}.npy").is_file() for s in SPLITS):
+        return PreTrainedTokenizerFast.from_pretrained(out)
+    if cfg.vocab_size > 65536:
+        raise ValueError(f"vocab_size {cfg.vocab_size} does not fit the corpus' uint16 token arrays")
+    root = Path(cfg.root or sysconfig.get_paths()["stdlib"])
+    files = stdlib_files(root)[: cfg.max_files]
+    if not files:
+        raise ValueError(f"no .py files under {root}")
+    held = {f for f in files if is_heldout(f, root, cfg.heldout_fraction)}
+    if not held or len(held) == len(files):
+        held = {files[-1]}  # tiny slices: still one file each side
+    texts = {f: read_text(f) for f in tqdm(files, desc="reading", disable=not show)}
+    tokenizer = train_tokenizer((texts[f] for f in files if f not in held), cfg.vocab_size)
+    eos = tokenizer.convert_tokens_to_ids(SPECIAL_TOKENS[0])
+    out.mkdir(parents=True, exist_ok=True)
+    for name in SPLITS:
+        chosen = [f for f in files if (f in held) == (name == "heldout")]
+        ids = []
+        for f in tqdm(chosen, desc=f"tokenising {name}", disable=not show):
+            ids += tokenizer(texts[f]).input_ids + [eos]
+        array = np.asarray(ids, dtype=np.uint16)
+        atomic_write(out / f"{name}.npy", lambda p, a=array: save_npy(p, a))
+    atomic_write(out / "files.json", lambda p: Path(p).write_text(json.dumps(_manifest(files, held, root), indent=1)))
+    tokenizer.save_pretrained(out)
+    return tokenizer
+
+
+def _manifest(files: list[Path], held: set[Path], root: Path) -> dict:
+    return {s: [str(f.relative_to(root)) for f in files if (f in held) == (s == "heldout")] for s in SPLITS}
+
+
+@dataclass
+class PretrainConfig:
+    """The base model's shape and its training run."""
+
+    corpus: str  # a folder prepared by `prepare_corpus`
+    out: str
+    hidden_size: int = 384
+    layers: int = 6
+    heads: int = 6
+    kv_heads: int = 6
+    intermediate_size: int = 1024
+    context: int = 512
+    tie_embeddings: bool = True
+    steps: int = 1300
+    batch_size: int = 16
+    seq_len: int = 512
+    lr: float = 2e-3
+    min_lr: float = 1e-4
+    warmup_steps: int = 50
+    weight_decay: float = 0.1
+    eval_every: int = 100
+    eval_batches: int = 8
+    checkpoint_every: int = 50
+    log_every: int = 10
+    mixed_precision: str = "bf16"
+    resume: bool = False
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        positive = ("hidden_size", "layers", "heads", "kv_heads", "intermediate_size", "context", "steps")
+        positive += ("batch_size", "seq_len", "eval_every", "eval_batches", "checkpoint_every", "log_every")
+        for name in positive:
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.seq_len > self.context:
+            raise ValueError(f"seq_len {self.seq_len} exceeds the model's context of {self.context}")
+        if self.hidden_size % self.heads or self.heads % self.kv_heads:
+            raise ValueError(
+                f"heads ({self.heads}) must divide hidden_size ({self.hidden_size}) and kv_heads ({self.kv_heads}) "
+                "must divide heads"
+            )
+
+
+def llama_config(cfg: PretrainConfig, vocab_size: int, eos: int) -> LlamaConfig:
+    return LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=cfg.hidden_size,
+        intermediate_size=cfg.intermediate_size,
+        num_hidden_layers=cfg.layers,
+        num_attention_heads=cfg.heads,
+        num_key_value_heads=cfg.kv_heads,
+        max_position_embeddings=cfg.context,
+        tie_word_embeddings=cfg.tie_embeddings,
+        bos_token_id=eos,
+        eos_token_id=eos,
+        pad_token_id=eos,
+    )
+
+
+def windows(tokens: np.ndarray, step: int, batch_size: int, seq_len: int, seed: int) -> torch.LongTensor:
+    """The batch at `step`: random windows of the token stream, drawn from (seed, step) alone."""
+    rng = np.random.default_rng([seed, step])
+    starts = rng.integers(0, len(tokens) - seq_len, size=batch_size)
+    return torch.from_numpy(np.stack([tokens[s : s + seq_len] for s in starts]).astype(np.int64))
+
+
+def heldout_batches(tokens: np.ndarray, cfg: PretrainConfig) -> list[torch.LongTensor]:
+    """Fixed, evenly spread held-out windows: the same ones at every evaluation."""
+    n = cfg.eval_batches * cfg.batch_size
+    starts = np.linspace(0, len(tokens) - cfg.seq_len - 1, n).astype(np.int64)
+    rows = torch.from_numpy(np.stack([tokens[s : s + cfg.seq_len] for s in starts]).astype(np.int64))
+    return list(rows.split(cfg.batch_size))
+
+
+@torch.inference_mode()
+def heldout_loss(model: LlamaForCausalLM, batches: list[torch.LongTensor], autocast) -> float:
+    """Mean next-token cross-entropy (nats/token) on the held-out windows."""
+    was_training = model.training
+    model.eval()
+    total, count = 0.0, 0
+    device = next(model.parameters()).device
+    for batch in batches:
+        batch = batch.to(device)
+        with autocast():
+            logits = model(input_ids=batch, use_cache=False).logits
+        total += float(F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), batch[:, 1:].flatten(), reduction="sum"))
+        count += batch[:, 1:].numel()
+    model.train(was_training)
+    return total / count
+
+
+RESUME_MUST_MATCH = (
+    *("hidden_size", "layers", "heads", "kv_heads", "intermediate_size", "context", "tie_embeddings"),
+    *("steps", "batch_size", "seq_len", "lr", "min_lr", "warmup_steps", "weight_decay", "mixed_precision", "seed"),
+)
+
+
+def pretrain(cfg: PretrainConfig, show: bool = True) -> LlamaForCausalLM:
+    """Train the base model as cfg says; metrics.jsonl, pretrain.png, atomic checkpoints and the
+    final model (safetensors, tokenizer, generation config) go to cfg.out."""
+    corpus, out = Path(cfg.corpus), Path(cfg.out)
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(corpus)
+    train_tokens = np.load(corpus / "train.npy", mmap_mode="r")
+    held_tokens = np.load(corpus / "heldout.npy", mmap_mode="r")
+    for name, tokens in (("train", train_tokens), ("heldout", held_tokens)):
+        if len(tokens) <= cfg.seq_len + 1:
+            raise ValueError(f"the {name} split holds {len(tokens)} tokens, too few for seq_len {cfg.seq_len}")
+    eos = tokenizer.convert_tokens_to_ids(SPECIAL_TOKENS[0])
+    AcceleratorState._reset_state()
+    accelerator = Accelerator(mixed_precision=cfg.mixed_precision, cpu=not torch.cuda.is_available())
+    torch.manual_seed(cfg.seed)
+    model = LlamaForCausalLM(llama_config(cfg, len(tokenizer), eos))
+    decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
+    no_decay = [p for n, p in model.named_parameters() if p.ndim < 2]
+    optimizer = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=cfg.lr,
+        betas=(0.9, 0.95),
+    )
+
+    def schedule(step: int) -> float:
+        if step < cfg.warmup_steps:
+            return (step + 1) / cfg.warmup_steps
+        progress = min(1.0, (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps))
+        floor = cfg.min_lr / cfg.lr
+        return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
+
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
+    ckpt_path = out / "checkpoint" / "state.pt"
+    start = 0
+    if cfg.resume and ckpt_path.is_file():
+        state = _load_state(ckpt_path, cfg, len(tokenizer))
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        start = state["step"]
+    model, optimizer = accelerator.prepare(model, optimizer)
+    held = heldout_batches(held_tokens, cfg)
+    metrics = out / "metrics.jsonl"
+    out.mkdir(parents=True, exist_ok=True)
+    kept = [r for r in read_jsonl(metrics) if r["step"] <= start] if start else []
+    atomic_write(metrics, lambda p: Path(p).write_text("".join(json.dumps(r) + "\n" for r in kept)))
+
+    model.train()
+    bar = tqdm(range(start, cfg.steps), initial=start, total=cfg.steps, desc="pretrain", disable=not show)
+    t0, tokens_seen = time.perf_counter(), 0
+    for step in bar:
+        batch = windows(train_tokens, step, cfg.batch_size, cfg.seq_len, cfg.seed).to(accelerator.device)
+        with accelerator.autocast():
+            logits = model(input_ids=batch, use_cache=False).logits
+        loss = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), batch[:, 1:].flatten())
+        accelerator.backward(loss)
+        accelerator.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        tokens_seen += batch.numel()
+        done = step + 1
+        record: dict = {"step": done}
+        if done % cfg.log_every == 0 or done == cfg.steps:
+            rate = tokens_seen / (time.perf_counter() - t0)
+            record.update(loss=loss.item(), lr=scheduler.get_last_lr()[0], tokens_per_s=rate)
+            bar.set_postfix(loss=f"{record['loss']:.3f}", tok_s=f"{rate:.0f}")
+        if done % cfg.eval_every == 0 or done == cfg.steps:
+            record["heldout_loss"] = heldout_loss(accelerator.unwrap_model(model), held, accelerator.autocast)
+            bar.write(f"step {done}: held-out loss {record['heldout_loss']:.3f}")
+        if len(record) > 1:
+            append_jsonl(metrics, record)
+            t0, tokens_seen = time.perf_counter(), 0
+        if done % cfg.checkpoint_every == 0 and done < cfg.steps:
+            state = {
+                "step": done,
+                "config": asdict(cfg),
+                "vocab_size": len(tokenizer),
+                "model": accelerator.unwrap_model(model).state_dict(),
+                "optimizer": optimizer.state_dict(),
+                "scheduler": scheduler.state_dict(),
+            }
+            atomic_write(ckpt_path, lambda p, s=state: torch.save(s, p))
+
+    model = accelerator.unwrap_model(model).eval()
+    model.generation_config = GenerationConfig(bos_token_id=eos, eos_token_id=eos, pad_token_id=eos, do_sample=False)
+    atomic_dir = out / "model.tmp"
+    model.save_pretrained(atomic_dir)
+    tokenizer.save_pretrained(atomic_dir)
+    final = out / "model"
+    if final.exists():
+        shutil.rmtree(final)
+    atomic_dir.rename(final)
+    plot_pretrain(metrics, out / "pretrain.png")
+    accelerator.end_training()
+    return model
+
+
+def _load_state(path: Path, cfg: PretrainConfig, vocab_size: int) -> dict:
+    state = load_state(path, cfg, RESUME_MUST_MATCH)
+    if state.get("vocab_size", vocab_size) != vocab_size:
+        raise ValueError(
+            f"--resume: the checkpoint was trained on a vocabulary of {state['vocab_size']}, this corpus has "
+            f"{vocab_size}"
+        )
+    return state
+
+
+def plot_pretrain(metrics: Path, png: Path) -> None:
+    """Training and held-out loss over steps."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = read_jsonl(metrics)
+    fig, ax = plt.subplots(figsize=(7, 4))
+    logged = [r for r in rows if "loss" in r]
+    ax.plot([r["step"] for r in logged], [r["loss"] for r in logged], label="train loss")
+    evals = [r for r in rows if "heldout_loss" in r]
+    ax.plot([r["step"] for r in evals], [r["heldout_loss"] for r in evals], "o-", label="held-out loss")
+    ax.set_xlabel("step")
+    ax.set_ylabel("nats / token")
+    ax.legend()
+    fig.tight_layout()
+    atomic_write(png, lambda p: fig.savefig(p, format="png", dpi=100))
+    plt.close(fig)

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# The built-in model (blockdecode.DEFAULT_MODEL) from nothing but the running Python's standard library:
+# corpus and tokenizer, a 13.8M-parameter Llama, proposal heads trained four ways, the paper's table, the
+# fastest exact heads shipped in bf16, and a one-layer draft model for the benchmark. About two hours on
+# 2 cores. Training resumes: run it again after an interruption and finished runs are skipped, a stopped one
+# continues; the table is measured anew each time.
+#
+#   SHIP=1 bash recipes/default_model.sh     # RUNS=runs by default; SHIP=1 copies the winner into the package
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export HF_HUB_OFFLINE=1
+RUNS=${RUNS:-runs}
+BD=".venv/bin/blockdecode --threads ${THREADS:-2}"
+K=10
+
+# 1. Corpus (file-level held-out split, byte-level BPE of 8192) and the base model: 1300 steps of 16 x 512 tokens.
+[ -f "$RUNS/base/model/config.json" ] || $BD pretrain --corpus "$RUNS/corpus" --out "$RUNS/base" --resume
+
+# 2. Heads for k=10 (smaller k use heads 2..k), the same budget in each mode.
+for mode in frozen distill finetune finetune+distill; do
+  [ -f "$RUNS/heads-$mode/blockdecode.json" ] && continue
+  $BD train --base "$RUNS/base/model" --data "$RUNS/corpus/train.npy" --out "$RUNS/heads-$mode" --mode "$mode" \
+    --k $K --head-hidden-size 128 --steps "${HEAD_STEPS:-150}" --batch-size 16 --seq-len 256 --lr 2e-3 \
+    --base-lr 1e-4 --warmup-steps 20 --mixed-precision bf16 --eval-every 50 --checkpoint-every 50 \
+    --distill-prompts 4096 --distill-new-tokens 160 --distill-batch-size 64 --distill-cache "$RUNS/distill-cache" --resume
+done
+
+# 3. The paper's table on held-out files, written to benchmarks/results/ and the README; SHIP=1 also saves
+#    the heads with the largest mean accepted block at k=8, and their base, into the package in bf16.
+SHIP_ARGS=(); [ "${SHIP:-0}" = 1 ] && SHIP_ARGS=(--ship blockdecode/default_model)
+.venv/bin/python benchmarks/paper_table.py --corpus "$RUNS/corpus" --readme "${SHIP_ARGS[@]}" \
+  --runs "$RUNS/heads-frozen" "$RUNS/heads-distill" "$RUNS/heads-finetune" "$RUNS/heads-finetune+distill"
+
+# 4. The draft model for `blockdecode bench`'s assisted-generation baseline: one layer of 256 on the same corpus
+#    and tokenizer, shipped in bf16 with SHIP=1.
+[ -f "$RUNS/draft/model/config.json" ] || $BD pretrain --corpus "$RUNS/corpus" --out "$RUNS/draft" --resume \
+  --layers 1 --hidden-size 256 --heads 4 --kv-heads 4 --intermediate-size 768 --steps 500
+if [ "${SHIP:-0}" = 1 ]; then
+  .venv/bin/python - "$RUNS/draft/model" blockdecode/draft_model <<'PY'
+import sys, torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+AutoModelForCausalLM.from_pretrained(sys.argv[1], dtype=torch.bfloat16).save_pretrained(sys.argv[2])
+AutoTokenizer.from_pretrained(sys.argv[1]).save_pretrained(sys.argv[2])
+PY
+fi

@@ -1,0 +1,134 @@
+"""`blockdecode bench` on a tiny model: every method and metric is there, exact methods match greedy,
+the plots are written, and the README table comes from the JSON."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from blockdecode import BlockwiseLM
+from blockdecode.bench import BenchConfig, Run, block_stats, markdown, run_bench, update_readme
+from blockdecode.cli import main
+from blockdecode.corpus import train_tokenizer
+from blockdecode.toy import toy_model
+from tests.conftest import perturb_heads
+
+METRICS = (
+    "tokens_per_s",
+    "speedup",
+    "calls_per_token",
+    "identical_to_greedy",
+    "token_agreement",
+    "chrf",
+    "loss",
+)
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """A saved BlockwiseLM (k=4) with its tokenizer, a smaller draft model on the same vocabulary, prompts."""
+    root = tmp_path_factory.mktemp("bench")
+    text = "\n".join(f"def f{i}(x):\n    return x * {i} + {i % 7}\n" for i in range(300))
+    tokenizer = train_tokenizer([text], vocab_size=300)
+    vocab = len(tokenizer)
+    base = toy_model("llama", vocab=vocab, context=256)
+    perturb_heads(BlockwiseLM.from_base(base, k=4), std=0.05).save_pretrained(root / "model")
+    tokenizer.save_pretrained(root / "model")
+    toy_model("llama", seed=1, vocab=vocab, width=32, layers=1, context=256).save_pretrained(root / "draft")
+    (root / "prompts.json").write_text(json.dumps(["def f(x):\n", "def g(y):\n    return"]))
+    return {"root": root, "vocab": vocab}
+
+
+def quick_config(setup: dict, **overrides) -> BenchConfig:
+    root = setup["root"]
+    return BenchConfig.quick(
+        **{
+            "model": str(root / "model"),
+            "draft": str(root / "draft"),
+            "prompts": str(root / "prompts.json"),
+            "ks": [2, 4],
+            "dtype": "fp32",
+            "new_tokens": 12,
+            "max_q": 6,
+            "out": str(root / "out"),
+            **overrides,
+        }
+    )
+
+
+def test_quick_bench_reports_every_method_and_metric(setup: dict) -> None:
+    cfg = quick_config(
+        setup,
+        acceptance=["topk:2", "min-block:2"],
+        system=True,
+        system_model=dict(vocab=setup["vocab"], width=32, layers=1, heads=2),
+        system_accuracies=[0.5, 1.0],
+    )
+    report = run_bench(cfg, show=False)
+    saved = json.loads((Path(cfg.out) / "bench.json").read_text())
+    assert saved["methods"].keys() == report["methods"].keys()
+    expected = {"greedy", "prompt lookup", "assisted", "heads k=2", "heads k=4", "n-gram k=2", "n-gram k=4"}
+    expected |= {"heads k=2 topk:2", "heads k=4 topk:2", "heads k=2 min-block:2", "heads k=4 min-block:2"}
+    assert set(saved["methods"]) == expected
+    for name, r in saved["methods"].items():
+        for metric in METRICS:
+            assert metric in r, (name, metric)
+        if r["exact_method"]:
+            assert r["identical_to_greedy"], name
+            assert r["chrf"] == pytest.approx(100.0) and r["token_agreement"] == 1.0
+        if r["family"] in ("heads", "ngram"):
+            assert len(r["block_histogram"]) == r["k"] and len(r["head_acceptance"]) == r["k"] - 1
+            assert r["efficiency"] > 0 and r["ceiling"] > 0
+            assert 1 / r["calls_per_token"] <= r["k"]
+    assert saved["methods"]["greedy"]["calls_per_token"] == pytest.approx(1.0)
+    assert saved["methods"]["assisted"]["draft_calls_per_token"] > 0
+    assert set(saved["cost"]["seconds"]) == {str(q) for q in range(1, 7)}
+    env = saved["environment"]
+    assert env["dtype"] == "fp32" and env["threads"] >= 1 and env["torch"] and env["transformers"]
+    system = saved["system_ceiling"]["methods"]
+    assert system["scripted p=1"]["mean_block_size"] > system["scripted p=0.5"]["mean_block_size"]
+    for png in ("speedup.png", "blocks.png", "cost.png"):
+        assert (Path(cfg.out) / png).stat().st_size > 1000
+    table = (Path(cfg.out) / "table.md").read_text()
+    assert "| heads k=4 |" in table and "no (approximate)" in table
+    assert "| topk:2 | 4 |" in table and "| min-block:2 | 2 |" in table and "| exact | 4 |" in table
+
+
+def test_readme_table_is_generated_from_the_results(setup: dict, tmp_path: Path) -> None:
+    report = run_bench(quick_config(setup, ks=[2], out=str(tmp_path)), show=False)
+    readme = tmp_path / "README.md"
+    readme.write_text("# x\n<!-- bench-table:start -->\nold\n<!-- bench-table:end -->\nafter\n")
+    update_readme(readme, "bench-table", markdown(report))
+    text = readme.read_text()
+    assert "old" not in text and "| heads k=2 |" in text and text.endswith("after\n")
+    with pytest.raises(ValueError, match="no <!-- paper-table:start -->"):
+        update_readme(readme, "paper-table", "x")
+
+
+def test_block_stats_per_head_rates() -> None:
+    runs = [Run([], 1.0, 4, block_sizes=[1, 2, 3, 3])]
+    stats = block_stats(runs, 3)
+    assert stats["block_histogram"] == [1, 1, 2]
+    assert stats["head_reached"] == [0.75, 0.5]  # head 2 accepted in 3 of 4 calls, head 3 in 2
+    assert stats["head_acceptance"] == [0.75, pytest.approx(2 / 3)]
+    assert stats["mean_block_size"] == 2.25
+
+
+def test_cli_bench_quick_and_bad_input(setup: dict, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    root = setup["root"]
+    args = ["bench", "--quick", "--model", str(root / "model"), "--prompts", str(root / "prompts.json")]
+    args += ["--dtype", "fp32", "--new-tokens", "8", "--out", str(tmp_path)]
+    main(args)
+    assert "| heads k=2 |" in capsys.readouterr().out
+    saved = json.loads((tmp_path / "bench.json").read_text())
+    assert saved["config"]["ks"] == [2, 4, 8]  # --quick's own k list
+    assert "assisted" not in saved["methods"]  # no draft model given
+    with pytest.raises(SystemExit, match="topk:N needs an integer N >= 1"):
+        main([*args, "--acceptance", "topk:0"])
+    with pytest.raises(SystemExit, match="ks must be block sizes >= 1"):
+        main([*args, "--k", "0"])
+    (tmp_path / "bad.json").write_text('"def f():"')
+    with pytest.raises(SystemExit, match="prompts must be a JSON list of non-empty strings"):
+        main([*args, "--prompts", str(tmp_path / "bad.json")])

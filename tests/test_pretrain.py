@@ -1,0 +1,166 @@
+"""The built-in model's recipe end to end on a tiny setting: corpus, tokenizer, base, heads.
+
+The full recipe (recipes/default_model.sh) runs the same code for two hours; here every stage
+runs in seconds so none of it can silently rot."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sysconfig
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
+
+from blockdecode.cli import main
+from blockdecode.corpus import SPECIAL_TOKENS, is_heldout, stdlib_files
+from blockdecode.model import BlockwiseLM
+from blockdecode.pretrain import CorpusConfig, PretrainConfig, prepare_corpus, pretrain, windows
+from blockdecode.train import TrainConfig, train
+from tests.conftest import NO_EOS, assert_greedy_equal, hf_greedy
+
+TINY = dict(
+    hidden_size=32,
+    layers=1,
+    heads=2,
+    kv_heads=1,
+    intermediate_size=64,
+    context=64,
+    steps=4,
+    batch_size=4,
+    seq_len=32,
+    warmup_steps=1,
+    eval_every=2,
+    eval_batches=1,
+    checkpoint_every=2,
+    mixed_precision="no",
+)
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Eight small stdlib modules in a folder of their own, split by file like the full corpus."""
+    root = tmp_path_factory.mktemp("src")
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    for name in ("bisect", "colorsys", "keyword", "this", "fnmatch", "glob", "heapq", "shlex"):
+        shutil.copy(stdlib / f"{name}.py", root / f"{name}.py")
+    out = tmp_path_factory.mktemp("corpus")
+    prepare_corpus(CorpusConfig(out=str(out), root=str(root), vocab_size=320, heldout_fraction=0.3), show=False)
+    return out
+
+
+def test_corpus_is_split_by_file_and_tokenised_with_eos_between_files(corpus: Path) -> None:
+    files = json.loads((corpus / "files.json").read_text())
+    assert files["train"] and files["heldout"] and not set(files["train"]) & set(files["heldout"])
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(corpus)
+    assert len(tokenizer) == 320
+    eos = tokenizer.convert_tokens_to_ids(SPECIAL_TOKENS[0])
+    for split in ("train", "heldout"):
+        ids = np.load(corpus / f"{split}.npy")
+        assert ids.dtype == np.uint16
+        assert int((ids == eos).sum()) == len(files[split])  # one EOS after each file
+    assert "def " in tokenizer.decode(np.load(corpus / "train.npy").tolist())
+
+
+def test_prepare_corpus_reuses_what_is_there(corpus: Path) -> None:
+    before = (corpus / "train.npy").stat().st_mtime_ns
+    prepare_corpus(CorpusConfig(out=str(corpus), root="/nonexistent"), show=False)
+    assert (corpus / "train.npy").stat().st_mtime_ns == before
+
+
+def test_heldout_split_depends_on_relative_paths_only_and_is_near_its_fraction(tmp_path: Path) -> None:
+    """The same relative path is held out under any root (so every machine splits alike), and
+    the share held out is close to the fraction asked for."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    files = stdlib_files(root)
+    held = {f.relative_to(root) for f in files if is_heldout(f, root, 0.05)}
+    assert 0.02 < len(held) / len(files) < 0.08
+    elsewhere = tmp_path / "python3.99"
+    assert {f.relative_to(root) for f in files if is_heldout(elsewhere / f.relative_to(root), elsewhere)} == held
+    assert held < {f.relative_to(root) for f in files if is_heldout(f, root, 0.2)}  # a larger fraction adds files
+
+
+def test_batches_depend_on_seed_and_step_only() -> None:
+    tokens = np.arange(1000, dtype=np.uint16)
+    a = windows(tokens, 3, 4, 16, seed=1)
+    assert torch.equal(a, windows(tokens, 3, 4, 16, seed=1))
+    assert not torch.equal(a, windows(tokens, 4, 4, 16, seed=1))
+    assert torch.equal(a[:, 1:], a[:, :-1] + 1)  # contiguous windows of the stream
+
+
+def test_pretrain_then_heads_end_to_end(corpus: Path, tmp_path: Path) -> None:
+    """Base trained from scratch (loss drops, model + tokenizer saved), then heads trained on it
+    from the corpus' token array, and the result decodes exactly like transformers' greedy."""
+    model = pretrain(PretrainConfig(corpus=str(corpus), out=str(tmp_path / "base"), **{**TINY, "steps": 12}), False)
+    rows = [json.loads(line) for line in (tmp_path / "base" / "metrics.jsonl").read_text().splitlines()]
+    losses = [r["heldout_loss"] for r in rows if "heldout_loss" in r]
+    assert len(losses) == 6 and losses[-1] < losses[0]
+    assert (tmp_path / "base" / "pretrain.png").stat().st_size > 0
+    saved = tmp_path / "base" / "model"
+    reloaded = AutoModelForCausalLM.from_pretrained(saved)
+    assert sum(p.numel() for p in reloaded.parameters()) == sum(p.numel() for p in model.parameters())
+    assert len(PreTrainedTokenizerFast.from_pretrained(saved)) == 320
+
+    cfg = TrainConfig(
+        base=str(saved),
+        data=[str(corpus / "train.npy")],
+        out=str(tmp_path / "heads"),
+        k=3,
+        steps=2,
+        batch_size=4,
+        seq_len=32,
+        eval_every=2,
+        eval_prompts=1,
+        eval_prompt_len=8,
+        eval_new_tokens=8,
+        checkpoint_every=2,
+    )
+    train(cfg)
+    lm = BlockwiseLM.from_pretrained(tmp_path / "heads")
+    ids = torch.from_numpy(np.load(corpus / "heldout.npy")[:10].astype(np.int64)).unsqueeze(0)
+    out = lm.generate(ids, 20, eos_token_id=NO_EOS)
+    assert_greedy_equal(lm.base, ids, out.sequences, hf_greedy(lm.base, ids, 20, eos_token_id=None))
+
+
+def test_pretrain_resumes_to_the_same_weights(corpus: Path, tmp_path: Path) -> None:
+    whole = pretrain(PretrainConfig(corpus=str(corpus), out=str(tmp_path / "a"), **TINY), False)
+    shutil.copytree(tmp_path / "a" / "checkpoint", tmp_path / "b" / "checkpoint")  # as left at step 2
+    resumed = pretrain(PretrainConfig(corpus=str(corpus), out=str(tmp_path / "b"), resume=True, **TINY), False)
+    for (name, p), q in zip(whole.state_dict().items(), resumed.state_dict().values()):
+        torch.testing.assert_close(p, q, msg=name)
+    steps = [json.loads(line)["step"] for line in (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [4]  # the resumed run logs only the steps after its checkpoint
+
+
+def test_resume_refuses_a_different_shape(corpus: Path, tmp_path: Path) -> None:
+    pretrain(PretrainConfig(corpus=str(corpus), out=str(tmp_path), **TINY), False)
+    with pytest.raises(ValueError, match="hidden_size=32"):
+        pretrain(PretrainConfig(corpus=str(corpus), out=str(tmp_path), resume=True, **{**TINY, "hidden_size": 64}))
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"seq_len": 128}, "exceeds the model's context"),
+        ({"heads": 3}, "must divide"),
+        ({"steps": 0}, "steps must be positive"),
+    ],
+)
+def test_bad_pretrain_configs_fail_clearly(change: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        PretrainConfig(corpus="c", out="o", **{**TINY, **change})
+
+
+def test_cli_pretrain_runs_the_recipe(tmp_path: Path) -> None:
+    root = tmp_path / "src"
+    root.mkdir()
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    for name in ("bisect", "colorsys", "keyword", "heapq"):
+        shutil.copy(stdlib / f"{name}.py", root / f"{name}.py")
+    args = [f"--{k.replace('_', '-')}={v}" for k, v in {**TINY, "vocab_size": 300}.items()]
+    main(["pretrain", "--corpus", str(tmp_path / "c"), "--out", str(tmp_path / "o"), "--root", str(root), *args])
+    assert (tmp_path / "o" / "model" / "model.safetensors").is_file()
+    assert (tmp_path / "o" / "model" / "tokenizer.json").is_file()
