@@ -4,7 +4,7 @@ STAMP := .venv/.installed
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_NO_ADVISORY_WARNINGS := 1
 
-.PHONY: demo test lint bench bench-quick default-model install
+.PHONY: demo test lint bench bench-quick bench-core default-model install
 
 install: $(STAMP)
 
@@ -30,6 +30,10 @@ bench: $(STAMP)
 
 bench-quick: $(STAMP)
 	.venv/bin/blockdecode --threads 2 bench --quick
+
+# The decode loop alone: scripted drafters on a GPT-2-small-sized model, dynamic and static cache (~5 min).
+bench-core: $(STAMP)
+	.venv/bin/blockdecode --threads 2 bench --preset core --readme README.md
 
 # Rebuild the built-in model from the standard library (about two hours on 2 cores; resumable).
 default-model: $(STAMP)

@@ -12,7 +12,6 @@ checked token for token against transformers' greedy generate.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import time
 from pathlib import Path
@@ -21,8 +20,10 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from blockdecode.bench import cpu_name, update_readme
-from blockdecode.model import BlockwiseLM, atomic_write
+from blockdecode.bench.report import cpu_name, update_readme
+from blockdecode.decode import decode_prompts
+from blockdecode.io import atomic_write, write_json
+from blockdecode.model import BlockwiseLM
 from blockdecode.pretrain import PretrainConfig, heldout_batches, heldout_loss
 from blockdecode.reference import first_divergence, greedy_generate
 
@@ -49,26 +50,20 @@ def measure(
         "run": str(run),
         "mode": meta.get("mode", run.name),
         "trained_k": model.k,
-        "heldout_loss": heldout_loss(model.base, windows, contextlib.nullcontext),
+        "heldout_loss": heldout_loss(model.base, windows),
         "by_k": {},
     }
     for k in tqdm(ks, desc=run.name, leave=False):
         if k > model.k:
             continue
-        blocks: list[int] = []  # tokens gained per call after the prefill, as DecodeStats counts them
-        hist = [0] * k
-        identical = True
-        for ids in prompts:
-            out = model.generate(ids, new_tokens, eos_token_id=[], k=k)
-            blocks += out.stats.block_sizes
-            for b in out.stats.block_sizes:
-                hist[b - 1] += 1
-            if k == max(ks):
-                ref, _ = greedy_generate(model.base, ids, new_tokens, [])
-                identical &= first_divergence(model.base, ref, out.sequences) is None
-        entry = {"mean_block_size": sum(blocks) / len(blocks), "calls": len(blocks), "block_histogram": hist}
+        outputs, stats = decode_prompts(model.base, prompts, new_tokens, model.drafter(), k, eos_token_id=[])
+        blocks = stats.block_sizes  # tokens gained per call after the prefill
+        hist = [blocks.count(b) for b in range(1, k + 1)]
+        entry = {"mean_block_size": stats.mean_block_size, "calls": len(blocks), "block_histogram": hist}
         if k == max(ks):
-            entry["identical_to_greedy"] = identical
+            refs = [greedy_generate(model.base, ids, new_tokens, []) for ids in prompts]
+            same = [first_divergence(model.base, r, o) is None for r, o in zip(refs, outputs)]
+            entry["identical_to_greedy"] = all(same)
         row["by_k"][str(k)] = entry
     return row
 
@@ -126,10 +121,10 @@ def ship(
     tokenizer = AutoTokenizer.from_pretrained(best["run"])
     tokenizer.save_pretrained(staging)
     texts = [tokenizer.decode(p[0]) for p in prompts]
-    atomic_write(staging / "prompts.json", lambda p: Path(p).write_text(json.dumps(texts, indent=1) + "\n"))
+    write_json(staging / "prompts.json", texts)
     provenance = {key: best[key] for key in ("mode", "trained_k", "heldout_loss")}
     provenance["mean_block_size"] = {kk: v["mean_block_size"] for kk, v in best["by_k"].items()}
-    atomic_write(staging / "provenance.json", lambda p: Path(p).write_text(json.dumps(provenance, indent=1) + "\n"))
+    write_json(staging / "provenance.json", provenance)
     shutil.rmtree(directory, ignore_errors=True)
     staging.rename(directory)
     return best
@@ -167,7 +162,7 @@ def main() -> None:
         "machine": torch.cuda.get_device_name() if args.device.startswith("cuda") else cpu_name(),
     }
     out = Path(args.out)
-    atomic_write(out, lambda p: Path(p).write_text(json.dumps(result, indent=1) + "\n"))
+    write_json(out, result)
     plot(rows, ks, out.with_suffix(".png"))
     table = markdown(rows, ks)
     print(table)

@@ -34,12 +34,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 
 import torch  # noqa: E402
-from accelerate.state import AcceleratorState  # noqa: E402
 from transformers.utils import logging as hf_logging  # noqa: E402
 
 from blockdecode.corpus import read_text, stdlib_files, train_tokenizer  # noqa: E402
 from blockdecode.toy import toy_model  # noqa: E402
-from blockdecode.train import MODES, TrainConfig, distill_sequences, load_base, train  # noqa: E402
+from blockdecode.train import MODES, TrainConfig, base_and_tokenizer, distill_sequences, train  # noqa: E402
 
 QUICK = dict(vocab=1024, width=64, layers=2, heads=4, files=20, steps=6, seq_len=64, k=4, distill_prompts=8)
 
@@ -144,9 +143,6 @@ def run_one(args: argparse.Namespace, base: Path, files: list[Path], root: Path,
         distill_new_tokens=args.seq_len - args.distill_prompt_len,  # distilled rows as long as seq_len
         distill_cache=str(root / "distill-cache"),
     )
-    # accelerate keeps one AcceleratorState per process and refuses a second train() with another
-    # mixed_precision; forget it between runs (the process group, if any, lives in PartialState and stays).
-    AcceleratorState._reset_state()
     load = loadavg()
     start = time.perf_counter()
     model = train(cfg)
@@ -212,7 +208,7 @@ def main(argv: list[str] | None = None) -> None:
             )
             from blockdecode.data import load_tokens, pack, split
 
-            model, tok = load_base(probe)
+            model, tok = base_and_tokenizer(probe)
             eos = model.generation_config.eos_token_id
             sequences = pack(load_tokens(probe.data, tok, eos), probe.seq_len)
             start = time.perf_counter()

@@ -60,13 +60,14 @@ class Acceptance:
                 f"the distance rule's value map covers {len(self.values)} tokens, the model's vocabulary {vocab_size}"
             )
 
-    def accepted(self, draft: torch.Tensor, logits: torch.Tensor, greedy: torch.Tensor) -> int:
-        """How many leading proposals of `draft` [n] to keep, given the block's logits [n+1, V]
-        and their argmax `greedy` [n+1]."""
+    def agree(self, draft: torch.Tensor, logits: torch.Tensor, greedy: torch.Tensor) -> torch.Tensor:
+        """Which proposals of `draft` [n] the rule lets stand, each on its own, given the block's
+        logits [n+1, V] and their argmax `greedy` [n+1]: a bool tensor [n], left on the device.
+        A proposal counts only if every one before it on its path counts too (`accepted`)."""
         n = draft.shape[0]
-        if n == 0:
-            return 0
         agree = draft == greedy[:n]
+        if n == 0 or self.rule == "exact":
+            return agree
         if self.rule == "topk":
             rows = logits[:n].float()
             kth = rows.topk(min(self.n, rows.shape[-1]), dim=-1).values[:, -1]
@@ -75,9 +76,12 @@ class Acceptance:
             values = self.values.to(draft.device)  # NaN: a token with no value, which only matches itself
             agree = agree | ((values[draft] - values[greedy[:n]]).abs() <= self.eps)
         elif self.rule == "min-block":
-            agree = agree.clone()
             agree[: self.min_block - 1] = True
-        return int(agree.long().cumprod(0).sum())
+        return agree
+
+    def accepted(self, draft: torch.Tensor, logits: torch.Tensor, greedy: torch.Tensor) -> int:
+        """How many leading proposals of a chain `draft` [n] to keep: the agreeing prefix."""
+        return int(self.agree(draft, logits, greedy).long().cumprod(0).sum())
 
 
 RULES = ("exact", "topk", "distance", "min-block")

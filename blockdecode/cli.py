@@ -6,33 +6,14 @@ import argparse
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 import torch
 
-from blockdecode import DEFAULT_MODEL
+from blockdecode.builtin import DEFAULT_MODEL
 from blockdecode.heads import HEAD_TYPES
-from blockdecode.model import DTYPES
-
-
-def load(model_dir: str, k: int | None, head_type: str, dtype: str):
-    """A BlockwiseLM and its tokenizer from a saved BlockwiseLM, or from a plain transformers
-    model directory (then with untrained heads: exact, but they rarely propose well)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from blockdecode.model import HEADS_CONFIG, BlockwiseLM
-
-    path = Path(model_dir)
-    if not path.is_dir():
-        raise SystemExit(f"error: --model {model_dir}: no such directory")
-    if (path / HEADS_CONFIG).is_file():
-        model = BlockwiseLM.from_pretrained(path, dtype=DTYPES[dtype])
-    else:
-        base = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype])
-        model = BlockwiseLM.from_base(base, k=k or 8, head_type=head_type)
-        print(f"note: {path} has no trained heads; using untrained {head_type} heads", file=sys.stderr)
-    tokenizer_dir = path if (path / "tokenizer.json").is_file() else model.base_location
-    return model.to(DTYPES[dtype]).eval(), AutoTokenizer.from_pretrained(tokenizer_dir)
+from blockdecode.hf import DTYPES
 
 
 def read_value_map(path: str) -> list[float]:
@@ -50,9 +31,12 @@ def read_value_map(path: str) -> list[float]:
 def cmd_generate(args: argparse.Namespace) -> None:
     from blockdecode.acceptance import parse_acceptance
     from blockdecode.drafters import NgramDrafter
+    from blockdecode.model import has_heads, load
     from blockdecode.reference import first_divergence, greedy_generate
 
-    model, tokenizer = load(args.model, args.k, args.head_type, args.dtype)
+    model, tokenizer = load(args.model, DTYPES[args.dtype], args.k, args.head_type)
+    if not has_heads(args.model):
+        print(f"note: {args.model} has no trained heads; using untrained {args.head_type} heads", file=sys.stderr)
     ids = tokenizer(args.prompt, return_tensors="pt").input_ids
     drafter = NgramDrafter() if args.drafter == "ngram" else None
     if args.value_map and not args.acceptance.startswith("distance"):
@@ -69,7 +53,9 @@ def cmd_generate(args: argparse.Namespace) -> None:
     if not s.exact:
         print(f"acceptance {s.acceptance}: approximate, this is NOT the exact greedy output", file=sys.stderr)
     if args.compare:
-        ref, seconds = greedy_generate(model.base, ids, args.max_new_tokens, None)
+        start = time.perf_counter()
+        ref = greedy_generate(model.base, ids, args.max_new_tokens)
+        seconds = time.perf_counter() - start
         new = ref.shape[1] - ids.shape[1]
         print(f"greedy (transformers): {new} tokens, {new} calls, {new / seconds:.1f} tokens/s", file=sys.stderr)
         diverged = first_divergence(model.base, ref, out.sequences)
@@ -131,6 +117,8 @@ def add_train_parser(sub) -> None:
     p.add_argument("--distill-batch-size", type=int, default=d.distill_batch_size, help="rows generated at once")
     p.add_argument("--distill-beams", type=int, default=d.distill_beams, help="1: greedy; more: beam search")
     p.add_argument("--distill-cache", default=None, help="folder for distilled data, reused across runs")
+    p.add_argument("--patience", type=int, default=d.patience, help="stop after N evals with no longer block; 0: off")
+    p.add_argument("--min-delta", type=float, default=d.min_delta, help="the block growth that counts (--patience)")
     p.set_defaults(func=cmd_train)
 
 
@@ -171,36 +159,38 @@ def add_pretrain_parser(sub) -> None:
 
 
 def cmd_bench(args: argparse.Namespace) -> None:
-    from blockdecode.bench import BenchConfig, acceptance_markdown, markdown, run_bench, update_readme
+    from blockdecode.bench import PRESETS, acceptance_markdown, core_markdown, markdown, run_bench, update_readme
 
-    chosen = {
-        "model": args.model,
-        "draft": args.draft,
-        "prompts": args.prompts,
-        "dtype": args.dtype,
-        "acceptance": [a for a in (args.acceptance or "").split(",") if a],
-    }
+    preset = "quick" if args.quick else args.preset
+    chosen = {"model": args.model, "draft": args.draft, "prompts": args.prompts}
+    if args.dtype:  # the core study has no model of its own: its dtype is the scripted model's
+        chosen["system_dtype" if preset == "core" else "dtype"] = args.dtype
+    chosen["acceptance"] = [a for a in (args.acceptance or "").split(",") if a]
     if args.k:
         chosen["ks"] = [int(k) for k in args.k.split(",")]
-    chosen.update({name: getattr(args, name) for name in ("new_tokens", "n_prompts", "repeats") if getattr(args, name)})
-    if args.out:
-        chosen["out"] = args.out
-    if args.device:
-        chosen["device"] = args.device
+    for name in ("new_tokens", "n_prompts", "repeats", "out", "device"):
+        if getattr(args, name):
+            chosen[name] = getattr(args, name)
     if args.no_system:
         chosen["system"] = False
-    cfg = BenchConfig.quick(**chosen) if args.quick else BenchConfig(**chosen)
+    cfg = PRESETS[preset](**chosen)
     report = run_bench(cfg)
-    print(markdown(report))
+    if report["methods"]:
+        print(markdown(report))
     if cfg.acceptance:
         print("\nApproximate acceptance: NOT the exact greedy output; what each rule costs:\n")
         print(acceptance_markdown(report))
+    if "system_ceiling" in report:
+        print(f"\nScripted drafters (the decode loop alone):\n\n{core_markdown(report['system_ceiling'])}")
     print(f"\nresults, plots and tables in {cfg.out} ({report['seconds']:.0f} s)", file=sys.stderr)
     if args.readme:
-        readme = Path(__file__).parents[1] / "README.md"
-        update_readme(readme, "bench-table", markdown(report))
+        readme = Path(args.readme)
+        if report["methods"]:
+            update_readme(readme, "bench-table", markdown(report))
         if cfg.acceptance:
             update_readme(readme, "acceptance-table", acceptance_markdown(report))
+        if "system_ceiling" in report and not cfg.methods:
+            update_readme(readme, "core-table", core_markdown(report["system_ceiling"]))
 
 
 def add_bench_parser(sub) -> None:
@@ -208,22 +198,25 @@ def add_bench_parser(sub) -> None:
         "bench",
         help="blockdecode against greedy, prompt lookup and assisted generation, side by side",
         description="Every method on the same model, prompts, dtype and threads, in one process, with interleaved "
-        "rounds. Writes bench.json, speedup.png, blocks.png, cost.png and table.md to --out.",
+        "rounds. Writes bench.json, speedup.png, blocks.png, cost.png and table.md to --out. Presets: default; "
+        "quick (about two minutes); core (the decode loop alone: scripted drafters on a GPT-2-small-sized model, "
+        "dynamic and static cache).",
     )
-    p.add_argument("--model", default=None, help="a saved BlockwiseLM (default: the built-in model)")
+    p.add_argument("--preset", choices=("default", "quick", "core"), default="default")
+    p.add_argument("--quick", action="store_true", help="the same as --preset quick")
+    p.add_argument("--model", default=None, help="a saved BlockwiseLM or transformers folder (default: built-in)")
     p.add_argument("--draft", default=None, help="draft model for assisted generation (default: built-in draft)")
     p.add_argument("--prompts", default=None, help="JSON list of prompt texts (default: held-out code)")
     p.add_argument("--k", default=None, help="block sizes, comma-separated (default 2,4,6,8,10; --quick 2,4,8)")
-    p.add_argument("--dtype", choices=tuple(DTYPES), default="bf16")
-    p.add_argument("--quick", action="store_true", help="about two minutes: 4 prompts, k 2,4,8, no GPT-2 ceiling")
-    p.add_argument("--out", default=None, help="results folder (default benchmarks/results/bench[_quick])")
+    p.add_argument("--dtype", choices=tuple(DTYPES), default=None, help="default bf16 (core: fp32)")
+    p.add_argument("--out", default=None, help="results folder (default benchmarks/results/bench, bench_quick or core)")
     p.add_argument("--new-tokens", type=positive_int, default=None)
     p.add_argument("--n-prompts", type=positive_int, default=None)
     p.add_argument("--repeats", type=positive_int, default=None)
     p.add_argument("--acceptance", default=None, help="approximate rules to measure too, e.g. topk:2,min-block:3")
     p.add_argument("--device", default=None, help="cpu (default) or cuda")
-    p.add_argument("--no-system", action="store_true", help="skip the GPT-2-small-sized scripted-drafter ceiling")
-    p.add_argument("--readme", action="store_true", help="write the table into README.md")
+    p.add_argument("--no-system", action="store_true", help="skip the GPT-2-small-sized scripted-drafter study")
+    p.add_argument("--readme", default=None, metavar="PATH", help="also write the tables into this README")
     p.set_defaults(func=cmd_bench)
 
 

@@ -8,28 +8,28 @@ decoding; the paper's relaxed rules (`blockdecode.acceptance`) are opt-in.
 
 from __future__ import annotations
 
-import inspect
 import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 import torch
-from transformers import DynamicCache, PreTrainedModel, StaticCache
+from transformers import PreTrainedModel
 
 from blockdecode.acceptance import Acceptance, parse_acceptance
+from blockdecode.adapter import CausalAdapter
 from blockdecode.drafters import Drafter, check_proposal
-
-CACHE_IMPLEMENTATIONS = ("dynamic", "static")
+from blockdecode.hf import context_length, resolve_eos, vocab_size
 
 
 @dataclass
 class DecodeStats:
     """What one generate call cost. `calls` counts base-model forward passes, prefill included;
-    `block_sizes` holds the tokens gained by each call after the prefill."""
+    `block_sizes` holds the tokens gained by each call after the prefill, `verified` the tokens
+    that call scored (the newest token and the proposals)."""
 
     calls: int = 0
     block_sizes: list[int] = field(default_factory=list)
+    verified: list[int] = field(default_factory=list)
     new_tokens: int = 0
     seconds: float = 0.0
     acceptance: str = "exact"  # anything else: the output is not the exact greedy output
@@ -46,12 +46,26 @@ class DecodeStats:
     def tokens_per_second(self) -> float:
         return self.new_tokens / self.seconds if self.seconds > 0 else 0.0
 
+    @classmethod
+    def pooled(cls, stats: Iterable[DecodeStats]) -> DecodeStats:
+        """Several calls' stats as one: counts and times added, block sizes concatenated."""
+        total = cls()
+        for s in stats:
+            total.calls += s.calls
+            total.block_sizes += s.block_sizes
+            total.verified += s.verified
+            total.new_tokens += s.new_tokens
+            total.seconds += s.seconds
+            total.acceptance = s.acceptance
+        return total
+
     def to_dict(self) -> dict:
         return {
             "calls": self.calls,
             "new_tokens": self.new_tokens,
             "mean_block_size": self.mean_block_size,
             "block_sizes": list(self.block_sizes),
+            "verified": list(self.verified),
             "seconds": self.seconds,
             "tokens_per_second": self.tokens_per_second,
             "acceptance": self.acceptance,
@@ -67,29 +81,9 @@ class BlockwiseOutput:
     stats: DecodeStats
 
 
-def context_length(model: PreTrainedModel) -> int | None:
-    """The longest sequence the base model can attend over, if its config names one."""
-    cfg = model.config.get_text_config(decoder=True)
-    for name in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
-        value = getattr(cfg, name, None)
-        if isinstance(value, int) and value > 0:
-            return value
-    return None
-
-
-def resolve_eos(model: PreTrainedModel, eos_token_id: int | Sequence[int] | None) -> set[int]:
-    """EOS ids as transformers' generate resolves them: the argument, else the generation config."""
-    if eos_token_id is None:
-        eos_token_id = getattr(model.generation_config, "eos_token_id", None)
-    if eos_token_id is None:
-        return set()
-    if isinstance(eos_token_id, int):
-        return {eos_token_id}
-    return {int(t) for t in eos_token_id}
-
-
 def check_prompt(model: PreTrainedModel, input_ids: torch.Tensor, max_new_tokens: int) -> torch.LongTensor:
-    """A [1, T] LongTensor the model can extend by max_new_tokens, or a clear error."""
+    """A [1, T] LongTensor on the model's device that the model can extend by max_new_tokens, or a
+    clear error."""
     if not isinstance(input_ids, torch.Tensor):
         raise TypeError(f"input_ids must be a torch.LongTensor, got {type(input_ids).__name__}")
     if input_ids.dim() == 1:
@@ -106,7 +100,7 @@ def check_prompt(model: PreTrainedModel, input_ids: torch.Tensor, max_new_tokens
         raise TypeError(f"input_ids must hold integer token ids, got dtype {input_ids.dtype}")
     if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
-    vocab = model.get_output_embeddings().weight.shape[0]
+    vocab = vocab_size(model)
     if int(input_ids.min()) < 0 or int(input_ids.max()) >= vocab:
         raise ValueError(f"the prompt holds token ids outside the model's vocabulary [0, {vocab})")
     limit = context_length(model)
@@ -115,75 +109,7 @@ def check_prompt(model: PreTrainedModel, input_ids: torch.Tensor, max_new_tokens
             f"prompt ({input_ids.shape[1]} tokens) + max_new_tokens ({max_new_tokens}) exceeds the model's "
             f"context of {limit} positions"
         )
-    return input_ids.long()
-
-
-@contextmanager
-def capture_decoder_output(model: PreTrainedModel) -> Iterator[list[torch.Tensor]]:
-    """Record the input of the model's output projection: the decoder output h the heads read.
-
-    A hook on the projection works for every architecture (final norms, OPT's project_out,
-    NeoX's embed_out) without re-implementing any model's forward."""
-    box: list[torch.Tensor] = []
-
-    def hook(_module: torch.nn.Module, args: tuple) -> None:
-        box[:] = [args[0]]
-
-    handle = model.get_output_embeddings().register_forward_pre_hook(hook)
-    try:
-        yield box
-    finally:
-        handle.remove()
-
-
-def make_cache(model: PreTrainedModel, impl: str, max_len: int):
-    """A transformers KV cache that `crop(-n)` rolls back: `dynamic` trims its tensors,
-    `static` (preallocated, written by position) only moves its write position."""
-    if impl not in CACHE_IMPLEMENTATIONS:
-        raise ValueError(f"unknown cache implementation {impl!r}: choose one of {', '.join(CACHE_IMPLEMENTATIONS)}")
-    if impl == "dynamic":
-        cache = DynamicCache(config=model.config)
-    else:
-        cache = StaticCache(config=model.config, max_cache_len=max_len)
-    if any(getattr(layer, "is_sliding", False) for layer in cache.layers):
-        if impl == "static":
-            raise ValueError("a static cache cannot roll back sliding-window layers: use the dynamic cache")
-        # A sliding layer keeps only its window and cannot roll back past it; full layers
-        # can, and the model's own mask still limits attention to the window.
-        cache = DynamicCache()
-    if not all(getattr(layer, "is_croppable", False) and hasattr(layer, "crop") for layer in cache.layers):
-        raise ValueError(
-            f"{type(model).__name__} keeps state that this transformers version cannot roll back (recurrent or "
-            f"linear-attention layers, or a {impl} cache without crop): blockwise decoding needs a croppable cache"
-        )
-    return cache
-
-
-def cache_argument(model: PreTrainedModel) -> str:
-    """transformers renamed `past_key_values` to `cache` during 5.x: the name this model takes."""
-    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
-
-
-class Verifier:
-    """The base model over a growing sequence: score new tokens, drop rejected ones."""
-
-    def __init__(self, model: PreTrainedModel, hidden: list[torch.Tensor], cache_impl: str, max_len: int):
-        self.model = model
-        self.hidden = hidden
-        self.cache = make_cache(model, cache_impl, max_len)
-        self.calls = 0
-        self.cache_arg = cache_argument(model)
-
-    def __call__(self, ids: torch.LongTensor, last_only: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-        """ids [1, q] -> logits [q', V] and decoder outputs [q', D] (q' = 1 if last_only)."""
-        kwargs = {self.cache_arg: self.cache, "use_cache": True, "logits_to_keep": 1 if last_only else 0}
-        out = self.model(input_ids=ids, **kwargs)
-        self.calls += 1
-        return out.logits[0], self.hidden[0][0]
-
-    def rollback(self, n: int) -> None:
-        if n:
-            self.cache.crop(-n)
+    return input_ids.long().to(model.device)
 
 
 @torch.inference_mode()
@@ -203,60 +129,77 @@ def blockwise_generate(
     `on_block`, if given, receives the tokens each call gains (the prefill's one included),
     in order: enough to stream text and to show the accepted blocks. `acceptance` other than
     exact (the default) relaxes verification: faster, no longer the greedy output."""
-    if not isinstance(k, int) or k < 1:
+    if not isinstance(k, int) or isinstance(k, bool) or k < 1:
         raise ValueError(f"k must be an integer >= 1 (the block size, head 1 included), got {k!r}")
     input_ids = check_prompt(model, input_ids, max_new_tokens)
     eos = resolve_eos(model, eos_token_id)
-    vocab = model.get_output_embeddings().weight.shape[0]
+    vocab = vocab_size(model)
     rule = parse_acceptance(acceptance)
     rule.check(k, vocab)
+    trusted = getattr(drafter, "in_vocabulary", False)  # proposes only ids it took from the vocabulary
     prompt_len = input_ids.shape[1]
-    seq = input_ids.new_empty((1, prompt_len + max_new_tokens))
+    total = prompt_len + max_new_tokens
+    # The drafters read `seq` on the device; the output is built from `tokens`, which only this
+    # loop writes, so a drafter that scribbles on what it is shown cannot change the result.
+    seq = input_ids.new_empty((1, total))
     seq[:, :prompt_len] = input_ids
-    length = prompt_len
+    tokens = input_ids[0].tolist()
     stats = DecodeStats(acceptance=rule.spec)
     start = time.perf_counter()
 
-    with capture_decoder_output(model) as hidden:
-        verify = Verifier(model, hidden, cache_implementation, prompt_len + max_new_tokens)
-        logits, h = verify(input_ids, last_only=True)
-        first = int(logits[-1].float().argmax())
-        seq[0, length] = first
-        length += 1
+    base = CausalAdapter(model, cache_implementation, total)
+    logits, h = base.prefill(input_ids)
+    newest = logits[:, -1].float().argmax(-1, keepdim=True)  # [1, 1]; fp32: CPU argmax over bf16 is slow
+    first = int(newest)
+    seq[0, prompt_len] = first
+    tokens.append(first)
+    if on_block is not None:
+        on_block([first])
+    h_last = h[0, -1:]
+    done = first in eos
+
+    while not done and len(tokens) < total:
+        length = len(tokens)  # the cache holds all of them but the newest
+        # Predict: at most k-1 proposals, and never more than the budget can take.
+        n = min(k - 1, total - length - 1)
+        draft = drafter.propose(seq[:, :length], h_last, n) if n else seq.new_empty((1, 0))
+        check_proposal(draft, n, vocab, bounds=not trusted)
+        draft = draft.to(seq.device)
+
+        # Verify: one pass scores the newest token and every proposal (causal masking).
+        logits, h = base.score(torch.cat([newest, draft], dim=1))
+        greedy = logits[0].float().argmax(-1)  # [n+1]: the base model's token after each prefix
+
+        # Accept the longest prefix the rule agrees with, plus the base model's own next token
+        # (exact: the agreeing proposals equal the base model's tokens). One host sync a call.
+        agree = rule.agree(draft[0], logits[0], greedy)
+        accepted = agree.long().cumprod(0).sum()
+        proposed = torch.cat([draft[0], greedy[-1:]])  # position i holds proposal i (the last has none)
+        block = torch.where(torch.arange(n + 1, device=greedy.device) < accepted, proposed, greedy)
+        host = torch.cat([accepted.view(1), block]).tolist()
+        a, gained = host[0], host[1 : host[0] + 2]
+        if eos.intersection(gained):  # stop where greedy stops: nothing past the EOS
+            gained, done = gained[: next(i for i, t in enumerate(gained) if t in eos) + 1], True
+        seq[0, length : length + len(gained)] = block[: len(gained)]
+        tokens += gained
+        stats.block_sizes.append(len(gained))
+        stats.verified.append(n + 1)
         if on_block is not None:
-            on_block([first])
-        h_last = h[-1:]
-        done = first in eos
+            on_block(gained)
+        # The path kept is the newest token and the accepted proposals: a prefix of the block.
+        base.keep(range(length + a))
+        newest = block[a : a + 1].view(1, 1)
+        h_last = h[0, a : a + 1]
 
-        while not done and length < prompt_len + max_new_tokens:
-            # Predict: at most k-1 proposals, and never more than the budget can take.
-            n = min(k - 1, prompt_len + max_new_tokens - length - 1)
-            # A copy: a drafter must not be able to change what has been decoded.
-            draft = drafter.propose(seq[:, :length].clone(), h_last, n) if n else seq.new_empty((1, 0))
-            check_proposal(draft, n, vocab)
-            draft = draft.to(seq.device)
-
-            # Verify: one pass scores the newest token and every proposal (causal masking).
-            logits, h = verify(torch.cat([seq[:, length - 1 : length], draft], dim=1))
-            greedy = logits.float().argmax(-1)  # fp32: CPU argmax over bf16 is several times slower
-
-            # Accept the longest prefix the rule agrees with, plus the base model's own next token.
-            # (Exact: the agreeing proposals equal the base model's tokens.)
-            greedy = greedy.to(seq.device)
-            accepted = rule.accepted(draft[0], logits, greedy)
-            block = torch.cat([draft[0, :accepted], greedy[accepted : accepted + 1]])
-            gained = block.tolist()
-            if eos.intersection(gained):  # stop where greedy stops: nothing past the EOS
-                gained, done = gained[: next(i for i, t in enumerate(gained) if t in eos) + 1], True
-            seq[0, length : length + len(gained)] = block[: len(gained)]
-            length += len(gained)
-            stats.block_sizes.append(len(gained))
-            if on_block is not None:
-                on_block(gained)
-            verify.rollback(n - accepted)
-            h_last = h[accepted : accepted + 1]
-
-    stats.calls = verify.calls
-    stats.new_tokens = length - prompt_len
+    stats.calls = base.calls
+    stats.new_tokens = len(tokens) - prompt_len
     stats.seconds = time.perf_counter() - start
-    return BlockwiseOutput(sequences=seq[:, :length].clone(), stats=stats)
+    return BlockwiseOutput(sequences=torch.tensor([tokens], device=seq.device), stats=stats)
+
+
+def decode_prompts(
+    model: PreTrainedModel, prompts: Iterable[torch.LongTensor], max_new_tokens: int, drafter: Drafter, k: int, **kwargs
+) -> tuple[list[torch.LongTensor], DecodeStats]:
+    """Decode each prompt blockwise; the outputs, and their stats pooled (every call's block size)."""
+    outs = [blockwise_generate(model, ids, max_new_tokens, drafter, k, **kwargs) for ids in prompts]
+    return [o.sequences for o in outs], DecodeStats.pooled(o.stats for o in outs)

@@ -10,14 +10,16 @@ from __future__ import annotations
 import os
 import statistics
 import sys
-import time
 from dataclasses import dataclass
 
 import torch
 
+from blockdecode.bench.methods import Method, blockwise_run, measure, transformers_run
+from blockdecode.builtin import DEFAULT_MODEL
 from blockdecode.drafters import NgramDrafter
-from blockdecode.model import DTYPES, BlockwiseLM
-from blockdecode.reference import first_divergence, greedy_generate
+from blockdecode.hf import dtype_name
+from blockdecode.model import BlockwiseLM, load
+from blockdecode.reference import first_divergence
 
 PROMPTS = (
     "def binary_search(items, target):\n    lo, hi = 0, len(items)\n",
@@ -66,28 +68,30 @@ class DemoRow:
 def compare(
     model: BlockwiseLM, prompt: str, ids: torch.LongTensor, max_new_tokens: int, k: int, repeats: int, drafter=None
 ) -> DemoRow:
-    """Greedy and blockwise, both timed from outside, in turn `repeats` times (so drift hits both
-    alike); medians kept."""
-    greedy_s, block_s = [], []
-    for _ in range(repeats):
-        reference, seconds = greedy_generate(model.base, ids, max_new_tokens, [])
-        greedy_s.append(seconds)
-        start = time.perf_counter()
-        out = model.generate(ids, max_new_tokens, eos_token_id=[], k=k, drafter=drafter)
-        block_s.append(time.perf_counter() - start)
-    diverged = first_divergence(model.base, reference, out.sequences)
-    new = out.stats.new_tokens
+    """Greedy and blockwise, both timed from outside, in turn `repeats` times (the benchmark's
+    rounds, so drift hits both alike); the median speedup kept."""
+    base, drafter = model.base, drafter or model.drafter()
+    methods = [
+        Method("greedy", "greedy", lambda x: transformers_run(base, x, max_new_tokens)),
+        Method("blockwise", "heads", lambda x: blockwise_run(base, x, max_new_tokens, drafter, k), k=k),
+    ]
+    results = measure(methods, [ids] * repeats, 1, show=False, warmup=False)
+    greedy, ours = results["greedy"], results["blockwise"]
+    prompt_ids = ids[0].tolist()
+    reference, output = (torch.tensor([prompt_ids + r["outputs"][0]], device=ids.device) for r in (greedy, ours))
+    diverged = first_divergence(base, reference, output)
+    new = len(ours["outputs"][0])
     return DemoRow(
         prompt=prompt,
-        greedy_tok_s=new / statistics.median(greedy_s),
-        blockwise_tok_s=new / statistics.median(block_s),
-        speedup=statistics.median(greedy_s) / statistics.median(block_s),
-        calls=out.stats.calls,
+        greedy_tok_s=greedy["tokens_per_s"],
+        blockwise_tok_s=ours["tokens_per_s"],
+        speedup=ours["speedup"],
+        calls=round(ours["calls_per_token"] * new),
         new_tokens=new,
-        mean_block=out.stats.mean_block_size,
+        mean_block=ours["mean_block_size"],
         identical=diverged is None,
         divergence=str(diverged) if diverged else "",
-        dtype=next((name for name, d in DTYPES.items() if d == model.base.dtype), str(model.base.dtype)),
+        dtype=dtype_name(base.dtype),
     )
 
 
@@ -101,24 +105,21 @@ def run_demo(
     drafter: str = "heads",
 ) -> list[DemoRow]:
     """Stream, time and compare every prompt; print the table; return its rows."""
-    from transformers import AutoTokenizer
     from transformers.utils import logging as hf_logging
-
-    from blockdecode import DEFAULT_MODEL
 
     hf_logging.disable_progress_bar()  # the demo's own output is the point
 
     model_dir = model_dir or DEFAULT_MODEL
-    model = BlockwiseLM.from_pretrained(model_dir, dtype=dtype).to(dtype).eval()
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model, tokenizer = load(model_dir, dtype)
     k = k or model.k
     proposer = NgramDrafter() if drafter == "ngram" else None
     colour = sys.stdout.isatty() and "NO_COLOR" not in os.environ
     params = sum(p.numel() for p in model.base.parameters()) / 1e6
     print(
-        f"blockdecode demo: {params:.1f}M-parameter Llama trained on the Python standard library, "
-        f"{'n-gram drafter' if proposer else model.config.head_type + ' heads'}, k={k}, "
-        f"{next((n for n, d in DTYPES.items() if d == dtype), dtype)}, "
+        f"blockdecode demo: {params:.1f}M-parameter {type(model.base).__name__.removesuffix('ForCausalLM')}"
+        + (" trained on the Python standard library, " if model_dir == DEFAULT_MODEL else f" from {model_dir}, ")
+        + f"{'n-gram drafter' if proposer else model.config.head_type + ' heads'}, k={k}, "
+        f"{dtype_name(dtype)}, "
         f"{torch.get_num_threads()} threads, exact mode.\n"
         + ("Each colour is one accepted block: one call of the model.\n" if colour else "| ends each block.\n")
     )

@@ -20,20 +20,24 @@ class Drafter(Protocol):
         ...
 
 
-def check_proposal(draft: object, n: int, vocab_size: int) -> None:
-    """Raise a clear error for a drafter's output that is not n token ids of this vocabulary."""
+def check_proposal(draft: object, n: int, vocab_size: int, bounds: bool = True) -> None:
+    """Raise a clear error for a drafter's output that is not n token ids of this vocabulary.
+    `bounds=False` skips the id range check (a host sync) for drafters that draw ids from the
+    vocabulary themselves."""
     if not isinstance(draft, torch.Tensor):
         raise TypeError(f"the drafter returned {type(draft).__name__}; it must return a LongTensor of shape [1, {n}]")
     if tuple(draft.shape) != (1, n):
         raise ValueError(f"the drafter returned shape {tuple(draft.shape)}; expected [1, {n}]")
     if draft.dtype not in (torch.int64, torch.int32):
         raise TypeError(f"the drafter returned dtype {draft.dtype}; token ids must be integers")
-    if n and not 0 <= (bounds := draft.aminmax()).min.item() <= bounds.max.item() < vocab_size:
+    if n and bounds and bool(((draft < 0) | (draft >= vocab_size)).any()):
         raise ValueError(f"the drafter proposed token ids outside the vocabulary [0, {vocab_size})")
 
 
 class HeadsDrafter:
     """The paper's proposals: argmax of heads p2..p(n+1) at the newest position."""
+
+    in_vocabulary = True  # an argmax over the vocabulary: no range check needed
 
     def __init__(self, heads: torch.nn.Module, output_projection: torch.nn.Module):
         self.heads = heads
@@ -47,6 +51,8 @@ class HeadsDrafter:
 class NgramDrafter:
     """Prompt lookup: find the newest earlier occurrence of the last `max_ngram`..`min_ngram`
     tokens and propose what followed it. Needs no training; strong on repetitive text and code."""
+
+    in_vocabulary = True  # every proposal is a token of the sequence itself
 
     def __init__(self, max_ngram: int = 3, min_ngram: int = 1):
         if not 1 <= min_ngram <= max_ngram:

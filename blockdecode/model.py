@@ -12,14 +12,16 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
-from transformers import AutoModelForCausalLM, PreTrainedModel
+from transformers import AutoTokenizer, PreTrainedModel
 
+from blockdecode import builtin
 from blockdecode.acceptance import Acceptance
 from blockdecode.decode import BlockwiseOutput, blockwise_generate
 from blockdecode.drafters import Drafter, HeadsDrafter
 from blockdecode.heads import HeadsConfig, build_heads
+from blockdecode.hf import load_base
+from blockdecode.io import atomic_write, write_text
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 HEADS_CONFIG = "blockdecode.json"
 HEADS_WEIGHTS = "heads.safetensors"
 
@@ -28,29 +30,39 @@ class CheckpointError(ValueError):
     """A saved BlockwiseLM that cannot be loaded as it is: missing, corrupt or mismatched."""
 
 
-def atomic_write(path: Path, write) -> None:
-    """Call write(tmp_path), then rename over `path`: readers see the old file or the new, never half."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        write(tmp)
-        with open(tmp, "rb+") as f:  # on disk before the rename makes it visible
-            os.fsync(f.fileno())
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp's 0600 would make the result private
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def _location(name: str) -> str | None:
     """An absolute folder if `name` is one, else the hub-style name as given, else None."""
     if not name:
         return None
     return str(Path(name).resolve()) if Path(name).is_dir() else name
+
+
+def _missing(path: Path) -> CheckpointError:
+    built_in = str(path) == builtin.DEFAULT_MODEL
+    hint = ": the built-in model is not installed; `make default-model` builds it" if built_in else ""
+    return CheckpointError(f"no such directory: {path} does not exist{hint}")
+
+
+def has_heads(directory: str | os.PathLike) -> bool:
+    """Whether `directory` holds a saved BlockwiseLM rather than a plain transformers model."""
+    return (Path(directory) / HEADS_CONFIG).is_file()
+
+
+def load(
+    directory: str | os.PathLike, dtype: torch.dtype = torch.float32, k: int | None = None, head_type: str = "paper"
+) -> tuple[BlockwiseLM, object]:
+    """A BlockwiseLM in eval mode and its tokenizer, from a saved BlockwiseLM or from a plain
+    transformers model folder; the latter gets untrained `head_type` heads for block size k
+    (default 8): exact, though they rarely propose well."""
+    path = Path(directory)
+    if not path.is_dir():
+        raise _missing(path)
+    if has_heads(path):
+        model = BlockwiseLM.from_pretrained(path, dtype=dtype)
+    else:
+        model = BlockwiseLM.from_base(load_base(str(path), dtype), k=k or 8, head_type=head_type)
+    tokenizer_dir = path if (path / "tokenizer.json").is_file() else model.base_location
+    return model.to(dtype).eval(), AutoTokenizer.from_pretrained(tokenizer_dir)
 
 
 class BlockwiseLM(nn.Module):
@@ -100,6 +112,10 @@ class BlockwiseLM(nn.Module):
     def k(self) -> int:
         return self.config.k
 
+    def drafter(self) -> HeadsDrafter:
+        """The paper's proposals from these heads."""
+        return HeadsDrafter(self.heads, self.base.get_output_embeddings())
+
     def head_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Decoder outputs [..., D] -> logits of heads p2..pk [..., k-1, V]."""
         return self.base.get_output_embeddings()(self.heads(hidden))
@@ -123,13 +139,16 @@ class BlockwiseLM(nn.Module):
         if drafter is None:
             if not isinstance(k, int) or not 1 <= k <= self.k:
                 raise ValueError(f"k must be between 1 and the heads' block size {self.k}, got {k!r}")
-            drafter = HeadsDrafter(self.heads, self.base.get_output_embeddings())
+            drafter = self.drafter()
         return blockwise_generate(
             self.base, input_ids, max_new_tokens, drafter, k, eos_token_id, cache_implementation, on_block, acceptance
         )
 
-    def save_pretrained(self, directory: str | os.PathLike, save_base: bool = True) -> None:
-        """Write the heads (safetensors), their config (JSON) and, by default, the base model.
+    def save_pretrained(
+        self, directory: str | os.PathLike, save_base: bool = True, training: dict | None = None
+    ) -> None:
+        """Write the heads (safetensors), their config (JSON) and, by default, the base model;
+        `training` (how the heads were trained, what they reached) is kept in the config.
 
         Every file is written atomically; the config goes last, so a directory that has it is whole."""
         directory = Path(directory)
@@ -142,7 +161,9 @@ class BlockwiseLM(nn.Module):
         tensors = {name: t.detach().contiguous().cpu() for name, t in self.heads.state_dict().items()}
         atomic_write(directory / HEADS_WEIGHTS, lambda p: save_file(tensors, p, metadata={"format": "pt"}))
         meta = {"heads": self.config.to_dict(), "base_model": "." if save_base else self.base_location}
-        atomic_write(directory / HEADS_CONFIG, lambda p: Path(p).write_text(json.dumps(meta, indent=2) + "\n"))
+        if training is not None:
+            meta["training"] = training
+        write_text(directory / HEADS_CONFIG, json.dumps(meta, indent=2) + "\n")
 
     @classmethod
     def from_pretrained(
@@ -152,11 +173,7 @@ class BlockwiseLM(nn.Module):
         directory = Path(directory)
         config_path = directory / HEADS_CONFIG
         if not directory.is_dir():
-            from blockdecode import DEFAULT_MODEL
-
-            missing_default = str(directory) == DEFAULT_MODEL
-            hint = ": the built-in model is not installed; `make default-model` builds it" if missing_default else ""
-            raise CheckpointError(f"{directory} does not exist{hint}")
+            raise _missing(directory)
         if not config_path.is_file():
             raise CheckpointError(f"{directory} holds no {HEADS_CONFIG}: not a saved BlockwiseLM")
         try:
@@ -179,7 +196,7 @@ class BlockwiseLM(nn.Module):
         if base is None:
             if Path(location).is_absolute() and not Path(location).is_dir():
                 raise CheckpointError(f"{config_path} names the base model {location}, which does not exist")
-            base = AutoModelForCausalLM.from_pretrained(location, **base_kwargs)
+            base = load_base(location, **base_kwargs)
         model = cls(base, cfg, base_location=location)
         weights = directory / HEADS_WEIGHTS
         try:

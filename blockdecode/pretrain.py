@@ -7,8 +7,7 @@ function of (seed, step), so a stopped run resumes exactly where it was."""
 
 from __future__ import annotations
 
-import json
-import math
+import contextlib
 import shutil
 import sysconfig
 import time
@@ -18,14 +17,12 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
-from accelerate import Accelerator
-from accelerate.state import AcceleratorState
 from tqdm.auto import tqdm
 from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
+from blockdecode import training
 from blockdecode.corpus import SPECIAL_TOKENS, is_heldout, read_text, stdlib_files, train_tokenizer
-from blockdecode.model import atomic_write
-from blockdecode.train import append_jsonl, load_state, read_jsonl, save_npy
+from blockdecode.io import atomic_write, load_checkpoint, save_checkpoint, save_npy, write_json
 
 SPLITS = ("train", "heldout")
 
@@ -39,6 +36,7 @@ class CorpusConfig:
     vocab_size: int = 8192
     heldout_fraction: float = 0.05
     max_files: int | None = None  # a small slice, for tests and quick trials
+    tokenizer: str | None = None  # a folder with tokenizer.json to use instead of training one
 
 
 def prepare_corpus(cfg: CorpusConfig, show: bool = True) -> PreTrainedTokenizerFast:
@@ -57,7 +55,10 @@ def prepare_corpus(cfg: CorpusConfig, show: bool = True) -> PreTrainedTokenizerF
     if not held or len(held) == len(files):
         held = {files[-1]}  # tiny slices: still one file each side
     texts = {f: read_text(f) for f in tqdm(files, desc="reading", disable=not show)}
-    tokenizer = train_tokenizer((texts[f] for f in files if f not in held), cfg.vocab_size)
+    if cfg.tokenizer:  # e.g. the built-in model's, to give its base more data in its own tokens
+        tokenizer = PreTrainedTokenizerFast.from_pretrained(cfg.tokenizer)
+    else:
+        tokenizer = train_tokenizer((texts[f] for f in files if f not in held), cfg.vocab_size)
     eos = tokenizer.convert_tokens_to_ids(SPECIAL_TOKENS[0])
     out.mkdir(parents=True, exist_ok=True)
     for name in SPLITS:
@@ -67,7 +68,7 @@ def prepare_corpus(cfg: CorpusConfig, show: bool = True) -> PreTrainedTokenizerF
             ids += tokenizer(texts[f]).input_ids + [eos]
         array = np.asarray(ids, dtype=np.uint16)
         atomic_write(out / f"{name}.npy", lambda p, a=array: save_npy(p, a))
-    atomic_write(out / "files.json", lambda p: Path(p).write_text(json.dumps(_manifest(files, held, root), indent=1)))
+    write_json(out / "files.json", _manifest(files, held, root))
     tokenizer.save_pretrained(out)
     return tokenizer
 
@@ -151,7 +152,7 @@ def heldout_batches(tokens: np.ndarray, cfg: PretrainConfig) -> list[torch.LongT
 
 
 @torch.inference_mode()
-def heldout_loss(model: LlamaForCausalLM, batches: list[torch.LongTensor], autocast) -> float:
+def heldout_loss(model: LlamaForCausalLM, batches: list[torch.LongTensor], autocast=contextlib.nullcontext) -> float:
     """Mean next-token cross-entropy (nats/token) on the held-out windows."""
     was_training = model.training
     model.eval()
@@ -184,8 +185,8 @@ def pretrain(cfg: PretrainConfig, show: bool = True) -> LlamaForCausalLM:
         if len(tokens) <= cfg.seq_len + 1:
             raise ValueError(f"the {name} split holds {len(tokens)} tokens, too few for seq_len {cfg.seq_len}")
     eos = tokenizer.convert_tokens_to_ids(SPECIAL_TOKENS[0])
-    AcceleratorState._reset_state()
-    accelerator = Accelerator(mixed_precision=cfg.mixed_precision, cpu=not torch.cuda.is_available())
+    accelerator = training.accelerator()
+    precision = training.Precision(cfg.mixed_precision, accelerator.device)
     torch.manual_seed(cfg.seed)
     model = LlamaForCausalLM(llama_config(cfg, len(tokenizer), eos))
     decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
@@ -196,14 +197,7 @@ def pretrain(cfg: PretrainConfig, show: bool = True) -> LlamaForCausalLM:
         betas=(0.9, 0.95),
     )
 
-    def schedule(step: int) -> float:
-        if step < cfg.warmup_steps:
-            return (step + 1) / cfg.warmup_steps
-        progress = min(1.0, (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps))
-        floor = cfg.min_lr / cfg.lr
-        return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
-
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
+    scheduler = training.scheduler(optimizer, cfg.warmup_steps, cfg.steps, floor=cfg.min_lr / cfg.lr)
     ckpt_path = out / "checkpoint" / "state.pt"
     start = 0
     if cfg.resume and ckpt_path.is_file():
@@ -211,25 +205,23 @@ def pretrain(cfg: PretrainConfig, show: bool = True) -> LlamaForCausalLM:
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
+        if state.get("scaler"):  # absent from checkpoints written before fp16 scaling was saved
+            precision.scaler.load_state_dict(state["scaler"])
         start = state["step"]
     model, optimizer = accelerator.prepare(model, optimizer)
     held = heldout_batches(held_tokens, cfg)
-    metrics = out / "metrics.jsonl"
-    out.mkdir(parents=True, exist_ok=True)
-    kept = [r for r in read_jsonl(metrics) if r["step"] <= start] if start else []
-    atomic_write(metrics, lambda p: Path(p).write_text("".join(json.dumps(r) + "\n" for r in kept)))
+    metrics = training.MetricsLog(out / "metrics.jsonl", start)
 
     model.train()
     bar = tqdm(range(start, cfg.steps), initial=start, total=cfg.steps, desc="pretrain", disable=not show)
     t0, tokens_seen = time.perf_counter(), 0
     for step in bar:
         batch = windows(train_tokens, step, cfg.batch_size, cfg.seq_len, cfg.seed).to(accelerator.device)
-        with accelerator.autocast():
+        with precision.autocast():
             logits = model(input_ids=batch, use_cache=False).logits
         loss = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), batch[:, 1:].flatten())
-        accelerator.backward(loss)
-        accelerator.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
+        precision.backward(accelerator, loss)
+        precision.step(optimizer, model.parameters(), max_norm=1.0)
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
         tokens_seen += batch.numel()
@@ -240,10 +232,10 @@ def pretrain(cfg: PretrainConfig, show: bool = True) -> LlamaForCausalLM:
             record.update(loss=loss.item(), lr=scheduler.get_last_lr()[0], tokens_per_s=rate)
             bar.set_postfix(loss=f"{record['loss']:.3f}", tok_s=f"{rate:.0f}")
         if done % cfg.eval_every == 0 or done == cfg.steps:
-            record["heldout_loss"] = heldout_loss(accelerator.unwrap_model(model), held, accelerator.autocast)
+            record["heldout_loss"] = heldout_loss(accelerator.unwrap_model(model), held, precision.autocast)
             bar.write(f"step {done}: held-out loss {record['heldout_loss']:.3f}")
         if len(record) > 1:
-            append_jsonl(metrics, record)
+            metrics.append(record)
             t0, tokens_seen = time.perf_counter(), 0
         if done % cfg.checkpoint_every == 0 and done < cfg.steps:
             state = {
@@ -253,8 +245,9 @@ def pretrain(cfg: PretrainConfig, show: bool = True) -> LlamaForCausalLM:
                 "model": accelerator.unwrap_model(model).state_dict(),
                 "optimizer": optimizer.state_dict(),
                 "scheduler": scheduler.state_dict(),
+                "scaler": precision.scaler.state_dict(),
             }
-            atomic_write(ckpt_path, lambda p, s=state: torch.save(s, p))
+            save_checkpoint(ckpt_path, state)
 
     model = accelerator.unwrap_model(model).eval()
     model.generation_config = GenerationConfig(bos_token_id=eos, eos_token_id=eos, pad_token_id=eos, do_sample=False)
@@ -265,13 +258,13 @@ def pretrain(cfg: PretrainConfig, show: bool = True) -> LlamaForCausalLM:
     if final.exists():
         shutil.rmtree(final)
     atomic_dir.rename(final)
-    plot_pretrain(metrics, out / "pretrain.png")
+    plot_pretrain(metrics.records(), out / "pretrain.png")
     accelerator.end_training()
     return model
 
 
 def _load_state(path: Path, cfg: PretrainConfig, vocab_size: int) -> dict:
-    state = load_state(path, cfg, RESUME_MUST_MATCH)
+    state = load_checkpoint(path, cfg, RESUME_MUST_MATCH)
     if state.get("vocab_size", vocab_size) != vocab_size:
         raise ValueError(
             f"--resume: the checkpoint was trained on a vocabulary of {state['vocab_size']}, this corpus has "
@@ -280,14 +273,13 @@ def _load_state(path: Path, cfg: PretrainConfig, vocab_size: int) -> dict:
     return state
 
 
-def plot_pretrain(metrics: Path, png: Path) -> None:
+def plot_pretrain(rows: list[dict], png: Path) -> None:
     """Training and held-out loss over steps."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = read_jsonl(metrics)
     fig, ax = plt.subplots(figsize=(7, 4))
     logged = [r for r in rows if "loss" in r]
     ax.plot([r["step"] for r in logged], [r["loss"] for r in logged], label="train loss")

@@ -4,7 +4,6 @@ Every exactness claim (tests, CLI --compare, demo, bench) is checked against thi
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -12,26 +11,31 @@ from dataclasses import dataclass
 import torch
 from transformers import GenerationConfig, PreTrainedModel
 
-from blockdecode.decode import resolve_eos
+from blockdecode.hf import resolve_eos
 
 
 @torch.inference_mode()
 def greedy_generate(
-    model: PreTrainedModel, input_ids: torch.LongTensor, max_new_tokens: int, eos_token_id: int | Sequence[int] | None
-) -> tuple[torch.LongTensor, float]:
-    """transformers' own greedy generate and its wall time; eos resolved as blockdecode does."""
+    model: PreTrainedModel,
+    input_ids: torch.LongTensor,
+    max_new_tokens: int,
+    eos_token_id: int | Sequence[int] | None = None,
+    **generate_kwargs,
+) -> torch.LongTensor:
+    """transformers' own greedy generate [B, T], EOS resolved as blockdecode resolves it and none of
+    the checkpoint's logits processors. `generate_kwargs` reach generate as they are: num_beams
+    for distillation, prompt_lookup_num_tokens or assistant_model for the benchmark's peers."""
     eos = sorted(resolve_eos(model, eos_token_id))
-    start = time.perf_counter()
     with plain_generation_config(model):
-        out = model.generate(
+        return model.generate(
             input_ids,
             attention_mask=torch.ones_like(input_ids),
             do_sample=False,
             max_new_tokens=max_new_tokens,
             eos_token_id=eos or None,
             pad_token_id=eos[0] if eos else 0,
+            **generate_kwargs,
         )
-    return out, time.perf_counter() - start
 
 
 @contextmanager

@@ -9,8 +9,8 @@ import gc
 import hashlib
 import json
 import math
-import os
 import random
+import shutil
 import time
 import warnings
 from collections.abc import Callable
@@ -20,17 +20,19 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
-from accelerate import Accelerator, DistributedDataParallelKwargs
-from accelerate.state import AcceleratorState
+from accelerate import DistributedDataParallelKwargs
 from torch import nn
 from tqdm.auto import tqdm
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
+from transformers import AutoTokenizer, PreTrainedModel
 
+from blockdecode import training
 from blockdecode.data import load_tokens, pack, split
-from blockdecode.decode import blockwise_generate, capture_decoder_output, context_length, resolve_eos
-from blockdecode.drafters import HeadsDrafter
-from blockdecode.model import BlockwiseLM, atomic_write
-from blockdecode.reference import plain_generation_config
+from blockdecode.decode import decode_prompts
+from blockdecode.hf import context_length, decoder_output, load_base, resolve_eos, vocab_size
+from blockdecode.io import atomic_write, load_checkpoint, read_jsonl, save_checkpoint, save_npy, write_json
+from blockdecode.loss import IGNORE, linear_cross_entropy
+from blockdecode.model import BlockwiseLM
+from blockdecode.reference import greedy_generate
 
 MODES = {
     "frozen": "base frozen (inference mode), heads trained on the data; decoding stays the original model's",
@@ -39,7 +41,6 @@ MODES = {
     "finetune+distill": "fine-tune base and heads on the base model's own continuations (the paper's best)",
 }
 HEAD_LOSSES = ("all", "random")
-IGNORE = -100
 
 
 POSITIVE_FIELDS = (
@@ -54,7 +55,9 @@ POSITIVE_FIELDS = (
     "distill_new_tokens",
     "distill_beams",
     "distill_batch_size",
+    "loss_chunk",
 )
+NON_NEGATIVE_FIELDS = ("patience", "min_delta")
 
 
 @dataclass
@@ -95,6 +98,9 @@ class TrainConfig:
     distill_beams: int = 1
     distill_batch_size: int = 16
     distill_cache: str | None = None
+    loss_chunk: int = 2048  # rows of head logits held at once (memory only: the loss is the same)
+    patience: int = 0  # stop after this many evaluations without a longer held-out block; 0: never
+    min_delta: float = 0.01  # what counts as longer
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -112,6 +118,9 @@ class TrainConfig:
         for name in POSITIVE_FIELDS:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        for name in NON_NEGATIVE_FIELDS:
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.seq_len <= self.k:
             raise ValueError(f"seq_len ({self.seq_len}) must exceed k ({self.k}) for every head to have targets")
         if not self.data:
@@ -158,35 +167,33 @@ class Objective(nn.Module):
     def forward(self, input_ids: torch.LongTensor, heads: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
         """Summed cross-entropy per head [k] (head 1 is the base's own; heads 2..k not listed
         stay 0) and per-head [k, 2] (correct, count) tallies. Sums, not means, so the loss can
-        be normalised by the token count over all processes (`combine_loss`)."""
+        be normalised by the token count over all processes (`combine_loss`).
+
+        A frozen base runs in inference mode, once per batch, with no autograd graph; the heads'
+        k-1 projections through the vocabulary go chunk by chunk (`linear_cross_entropy`), so
+        their [B, T, k-1, V] logits never exist at once."""
         base, k = self.model.base, self.cfg.k
         labels = head_targets(input_ids, k)
-        with capture_decoder_output(base) as hidden, torch.set_grad_enabled(self.cfg.finetune and self.training):
+        trains_base = self.cfg.finetune and self.training
+        with decoder_output(base) as hidden, torch.enable_grad() if trains_base else torch.inference_mode():
             logits = base(input_ids=input_ids.clamp(min=0), use_cache=False).logits
+        h = hidden[0] if trains_base else hidden[0].clone()  # an inference tensor cannot enter the graph
+        counts = (labels != IGNORE).sum(dim=(0, 1)).float()  # [k]: target tokens per head
+        target = labels[..., 0].flatten()
         tallies = torch.zeros(k, 2, device=input_ids.device)
-        sums = [self._sum(logits, labels[..., 0])]
-        tallies[0] = self._tally(logits, labels[..., 0])
-        states = self.model.heads(hidden[0])  # [B, L, k-1, D]
+        sums = [F.cross_entropy(logits.flatten(0, 1).float(), target, ignore_index=IGNORE, reduction="sum")]
+        tallies[0] = torch.stack([((logits.argmax(-1).flatten() == target) & (target != IGNORE)).sum(), counts[0]])
+        states = self.model.heads(h)  # [B, L, k-1, D]
         project = base.get_output_embeddings()
         for i in range(2, k + 1):
             if i not in heads:
                 sums.append(sums[0].new_zeros(()))
                 continue
-            head_logits = project(states[:, : -(i - 1), i - 2])
             target = labels[:, : -(i - 1), i - 1]
-            sums.append(self._sum(head_logits, target))
-            tallies[i - 1] = self._tally(head_logits, target)
+            loss, hits = linear_cross_entropy(states[:, : -(i - 1), i - 2], project, target, self.cfg.loss_chunk)
+            sums.append(loss)
+            tallies[i - 1] = torch.stack([hits.float(), counts[i - 1]])
         return torch.stack(sums), tallies
-
-    @staticmethod
-    def _sum(logits: torch.Tensor, target: torch.LongTensor) -> torch.Tensor:
-        return F.cross_entropy(logits.flatten(0, 1).float(), target.flatten(), ignore_index=IGNORE, reduction="sum")
-
-    @staticmethod
-    def _tally(logits: torch.Tensor, target: torch.LongTensor) -> torch.Tensor:
-        valid = target != IGNORE
-        correct = (logits.argmax(-1) == target) & valid
-        return torch.stack([correct.sum(), valid.sum()]).float()
 
 
 def combine_loss(sums: torch.Tensor, counts: torch.Tensor, heads: list[int], cfg: TrainConfig) -> torch.Tensor:
@@ -227,8 +234,11 @@ def distill_sequences(
     base: PreTrainedModel, sequences: torch.LongTensor, cfg: TrainConfig, show: bool = True
 ) -> torch.LongTensor:
     """The base model's own continuations (greedy, or beam search) of prompts drawn evenly
-    from `sequences`: [N, prompt_len + new_tokens], -1 after an EOS (padding the loss ignores),
-    cached on disk by content hash so later runs reuse them."""
+    from `sequences`: [N, prompt_len + new_tokens], -1 after an EOS (padding the loss ignores).
+
+    Batches of prompts are generated together and each batch is saved as it is done, so a
+    killed run resumes where it stopped; the whole set is cached on disk by content hash and
+    reused by later runs, with its generation throughput beside it (`.json`)."""
     n = min(cfg.distill_prompts, len(sequences))
     picks = torch.linspace(0, len(sequences) - 1, n).long()
     prompts = sequences[picks, : cfg.distill_prompt_len]
@@ -241,29 +251,43 @@ def distill_sequences(
     path = cache_dir / f"distill-{key.hexdigest()[:16]}.npy"
     if path.is_file():
         return torch.from_numpy(np.load(path))
-    device = next(base.parameters()).device
-    eos = sorted(resolve_eos(base, None))
+    parts = path.with_suffix(".parts")  # one file per finished batch
+    eos = resolve_eos(base, None)
     width = cfg.distill_prompt_len + cfg.distill_new_tokens
-    rows = []
-    for start in tqdm(range(0, n, cfg.distill_batch_size), desc="distilling", disable=not show):
-        batch = prompts[start : start + cfg.distill_batch_size].to(device)
-        with plain_generation_config(base):  # the model's own argmax, as decoding will verify it
-            out = base.generate(
-                batch,
-                attention_mask=torch.ones_like(batch),
-                do_sample=False,
-                num_beams=cfg.distill_beams,
-                max_new_tokens=cfg.distill_new_tokens,
-                eos_token_id=eos or None,
-                pad_token_id=0,
-            ).cpu()
+    starts = range(0, n, cfg.distill_batch_size)
+    done = [s for s in starts if (parts / f"{s:09d}.npy").is_file()]
+    bar = tqdm(starts, desc="distilling", unit="batch", initial=len(done), disable=not show)
+    generated, began = 0, time.perf_counter()
+    for start in sorted(set(starts) - set(done)):
+        batch = prompts[start : start + cfg.distill_batch_size].to(base.device)
+        # the model's own argmax (or beam search), as decoding will verify it
+        out = greedy_generate(base, batch, cfg.distill_new_tokens, num_beams=cfg.distill_beams).cpu()
         padded = out.new_full((len(out), width), -1)
         for r, row in enumerate(out.tolist()):
             stop = next((i + 1 for i in range(cfg.distill_prompt_len, len(row)) if row[i] in eos), len(row))
             padded[r, :stop] = torch.tensor(row[:stop])
-        rows.append(padded)
-    data = torch.cat(rows)
+        array = padded.numpy()
+        atomic_write(parts / f"{start:09d}.npy", lambda p, a=array: save_npy(p, a))
+        generated += int((padded[:, cfg.distill_prompt_len :] >= 0).sum())
+        bar.update(1)
+        bar.set_postfix(tok_s=f"{generated / (time.perf_counter() - began):.0f}")
+    bar.close()
+    data = torch.cat([torch.from_numpy(np.load(parts / f"{s:09d}.npy")) for s in starts])
     atomic_write(path, lambda p: save_npy(p, data.numpy()))
+    seconds = time.perf_counter() - began
+    write_json(
+        path.with_suffix(".json"),
+        {
+            "rows": n,
+            "new_tokens": int((data[:, cfg.distill_prompt_len :] >= 0).sum()),
+            "beams": cfg.distill_beams,
+            "batch_size": cfg.distill_batch_size,
+            "generated_this_run": generated,
+            "seconds_this_run": seconds,
+            "tokens_per_s": generated / seconds if generated else None,
+        },
+    )
+    shutil.rmtree(parts)
     return data
 
 
@@ -281,26 +305,22 @@ def evaluate(objective: Objective, held_out: torch.LongTensor, cfg: TrainConfig,
         s, t = objective(batch, heads)
         sums += s.float().cpu()
         tallies += t.cpu()
-    drafter = HeadsDrafter(model.heads, model.base.get_output_embeddings())
-    blocks: list[int] = []
     limit = context_length(model.base)
     budget = cfg.eval_new_tokens if limit is None else min(cfg.eval_new_tokens, limit - cfg.eval_prompt_len)
-    for row in held_out[: cfg.eval_prompts]:
-        prompt = row[: cfg.eval_prompt_len].unsqueeze(0).to(device)
-        out = blockwise_generate(model.base, prompt, budget, drafter, cfg.k, eos_token_id=[])
-        blocks += out.stats.block_sizes
+    prompts = [row[: cfg.eval_prompt_len].unsqueeze(0) for row in held_out[: cfg.eval_prompts]]
+    _, stats = decode_prompts(model.base, prompts, budget, model.drafter(), cfg.k, eos_token_id=[])
     objective.train(was_training)
     return {
         "eval_base_loss": float(sums[0] / tallies[0, 1].clamp(min=1)),
         "eval_head_loss": (sums / tallies[:, 1].clamp(min=1)).tolist(),
         "eval_head_acc": (tallies[:, 0] / tallies[:, 1].clamp(min=1)).tolist(),
-        "eval_mean_block_size": sum(blocks) / max(1, len(blocks)),
+        "eval_mean_block_size": stats.mean_block_size,
     }
 
 
-def load_base(cfg: TrainConfig) -> tuple[PreTrainedModel, object]:
-    """The base model and its tokenizer (None if the directory has none)."""
-    base = AutoModelForCausalLM.from_pretrained(cfg.base, dtype=torch.float32)
+def base_and_tokenizer(cfg: TrainConfig) -> tuple[PreTrainedModel, object]:
+    """The base model in fp32 and its tokenizer (None if the directory has none)."""
+    base = load_base(cfg.base, torch.float32)
     try:
         tokenizer = AutoTokenizer.from_pretrained(cfg.base)
     except (OSError, ValueError):
@@ -311,11 +331,8 @@ def load_base(cfg: TrainConfig) -> tuple[PreTrainedModel, object]:
 def train(cfg: TrainConfig, callback: Callable[[int, dict], None] | None = None) -> BlockwiseLM:
     """Train heads as `cfg` says; write checkpoints, metrics.jsonl, training.png and the model to cfg.out."""
     ddp = DistributedDataParallelKwargs(find_unused_parameters=cfg.head_loss == "random")
-    AcceleratorState._reset_state()  # a fresh precision setting per run, also for several runs in one process
-    # cpu=True where there is no GPU: without it, processes launched on CPUs by torchrun never meet.
-    accelerator = Accelerator(
-        mixed_precision=cfg.mixed_precision, kwargs_handlers=[ddp], cpu=not torch.cuda.is_available()
-    )
+    accelerator = training.accelerator(kwargs_handlers=[ddp])
+    precision = training.Precision(cfg.mixed_precision, accelerator.device)
     if cfg.batch_size % accelerator.num_processes:
         raise ValueError(
             f"batch_size {cfg.batch_size} does not split evenly over {accelerator.num_processes} processes"
@@ -324,13 +341,13 @@ def train(cfg: TrainConfig, callback: Callable[[int, dict], None] | None = None)
     ckpt_path = out / "checkpoint" / "state.pt"
     main = accelerator.is_main_process
 
-    base, tokenizer = load_base(cfg)
+    base, tokenizer = base_and_tokenizer(cfg)
     limit = context_length(base)
     if limit is not None and cfg.seq_len > limit:
         raise ValueError(f"seq_len {cfg.seq_len} exceeds the base model's context of {limit} positions")
     eos = sorted(resolve_eos(base, None))
     sequences = pack(load_tokens(cfg.data, tokenizer, eos[0] if eos else None), cfg.seq_len)
-    vocab = base.get_output_embeddings().weight.shape[0]
+    vocab = vocab_size(base)
     if int(sequences.max()) >= vocab or int(sequences.min()) < 0:
         raise ValueError(f"the training data holds token ids outside the base model's vocabulary [0, {vocab})")
     train_seqs, held_out = split(sequences, cfg.holdout)
@@ -347,14 +364,7 @@ def train(cfg: TrainConfig, callback: Callable[[int, dict], None] | None = None)
     if cfg.finetune:
         groups.append({"params": list(model.base.parameters()), "lr": cfg.base_lr})
     optimizer = torch.optim.AdamW(groups, weight_decay=cfg.weight_decay)
-
-    def schedule(step: int) -> float:
-        if step < cfg.warmup_steps:
-            return (step + 1) / cfg.warmup_steps
-        progress = (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps)
-        return 0.1 + 0.45 * (1 + math.cos(math.pi * min(1.0, progress)))
-
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
+    scheduler = training.scheduler(optimizer, cfg.warmup_steps, cfg.steps, floor=0.1)
     objective = Objective(model, cfg).train()
     start_step = 0
     if state is not None:
@@ -363,22 +373,19 @@ def train(cfg: TrainConfig, callback: Callable[[int, dict], None] | None = None)
             model.base.load_state_dict(state["base"])
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
+        if state.get("scaler"):  # absent from checkpoints written before fp16 scaling was saved
+            precision.scaler.load_state_dict(state["scaler"])
         torch.set_rng_state(state["torch_rng"])
         random.setstate(state["python_rng"])
         start_step = state["step"]
     objective, optimizer = accelerator.prepare(objective, optimizer)
 
-    metrics_path = out / "metrics.jsonl"
+    metrics = training.MetricsLog(out / "metrics.jsonl", start_step, write=main)
     if main:
-        out.mkdir(parents=True, exist_ok=True)
-        atomic_write(out / "train_config.json", lambda p: Path(p).write_text(json.dumps(asdict(cfg), indent=1)))
-        keep = [line for line in read_jsonl(metrics_path) if line["step"] <= start_step] if state else []
-        atomic_write(metrics_path, lambda p: Path(p).write_text("".join(json.dumps(m) + "\n" for m in keep)))
+        write_json(out / "train_config.json", asdict(cfg))
         if start_step == 0:
-            append_jsonl(
-                metrics_path,
-                {"step": 0, **evaluate(accelerator.unwrap_model(objective), held_out, cfg, accelerator.device)},
-            )
+            first = evaluate(accelerator.unwrap_model(objective), held_out, cfg, accelerator.device)
+            metrics.append({"step": 0, **first})
 
     rank, world = accelerator.process_index, accelerator.num_processes
     bar = tqdm(range(start_step, cfg.steps), initial=start_step, total=cfg.steps, desc=cfg.mode, disable=not main)
@@ -388,14 +395,14 @@ def train(cfg: TrainConfig, callback: Callable[[int, dict], None] | None = None)
         idx = batch_indices(step, len(train_seqs), cfg.batch_size, cfg.seed)[rank::world]
         batch = train_seqs[idx].to(accelerator.device)
         heads = sampled_heads(step, cfg)
-        with accelerator.autocast():
+        with precision.autocast():
             sums, t = objective(batch, heads)
         counts = accelerator.reduce(t[:, 1], reduction="sum")
         # DDP averages gradients over processes; scaling by `world` turns that into the global token mean.
         loss = combine_loss(sums, counts, heads, cfg) * world
-        accelerator.backward(loss)
+        precision.backward(accelerator, loss)
         loss = accelerator.reduce(loss.detach(), reduction="sum") / world
-        optimizer.step()
+        precision.step(optimizer)
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
         tallies += accelerator.reduce(t.detach(), reduction="sum").cpu()
@@ -411,22 +418,26 @@ def train(cfg: TrainConfig, callback: Callable[[int, dict], None] | None = None)
         if (done % cfg.eval_every == 0 or done == cfg.steps) and main:
             record.update(evaluate(accelerator.unwrap_model(objective), held_out, cfg, accelerator.device))
         if len(record) > 1:
-            if main:
-                append_jsonl(metrics_path, record)
+            metrics.append(record)
             window_tokens, window_start = 0, time.perf_counter()  # after any evaluation, so it is not counted
         if done % cfg.checkpoint_every == 0 and done < cfg.steps:
-            _save_checkpoint(accelerator, objective, optimizer, scheduler, cfg, done, ckpt_path)
+            _save_checkpoint(accelerator, objective, optimizer, scheduler, precision, cfg, done, ckpt_path)
         if callback is not None:
             callback(done, record)
+        if cfg.patience and done % cfg.eval_every == 0 and done < cfg.steps:
+            stop = torch.tensor(float(main and plateaued(metrics.records(), cfg.patience, cfg.min_delta)))
+            if accelerator.reduce(stop.to(accelerator.device), reduction="sum") > 0:  # every process stops
+                bar.write(f"step {done}: held-out block size has not grown for {cfg.patience} evaluations; stopping")
+                break
 
     accelerator.wait_for_everyone()
     model = accelerator.unwrap_model(objective).model
     if main:
         model.eval()
-        model.save_pretrained(out, save_base=cfg.finetune)
+        model.save_pretrained(out, save_base=cfg.finetune, training=run_record(metrics.records(), cfg))
         if tokenizer is not None:
             tokenizer.save_pretrained(out)
-        _plot(metrics_path, out / "training.png")
+        _plot(metrics.records(), out / "training.png")
     # Drop the DDP wrapper while every process is still here, then end the process group: left
     # to interpreter exit, gloo's destructors can wait on a peer that is already gone.
     del objective, optimizer, scheduler
@@ -435,6 +446,33 @@ def train(cfg: TrainConfig, callback: Callable[[int, dict], None] | None = None)
     accelerator.wait_for_everyone()
     accelerator.end_training()
     return model
+
+
+def plateaued(records: list[dict], patience: int, min_delta: float) -> bool:
+    """Whether the held-out mean block size has not grown by more than min_delta for the last
+    `patience` evaluations. Read from the metrics log, so a resumed run decides alike."""
+    evals = [r["eval_mean_block_size"] for r in records if "eval_mean_block_size" in r]
+    best, since = -math.inf, 0
+    for value in evals:
+        best, since = (value, 0) if value > best + min_delta else (best, since + 1)
+    return since >= patience
+
+
+def run_record(records: list[dict], cfg: TrainConfig) -> dict:
+    """What blockdecode.json keeps of a training run: mode, size, how much it saw, and where it
+    ended against where it began (held-out base loss on the --holdout split, decoded block size)."""
+    evals = [r for r in records if "eval_base_loss" in r]
+    steps = max((r["step"] for r in records), default=0)
+    return {
+        "mode": cfg.mode,
+        "k": cfg.k,
+        "head_hidden_size": cfg.head_hidden_size,
+        "steps": steps,
+        "tokens_seen": steps * cfg.batch_size * cfg.seq_len,
+        "original_base_heldout_loss": evals[0]["eval_base_loss"] if evals else None,
+        "base_heldout_loss": evals[-1]["eval_base_loss"] if evals else None,
+        "mean_block_size": evals[-1]["eval_mean_block_size"] if evals else None,
+    }
 
 
 def training_summary(out: str | Path) -> str:
@@ -463,27 +501,12 @@ def _load_checkpoint(path: Path, cfg: TrainConfig) -> dict | None:
     if not path.is_file():
         warnings.warn(f"--resume: no checkpoint at {path}; starting from step 0", stacklevel=3)
         return None
-    return load_state(path, cfg, RESUME_MUST_MATCH)
+    return load_checkpoint(path, cfg, RESUME_MUST_MATCH)
 
 
-def load_state(path: Path, cfg, must_match: tuple[str, ...]) -> dict:
-    """A training checkpoint, refused with a clear error if damaged or saved by a run whose
-    `must_match` settings differ from cfg's."""
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-        saved = state["config"]
-    except Exception as err:  # torch raises many types for a damaged file
-        raise ValueError(f"--resume: the checkpoint {path} is corrupt: {err}") from err
-    for name in must_match:
-        if saved.get(name) != getattr(cfg, name):
-            raise ValueError(
-                f"--resume: the checkpoint in {path.parent} has {name}={saved.get(name)!r}, this run asks "
-                f"for {getattr(cfg, name)!r}"
-            )
-    return state
-
-
-def _save_checkpoint(accelerator, objective, optimizer, scheduler, cfg: TrainConfig, step: int, path: Path) -> None:
+def _save_checkpoint(
+    accelerator, objective, optimizer, scheduler, precision, cfg: TrainConfig, step: int, path: Path
+) -> None:
     """Everything a resumed run needs to continue as if never stopped, written atomically."""
     accelerator.wait_for_everyone()
     if not accelerator.is_main_process:
@@ -496,36 +519,20 @@ def _save_checkpoint(accelerator, objective, optimizer, scheduler, cfg: TrainCon
         "base": model.base.state_dict() if cfg.finetune else None,
         "optimizer": optimizer.state_dict(),
         "scheduler": scheduler.state_dict(),
+        "scaler": precision.scaler.state_dict(),
         "torch_rng": torch.get_rng_state(),
         "python_rng": random.getstate(),
     }
-    atomic_write(path, lambda p: torch.save(state, p))
+    save_checkpoint(path, state)
 
 
-def save_npy(path: str, array: np.ndarray) -> None:
-    with open(path, "wb") as f:  # a file object, so numpy adds no .npy to the temporary name
-        np.save(f, array)
-
-
-def read_jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
-
-
-def append_jsonl(path: Path, record: dict) -> None:
-    with open(path, "a") as f:
-        f.write(json.dumps(record) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def _plot(metrics_path: Path, png: Path) -> None:
+def _plot(rows: list[dict], png: Path) -> None:
     """Loss and per-head accuracy over steps."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = read_jsonl(metrics_path)
     train_rows = [r for r in rows if "loss" in r]
     fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(11, 4))
     ax_loss.plot([r["step"] for r in train_rows], [r["loss"] for r in train_rows], label="train loss")
@@ -536,9 +543,9 @@ def _plot(metrics_path: Path, png: Path) -> None:
     if train_rows:
         for i in range(len(train_rows[0]["head_acc"])):
             ax_acc.plot([r["step"] for r in train_rows], [r["head_acc"][i] for r in train_rows], label=f"head {i + 1}")
+        ax_acc.legend(fontsize="small", ncol=2)
     ax_acc.set_xlabel("step")
     ax_acc.set_ylabel("top-1 accuracy (train)")
-    ax_acc.legend(fontsize="small", ncol=2)
     if evals:
         ax_acc.set_title(f"held-out mean accepted block: {evals[-1]['eval_mean_block_size']:.2f}")
     fig.tight_layout()

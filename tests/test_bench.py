@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from blockdecode import BlockwiseLM
-from blockdecode.bench import BenchConfig, Run, block_stats, markdown, run_bench, update_readme
+from blockdecode.bench import PRESETS, BenchConfig, Run, block_stats, markdown, run_bench, update_readme
 from blockdecode.cli import main
 from blockdecode.corpus import train_tokenizer
 from blockdecode.toy import toy_model
@@ -132,3 +132,38 @@ def test_cli_bench_quick_and_bad_input(setup: dict, tmp_path: Path, capsys: pyte
     (tmp_path / "bad.json").write_text('"def f():"')
     with pytest.raises(SystemExit, match="prompts must be a JSON list of non-empty strings"):
         main([*args, "--prompts", str(tmp_path / "bad.json")])
+
+
+def test_core_preset_measures_the_loop_with_both_caches(
+    tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--preset core: the scripted-drafter study alone, dynamic and static cache, its table written
+    into the README it is given and nowhere else."""
+    readme = tmp_path / "README.md"
+    readme.write_text("# x\n<!-- core-table:start -->\nold\n<!-- core-table:end -->\n")
+    cfg = BenchConfig.core(
+        out=str(tmp_path / "out"),
+        new_tokens=12,
+        repeats=1,
+        fwd_reps=1,
+        system_model=dict(vocab=300, width=32, layers=1, heads=2),
+        system_accuracies=[0.5, 1.0],
+    )
+    report = run_bench(cfg, show=False)
+    assert report["methods"] == {} and set(report["system_ceiling"]["cost"]) == {"dynamic", "static"}
+    study = report["system_ceiling"]["methods"]
+    assert {"greedy", "scripted p=1", "scripted p=0.5 static", "scripted p=1 static"} <= set(study)
+    for name, r in study.items():
+        assert r["identical_to_greedy"], name
+        assert r["overhead_ms_per_call"] >= 0 and 0 < r["forward_share"] <= 1
+        if name != "greedy":
+            assert r["ceiling"] > 0 and r["efficiency"] > 0
+    assert study["scripted p=1 static"]["mean_block_size"] > study["scripted p=0.5 static"]["mean_block_size"]
+    assert "| scripted p=1 static |" in (tmp_path / "out" / "table.md").read_text()
+    args = ["bench", "--preset", "core", "--out", str(tmp_path / "cli"), "--new-tokens", "6", "--readme", str(readme)]
+    small = dict(system_model=cfg.system_model, system_accuracies=[1.0], fwd_reps=1, repeats=1)
+    monkeypatch.setitem(PRESETS, "core", lambda **kw: BenchConfig.core(**{**small, **kw}))
+    main(args)
+    text = readme.read_text()
+    assert "old" not in text and "| scripted p=1 static |" in text
+    assert "Scripted drafters" in capsys.readouterr().out

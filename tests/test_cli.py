@@ -95,3 +95,14 @@ def test_train_with_a_missing_base_exits_with_a_clear_message(tmp_path: Path) ->
 def test_threads_must_be_positive() -> None:
     with pytest.raises(SystemExit):
         main(["--threads", "0", "demo"])
+
+
+def test_demo_runs_on_a_plain_transformers_folder(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """A folder saved by transformers alone, no heads: the demo loads it through the same loader as
+    generate, with untrained heads, and still decodes exactly."""
+    tokenizer = train_tokenizer(["def f(x):\n    return x\n" * 50], vocab_size=270)
+    toy_model("gpt2", vocab=len(tokenizer), context=128).save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    main(["demo", "--model", str(tmp_path), "--max-new-tokens", "8", "--dtype", "fp32", "--k", "3"])
+    out = capsys.readouterr().out
+    assert f"from {tmp_path}" in out and "k=3" in out and "outputs identical: yes" in out

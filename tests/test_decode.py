@@ -416,3 +416,18 @@ def test_assert_greedy_equal_tolerates_only_near_ties() -> None:
         assert_greedy_equal(model, ids, torch.cat([ref[:, :pos], torch.tensor([[worst]])], dim=1), ref)
     with pytest.raises(AssertionError, match="same tokens, but 29 new tokens where the reference has 30"):
         assert_greedy_equal(model, ids, ref[:, :-1], ref)
+
+
+@pytest.mark.parametrize("k", [2, 5])
+def test_stats_record_the_tokens_each_call_verified(k: int) -> None:
+    """`verified` is what each call scored: the newest token plus min(k-1, budget left - 1)
+    proposals; with a perfect drafter every one of them is gained."""
+    model, ids, ref = no_eos_case("llama")
+    out = blockwise_generate(model, ids, 40, ScriptedDrafter(ref, vocab_size(model)), k, eos_token_id=NO_EOS)
+    stats = out.stats
+    assert len(stats.verified) == len(stats.block_sizes) == stats.calls - 1
+    assert stats.verified == stats.block_sizes
+    assert all(v <= k for v in stats.verified) and sum(stats.verified) == 39
+    wrong = blockwise_generate(model, ids, 40, ScriptedDrafter(ref, vocab_size(model), 0.0), k, eos_token_id=NO_EOS)
+    assert all(b == 1 for b in wrong.stats.block_sizes)
+    assert wrong.stats.verified[0] == k and wrong.stats.verified[-1] == 1  # the budget caps the last call

@@ -212,8 +212,8 @@ def test_generate_after_load_is_still_exact(saved: Path) -> None:
 
 
 def test_a_missing_built_in_model_says_how_to_build_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import blockdecode
+    from blockdecode import builtin
 
-    monkeypatch.setattr(blockdecode, "DEFAULT_MODEL", str(tmp_path / "default_model"))
+    monkeypatch.setattr(builtin, "DEFAULT_MODEL", str(tmp_path / "default_model"))
     with pytest.raises(CheckpointError, match="built-in model is not installed; `make default-model` builds it"):
         BlockwiseLM.from_pretrained(tmp_path / "default_model")

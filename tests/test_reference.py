@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import stat
-
 import pytest
 import torch
 import transformers
@@ -12,7 +9,6 @@ from conftest import NO_EOS, make_prompt, tiny
 from transformers import AutoModelForCausalLM
 
 from blockdecode import NgramDrafter, blockwise_generate
-from blockdecode.model import atomic_write
 from blockdecode.reference import first_divergence, greedy_generate
 from blockdecode.toy import toy_model
 
@@ -25,14 +21,14 @@ def test_reference_ignores_the_checkpoints_logits_processors() -> None:
     model.generation_config.no_repeat_ngram_size = 2
     ids = make_prompt(8, 512)
     ours = blockwise_generate(model, ids, 30, NgramDrafter(), 4, eos_token_id=NO_EOS)
-    ref, _ = greedy_generate(model, ids, 30, NO_EOS)
+    ref = greedy_generate(model, ids, 30, NO_EOS)
     assert first_divergence(model, ref, ours.sequences) is None
     assert model.generation_config.repetition_penalty == 1.3  # restored afterwards
 
 
 def test_first_divergence_names_the_position_and_the_gap() -> None:
     model = tiny("gpt2")
-    ref, _ = greedy_generate(model, make_prompt(5, 512), 12, NO_EOS)
+    ref = greedy_generate(model, make_prompt(5, 512), 12, NO_EOS)
     other = ref.clone()
     other[0, 9] = (other[0, 9] + 1) % 512
     found = first_divergence(model, ref, other)
@@ -60,16 +56,3 @@ def test_recurrent_layers_are_refused_clearly() -> None:
     model = AutoModelForCausalLM.from_config(config).eval()
     with pytest.raises(ValueError, match="cannot roll back"):
         blockwise_generate(model, torch.tensor([[3, 4, 5]]), 10, NgramDrafter(), 4)
-
-
-def test_atomic_write_leaves_a_readable_file_and_no_temporary(tmp_path) -> None:
-    target = tmp_path / "out.txt"
-    atomic_write(target, lambda p: open(p, "w").write("hello"))
-    assert target.read_text() == "hello"
-    umask = os.umask(0)
-    os.umask(umask)
-    assert stat.S_IMODE(target.stat().st_mode) == 0o666 & ~umask
-    with pytest.raises(RuntimeError):
-        atomic_write(target, lambda p: (_ for _ in ()).throw(RuntimeError("disk full")))
-    assert target.read_text() == "hello"
-    assert [p.name for p in tmp_path.iterdir()] == ["out.txt"]

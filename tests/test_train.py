@@ -42,6 +42,7 @@ from blockdecode.train import (  # noqa: E402
     batch_indices,
     distill_sequences,
     head_targets,
+    plateaued,
     sampled_heads,
     train,
 )
@@ -390,6 +391,37 @@ def test_distill_sequences_are_the_base_models_greedy_output(tiny_base, tmp_path
     # ... and the cache key depends on what is generated: another budget is not served from it.
     with pytest.raises(AssertionError, match="generate called"):
         distill_sequences(base, sequences, replace(cfg, distill_new_tokens=21), show=False)
+
+
+@torch.inference_mode()
+def test_distillation_killed_mid_way_resumes_where_it_stopped(tiny_base, tmp_path, monkeypatch):
+    """Each finished batch is saved at once: after a crash, a rerun generates only the batches still
+    missing and ends with the same rows as an uninterrupted run, and leaves no partial files."""
+    base = varied_base(tiny_base.vocab)
+    sequences = tiny_base.sequences[:40]
+    kw = dict(mode="distill", distill_prompts=10, distill_prompt_len=8, distill_new_tokens=12, distill_batch_size=3)
+    whole = distill_sequences(base, sequences, make_cfg(tiny_base, tmp_path / "whole", **kw), show=False)
+
+    cfg = make_cfg(tiny_base, tmp_path / "killed", **kw)
+    generate, calls = base.generate, []
+
+    def crash_on_third(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return generate(*args, **kwargs)
+
+    monkeypatch.setattr(base, "generate", crash_on_third)
+    with pytest.raises(KeyboardInterrupt):
+        distill_sequences(base, sequences, cfg, show=False)
+    calls.clear()
+    monkeypatch.setattr(base, "generate", lambda *a, **k: calls.append(1) or generate(*a, **k))
+    assert torch.equal(distill_sequences(base, sequences, cfg, show=False), whole)
+    assert len(calls) == 2  # batches 3 and 4 of 4
+    cache = tmp_path / "killed" / "distill-cache"
+    assert sorted(p.suffix for p in cache.iterdir()) == [".json", ".npy"]
+    stats = json.loads(next(cache.glob("*.json")).read_text())
+    assert stats["rows"] == 10 and stats["tokens_per_s"] > 0
 
 
 @torch.inference_mode()
@@ -783,3 +815,31 @@ def test_train_twice_in_one_process_with_different_mixed_precision(tiny_base, tm
     train(make_cfg(tiny_base, tmp_path / "fp32", mixed_precision="no", **kw))
     train(make_cfg(tiny_base, tmp_path / "bf16", mixed_precision="bf16", **kw))
     assert (tmp_path / "bf16" / HEADS_WEIGHTS).is_file()
+
+
+# ----------------------------------------------------------------------------- stopping and the record kept
+
+
+def test_plateaued_reads_the_held_out_block_sizes():
+    evals = [{"step": s, "eval_mean_block_size": b} for s, b in enumerate([1.0, 1.5, 1.505, 1.49, 1.6])]
+    assert not plateaued(evals[:2], patience=2, min_delta=0.01)
+    assert not plateaued(evals[:3], patience=2, min_delta=0.01)  # 1.505 is not longer by 0.01: one eval
+    assert plateaued(evals[:4], patience=2, min_delta=0.01)
+    assert not plateaued(evals, patience=2, min_delta=0.01)  # 1.6 is
+    assert not plateaued([{"step": 3, "loss": 1.0}], patience=1, min_delta=0.0)
+
+
+def test_patience_stops_a_run_whose_block_stops_growing(tiny_base, tmp_path):
+    """With a zero learning rate the held-out block never grows: the run stops after `patience`
+    evaluations, saves its model, and blockdecode.json records what it was and what it reached."""
+    out = tmp_path / "out"
+    cfg = make_cfg(tiny_base, out, lr=0.0, steps=40, eval_every=2, patience=2, checkpoint_every=100)
+    train(cfg)
+    rows = read_metrics(out)
+    assert max(r["step"] for r in rows) == 4  # evals at 0, 2, 4: two without growth
+    record = json.loads((out / HEADS_CONFIG).read_text())["training"]
+    assert record["mode"] == "frozen" and record["k"] == 4 and record["steps"] == 4
+    assert record["tokens_seen"] == 4 * cfg.batch_size * cfg.seq_len
+    assert record["original_base_heldout_loss"] == pytest.approx(record["base_heldout_loss"])
+    assert record["mean_block_size"] == rows[-1]["eval_mean_block_size"]
+    BlockwiseLM.from_pretrained(out)  # the record does not get in the way of loading

@@ -1,0 +1,233 @@
+"""What a benchmark run leaves behind: the environment it ran in, bench.json, the PNGs and the
+markdown tables (the README's tables are generated from these, never typed)."""
+
+from __future__ import annotations
+
+import platform
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+
+import torch
+
+from blockdecode.io import atomic_write, write_json, write_text
+
+
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def package_version() -> str:
+    try:
+        return version("blockdecode")
+    except PackageNotFoundError:  # run from a source tree, not installed
+        return "source tree"
+
+
+def environment(dtype: str, device: str) -> dict:
+    import transformers
+
+    return {
+        "dtype": dtype,
+        "device": torch.cuda.get_device_name(device) if device.startswith("cuda") else "cpu",
+        "threads": torch.get_num_threads(),
+        "cpu": cpu_name(),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),  # AVX2 has no native bf16; AVX512 may
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "blockdecode": package_version(),
+    }
+
+
+def write_report(report: dict, out: Path) -> None:
+    """bench.json, the plots and table.md in `out`, each written atomically."""
+    out = Path(out)
+    write_json(out / "bench.json", report)
+    plot(report, out)
+    tables = [markdown(report), acceptance_markdown(report)] if report["methods"] else []
+    if "system_ceiling" in report:
+        tables.append(core_markdown(report["system_ceiling"]))
+    write_text(out / "table.md", "\n\n".join(tables) + "\n")
+
+
+def update_readme(readme: Path, name: str, text: str) -> None:
+    """Replace what lies between `<!-- {name}:start -->` and `<!-- {name}:end -->` in the README."""
+    start_mark, end_mark = f"<!-- {name}:start -->", f"<!-- {name}:end -->"
+    old = readme.read_text()
+    if start_mark not in old or end_mark not in old:
+        raise ValueError(f"{readme} has no {start_mark} ... {end_mark} section")
+    head, rest = old.split(start_mark, 1)
+    write_text(readme, f"{head}{start_mark}\n{text}\n{end_mark}{rest.split(end_mark, 1)[1]}")
+
+
+def best(report: dict, family: str) -> dict | None:
+    """The fastest exact row of a family."""
+    rows = [r for r in report["methods"].values() if r["family"] == family and r["exact_method"]]
+    return max(rows, key=lambda r: r["speedup"], default=None)
+
+
+def _header(report: dict) -> str:
+    env, cfg = report["environment"], report["config"]
+    return (
+        f"{env['dtype']}, {env.get('device', 'cpu')}, {env['threads']} threads, {env['cpu']}"
+        f"{' (' + env['cpu_capability'] + ')' if env.get('cpu_capability') else ''}; torch {env['torch']}, "
+        f"transformers {env['transformers']}; {len(report['prompts'])} prompts x {cfg['repeats']} "
+        f"repeats, {cfg['new_tokens']} new tokens each."
+    )
+
+
+def markdown(report: dict) -> str:
+    """The README's table: one row per method, exact rows first, then the approximate ones."""
+    lines = [
+        _header(report),
+        "",
+        "| method | tokens/s | speedup | calls/token | mean block | ceiling | efficiency | loop ms/call | identical "
+        "| chrF | loss |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    rows = sorted(report["methods"].items(), key=lambda kv: not kv[1]["exact_method"])
+    for name, r in rows:
+        block = f"{r['mean_block_size']:.2f}" if "mean_block_size" in r else "-"
+        ceiling = f"{r['ceiling']:.2f}x" if "ceiling" in r else "-"
+        eff = f"{r['efficiency']:.2f}" if "efficiency" in r else "-"
+        same = "yes" if r["identical_to_greedy"] else ("no (approximate)" if not r["exact_method"] else "NO")
+        lines.append(
+            f"| {name} | {r['tokens_per_s']:.0f} | {r['speedup']:.2f}x | {r['calls_per_token']:.3f} | {block} | "
+            f"{ceiling} | {eff} | {r['overhead_ms_per_call']:.2f} | {same} | {r['chrf']:.1f} | {r['loss']:.3f} |"
+        )
+    return "\n".join(lines)
+
+
+def acceptance_markdown(report: dict) -> str:
+    """Exact and each relaxed rule at each k: how much faster, and what it costs in quality
+    against exact greedy (the paper's Top-2 / Top-3 rows)."""
+    rows = [r for r in report["methods"].values() if r["family"] == "heads"]
+    if not any(not r["exact_method"] for r in rows):
+        return "(no approximate rule was measured: run `blockdecode bench --acceptance topk:2,...`)"
+    greedy = report["methods"]["greedy"]
+    lines = [
+        f"Greedy's own text has loss {greedy['loss']:.3f} nats/token under the base model.",
+        "",
+        "| acceptance | k | mean block | speedup | token agreement | chrF | loss |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in sorted(rows, key=lambda r: (r["acceptance"] != "exact", r["acceptance"], r["k"])):
+        lines.append(
+            f"| {r['acceptance']} | {r['k']} | {r['mean_block_size']:.2f} | {r['speedup']:.2f}x | "
+            f"{r['token_agreement']:.3f} | {r['chrf']:.1f} | {r['loss']:.3f} |"
+        )
+    return "\n".join(lines)
+
+
+def core_markdown(study: dict) -> str:
+    """The scripted-drafter study: per cache and drafter accuracy, speedup against its ceiling and
+    the loop's own cost per call."""
+    env = study["environment"]
+    lines = [
+        f"{study['model']}, {study['dtype']}, {env['threads']} threads, {env['cpu']} ({env['cpu_capability']}); "
+        f"k={study['k']}, {study['new_tokens']} new tokens; t(k)/t(1): "
+        + ", ".join(f"{impl} {c[str(study['k'])] / c['1']:.2f}" for impl, c in _str_keys(study["cost"]).items()),
+        "",
+        "| method | speedup | mean block | ceiling | efficiency | loop ms/call | forward share | identical |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for name, r in study["methods"].items():
+        ceiling = f"{r['ceiling']:.2f}x" if "ceiling" in r else "-"
+        eff = f"{r['efficiency']:.2f}" if "efficiency" in r else "-"
+        block = f"{r['mean_block_size']:.2f}" if "mean_block_size" in r else "-"
+        lines.append(
+            f"| {name} | {r['speedup']:.2f}x | {block} | {ceiling} | {eff} | {r['overhead_ms_per_call']:.2f} | "
+            f"{r['forward_share']:.2f} | {'yes' if r['identical_to_greedy'] else 'NO'} |"
+        )
+    return "\n".join(lines)
+
+
+def _str_keys(cost: dict) -> dict:
+    """Cost curves keyed by str(q), whether they come from memory (int keys) or from JSON."""
+    return {impl: {str(q): t for q, t in c.items()} for impl, c in cost.items()}
+
+
+def plot(report: dict, out: Path) -> None:
+    """speedup.png (speedup against k per method), blocks.png (block-size histograms at the best
+    k) and cost.png (t(q) / t(1), the price of verifying a block)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    methods = report["methods"]
+
+    def save(fig, name: str) -> None:
+        fig.tight_layout()
+        atomic_write(out / name, lambda p: fig.savefig(p, format="png", dpi=100))
+        plt.close(fig)
+
+    if methods:
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        for family, label in (("heads", "blockdecode, heads"), ("ngram", "blockdecode, n-gram")):
+            rows = sorted(
+                (r for r in methods.values() if r["family"] == family and r["exact_method"]), key=lambda r: r["k"]
+            )
+            ax.plot([r["k"] for r in rows], [r["speedup"] for r in rows], "o-", label=label)
+            if family == "heads":
+                ax.plot(
+                    [r["k"] for r in rows if "ceiling" in r],
+                    [r["ceiling"] for r in rows if "ceiling" in r],
+                    "x:",
+                    label="heads' ceiling k̂·t(1)/t(k)",
+                )
+        for spec in report["config"]["acceptance"]:
+            rows = sorted((r for r in methods.values() if r["acceptance"] == spec), key=lambda r: r["k"])
+            ax.plot(
+                [r["k"] for r in rows], [r["speedup"] for r in rows], "s--", alpha=0.7, label=f"heads, {spec} (approx.)"
+            )
+        for name in ("prompt lookup", "assisted"):
+            if name in methods:
+                ax.axhline(
+                    methods[name]["speedup"],
+                    linestyle="--",
+                    color="grey" if name == "assisted" else "tan",
+                    label=f"transformers {name}",
+                )
+        ax.axhline(1.0, color="black", linewidth=0.8, label="transformers greedy")
+        ax.set_xlabel("k (block size)")
+        ax.set_ylabel("speedup over greedy generate")
+        ax.legend(fontsize="small")
+        save(fig, "speedup.png")
+
+        fig, ax = plt.subplots(figsize=(7, 4))
+        for family in ("heads", "ngram"):
+            top = best(report, family)
+            if top:
+                ax.bar(
+                    [b + (0.2 if family == "ngram" else -0.2) for b in range(1, top["k"] + 1)],
+                    top["block_histogram"],
+                    width=0.4,
+                    label=f"{family}, k={top['k']}",
+                )
+        ax.set_xlabel("accepted block size (tokens per call)")
+        ax.set_ylabel("calls")
+        ax.legend()
+        save(fig, "blocks.png")
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    curves = []
+    if "cost" in report:
+        curves.append(("built-in model", report["cost"]["seconds"]))
+    if "system_ceiling" in report:
+        study = report["system_ceiling"]
+        curves += [(f"{study['model']} ({study['dtype']}, {impl})", c) for impl, c in study["cost"].items()]
+    for label, cost in curves:
+        cost = {int(q): t for q, t in cost.items()}
+        qs = sorted(cost)
+        ax.plot(qs, [cost[q] / cost[1] for q in qs], "o-", label=label)
+    ax.set_xlabel("q (tokens in one forward pass)")
+    ax.set_ylabel("t(q) / t(1)")
+    ax.legend(fontsize="small")
+    save(fig, "cost.png")

@@ -1,0 +1,243 @@
+"""`blockdecode bench` and its presets: what to run, on which model, and in what order.
+
+- default: the built-in (or a given) model against transformers' greedy, prompt lookup and
+  assisted generation, heads and n-gram at each k, plus the scripted-drafter study below;
+- `quick`: the same in about two minutes;
+- `core`: only the scripted-drafter study, a GPT-2-small-sized random model whose drafter is
+  right with a chosen probability, with the dynamic and the static cache: what the decode loop
+  turns a given block size into, whatever the heads' quality.
+
+Beside the speedups: t(q), the cost of one forward of q tokens over a cached context, and the
+ceiling it sets, k̂ · t(1) / t(k); efficiency = speedup / ceiling is what the loop leaves of it."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from blockdecode.acceptance import parse_acceptance
+from blockdecode.bench.methods import (
+    Method,
+    Run,
+    add_ceilings,
+    add_quality,
+    blockwise_run,
+    measure,
+    transformers_run,
+)
+from blockdecode.bench.report import environment, write_report
+from blockdecode.bench.timing import forward_cost
+from blockdecode.builtin import DEFAULT_DRAFT_MODEL, DEFAULT_MODEL
+from blockdecode.decode import blockwise_generate
+from blockdecode.drafters import NgramDrafter, ScriptedDrafter
+from blockdecode.hf import CACHE_IMPLEMENTATIONS, DTYPES, load_base, vocab_size
+from blockdecode.model import BlockwiseLM, load
+from blockdecode.toy import toy_model
+
+
+@dataclass
+class BenchConfig:
+    """One benchmark run."""
+
+    model: str | None = None  # a saved BlockwiseLM or transformers folder; None: the built-in model
+    draft: str | None = None  # a small causal LM with the same tokenizer, for assisted generation
+    prompts: str | None = None  # a JSON list of prompt texts; None: the model's held-out prompts
+    ks: list[int] = field(default_factory=lambda: [2, 4, 6, 8, 10])
+    dtype: str = "bf16"
+    new_tokens: int = 128
+    n_prompts: int = 12
+    repeats: int = 2
+    max_q: int = 32
+    fwd_reps: int = 7
+    acceptance: list[str] = field(default_factory=list)  # relaxed rules to measure beside exact
+    methods: bool = True  # the model's own methods; False: the scripted-drafter study alone
+    system: bool = True  # the GPT-2-small-sized study with a scripted drafter
+    system_accuracies: list[float] = field(default_factory=lambda: [0.5, 0.8, 0.95, 1.0])
+    system_model: dict = field(default_factory=lambda: dict(vocab=50257, width=768, layers=12, heads=12))
+    system_dtype: str = "fp32"
+    system_caches: list[str] = field(default_factory=lambda: ["dynamic"])
+    out: str = "benchmarks/results/bench"
+    device: str = "cpu"
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("dtype", "system_dtype"):
+            if getattr(self, name) not in DTYPES:
+                raise ValueError(f"unknown {name} {getattr(self, name)!r}: choose {', '.join(DTYPES)}")
+        if not self.ks or min(self.ks) < 1:
+            raise ValueError(f"ks must be block sizes >= 1, got {self.ks}")
+        for name in ("new_tokens", "n_prompts", "repeats", "max_q", "fwd_reps"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        for spec in self.acceptance:
+            parse_acceptance(spec)  # a bad rule fails before anything runs
+        unknown = set(self.system_caches) - set(CACHE_IMPLEMENTATIONS)
+        if unknown or not self.system_caches:
+            raise ValueError(f"system_caches must name some of {', '.join(CACHE_IMPLEMENTATIONS)}, got {unknown}")
+        if not (self.methods or self.system):
+            raise ValueError("nothing to measure: enable methods or the scripted-drafter study")
+
+    @classmethod
+    def quick(cls, **overrides) -> BenchConfig:
+        """About two minutes on 2 cores: fewer prompts, k and q, no GPT-2-sized study."""
+        base = dict(ks=[2, 4, 8], new_tokens=64, n_prompts=4, repeats=1, max_q=16, fwd_reps=3, system=False)
+        return cls(**{**base, **overrides, "out": overrides.get("out", "benchmarks/results/bench_quick")})
+
+    @classmethod
+    def core(cls, **overrides) -> BenchConfig:
+        """The decode loop alone: scripted drafters on a GPT-2-small-sized model, both caches, k=8."""
+        base = dict(ks=[8], methods=False, n_prompts=4, system_caches=list(CACHE_IMPLEMENTATIONS))
+        return cls(**{**base, **overrides, "out": overrides.get("out", "benchmarks/results/core")})
+
+
+PRESETS = {"default": BenchConfig, "quick": BenchConfig.quick, "core": BenchConfig.core}
+
+
+def default_prompts(model_dir: Path, n: int) -> list[str]:
+    """The held-out prompts shipped beside a model (prompts.json), else a few code openings."""
+    path = model_dir / "prompts.json"
+    if path.is_file():
+        prompts = json.loads(path.read_text())
+    else:
+        prompts = ["def main():\n", "class Parser:\n    def __init__(self, text):\n", "import os\nimport sys\n\n"]
+    return [prompts[i % len(prompts)] for i in range(n)]
+
+
+def methods_for(cfg: BenchConfig, lm: BlockwiseLM, draft) -> list[Method]:
+    base, n = lm.base, cfg.new_tokens
+    ms = [
+        Method("greedy", "greedy", lambda ids: transformers_run(base, ids, n)),
+        Method("prompt lookup", "prompt_lookup", lambda x: transformers_run(base, x, n, prompt_lookup_num_tokens=10)),
+    ]
+    if draft is not None:
+        ms.append(Method("assisted", "assisted", lambda ids: transformers_run(base, ids, n, assistant_model=draft)))
+    heads, ngram = lm.drafter(), NgramDrafter()  # stateless: one serves every k
+    for k in cfg.ks:
+        if k <= lm.k:
+            ms.append(Method(f"heads k={k}", "heads", lambda ids, k=k: blockwise_run(base, ids, n, heads, k), k=k))
+        ms.append(Method(f"n-gram k={k}", "ngram", lambda ids, k=k: blockwise_run(base, ids, n, ngram, k), k=k))
+        for spec in cfg.acceptance:
+            if k > lm.k or (spec.startswith("min-block") and parse_acceptance(spec).min_block > k):
+                continue
+            ms.append(
+                Method(
+                    f"heads k={k} {spec}",
+                    "heads",
+                    lambda ids, k=k, spec=spec: blockwise_run(base, ids, n, heads, k, acceptance=spec),
+                    k=k,
+                    acceptance=spec,
+                )
+            )
+    return ms
+
+
+def model_methods(cfg: BenchConfig, show: bool) -> dict:
+    """Every method on the model: speed, blocks, quality against greedy, and its t(q) curve."""
+    dtype = DTYPES[cfg.dtype]
+    model_dir = Path(cfg.model or DEFAULT_MODEL)
+    lm, tokenizer = load(model_dir, dtype)
+    lm.to(cfg.device)
+    draft_dir = cfg.draft or (DEFAULT_DRAFT_MODEL if cfg.model is None else None)
+    draft = load_base(draft_dir, dtype).to(cfg.device).eval() if draft_dir else None
+    if draft is not None and vocab_size(draft) != lm.config.vocab_size:
+        raise ValueError(f"the draft model {draft_dir} has another vocabulary than {model_dir}")
+    texts = json.loads(Path(cfg.prompts).read_text()) if cfg.prompts else default_prompts(model_dir, cfg.n_prompts)
+    if not isinstance(texts, list) or not texts or not all(isinstance(t, str) and t for t in texts):
+        raise ValueError(f"{cfg.prompts}: prompts must be a JSON list of non-empty strings")
+    texts = texts[: cfg.n_prompts]
+    prompts = [tokenizer(t, return_tensors="pt").input_ids.to(cfg.device) for t in texts]
+
+    results = measure(methods_for(cfg, lm, draft), prompts, cfg.repeats, show)
+    add_quality(results, tokenizer, lm.base, prompts)
+    greedy_text = results["greedy"]["outputs"][0][: cfg.new_tokens // 2]
+    context = torch.tensor([prompts[0][0].tolist() + greedy_text], device=cfg.device)
+    cost = forward_cost(lm.base, context, max(cfg.max_q, *cfg.ks), cfg.fwd_reps)
+    add_ceilings(results, cost)
+    return {
+        "model": str(model_dir),
+        "draft_model": str(draft_dir) if draft_dir else None,
+        "prompts": texts,
+        "cost": {
+            "context_tokens": context.shape[1],
+            "seconds": cost,
+            "relative": {q: t / cost[1] for q, t in cost.items()},
+        },
+        "methods": results,
+    }
+
+
+def system_ceiling(cfg: BenchConfig, show: bool) -> dict:
+    """Head quality aside: a GPT-2-small-sized random model with a drafter that is right with a
+    chosen probability, at the largest k, with each cache implementation asked for.
+
+    fp32 by default: a random-weight model's bf16 logits are full of near-ties, and each wrong
+    proposal changes the verified blocks, their rounding and so the path. The drafter is scripted
+    from blockwise decoding's own fixed point (what a perfect drafter would propose to it), so a
+    near-tie cannot derail it."""
+    dtype = DTYPES[cfg.system_dtype]
+    size = cfg.system_model
+    model = toy_model("gpt2", seed=cfg.seed, std=0.15, context=1024, **size).to(cfg.device, dtype)
+    vocab, k, n = size["vocab"], max(cfg.ks), cfg.new_tokens
+    gen = torch.Generator().manual_seed(cfg.seed)
+    prompts = [torch.randint(0, vocab, (1, 32), generator=gen).to(cfg.device) for _ in range(min(4, cfg.n_prompts))]
+
+    def script(ids: torch.LongTensor) -> torch.LongTensor:
+        seq = torch.tensor([ids[0].tolist() + transformers_run(model, ids, n).sequence], device=ids.device)
+        for _ in range(3):
+            out = blockwise_generate(model, ids, n, ScriptedDrafter(seq, vocab), k, eos_token_id=[])
+            if torch.equal(out.sequences, seq):
+                break
+            seq = out.sequences
+        return seq
+
+    scripts = {tuple(p[0].tolist()): script(p) for p in prompts}
+
+    def scripted(acc: float, impl: str):
+        def run(ids: torch.LongTensor) -> Run:
+            drafter = ScriptedDrafter(scripts[tuple(ids[0].tolist())], vocab, accuracy=acc, seed=cfg.seed)
+            return blockwise_run(model, ids, n, drafter, k, cache_implementation=impl)
+
+        return run
+
+    methods = [Method("greedy", "greedy", lambda ids: transformers_run(model, ids, n))]
+    cache_of = {}  # method name -> its cache implementation
+    for impl in cfg.system_caches:
+        for acc in cfg.system_accuracies:
+            name = f"scripted p={acc:g}" + ("" if impl == "dynamic" else f" {impl}")
+            methods.append(Method(name, "system", scripted(acc, impl), k=k))
+            cache_of[name] = impl
+    results = measure(methods, prompts, cfg.repeats if not cfg.methods else 1, show)
+    context = prompts[0].repeat(1, 4)
+    cost = {impl: forward_cost(model, context, k, cfg.fwd_reps, impl) for impl in cfg.system_caches}
+    for impl in cfg.system_caches:
+        add_ceilings({name: results[name] for name, i in cache_of.items() if i == impl}, cost[impl])
+    for r in results.values():
+        r.pop("outputs")
+    params = sum(p.numel() for p in model.parameters()) / 1e6
+    name = f"GPT-2 architecture, random weights, {params:.0f}M"
+    return {
+        "model": name,
+        "dtype": cfg.system_dtype,
+        "k": k,
+        "new_tokens": n,
+        "environment": environment(cfg.system_dtype, cfg.device),
+        "cost": cost,
+        "methods": results,
+    }
+
+
+def run_bench(cfg: BenchConfig, show: bool = True) -> dict:
+    """Measure what cfg asks for; write bench.json, the plots and table.md to cfg.out; return the report."""
+    start = time.perf_counter()
+    report: dict = {"config": asdict(cfg), "environment": environment(cfg.dtype, cfg.device), "methods": {}}
+    if cfg.methods:
+        report.update(model_methods(cfg, show))
+    if cfg.system:
+        report["system_ceiling"] = system_ceiling(cfg, show)
+    report["seconds"] = time.perf_counter() - start
+    write_report(report, Path(cfg.out))
+    return report

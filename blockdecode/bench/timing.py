@@ -1,0 +1,84 @@
+"""Clocks for the benchmark: device sync, forward calls counted and timed from outside, and the
+cost curve t(q) of one forward pass of q new tokens over a cached context."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import torch
+from transformers import PreTrainedModel
+
+from blockdecode.hf import cache_argument, make_cache, vocab_size
+
+
+def sync(device: torch.device) -> None:
+    """Wait for queued GPU work, so wall time is the work's time; a no-op on the CPU."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@dataclass
+class Meter:
+    """Forward calls of one model and the wall seconds spent inside them."""
+
+    calls: int = 0
+    seconds: float = 0.0
+    _start: list[float] = field(default_factory=list)
+
+
+@contextmanager
+def metered(*models: torch.nn.Module) -> Iterator[list[Meter]]:
+    """Count and time the forward calls of each model, however generate drives them: the time a
+    decoder spends outside its model's forward is its loop's own cost."""
+    meters = [Meter() for _ in models]
+    handles = []
+    for model, meter in zip(models, meters):
+        device = next(model.parameters()).device
+
+        def before(_module, _args, _kwargs, meter=meter, device=device) -> None:
+            sync(device)
+            meter._start.append(time.perf_counter())
+
+        def after(_module, _args, _kwargs, _out, meter=meter, device=device) -> None:
+            sync(device)
+            meter.calls += 1
+            meter.seconds += time.perf_counter() - meter._start.pop()
+
+        handles.append(model.register_forward_pre_hook(before, with_kwargs=True))
+        handles.append(model.register_forward_hook(after, with_kwargs=True))
+    try:
+        yield meters
+    finally:
+        for h in handles:
+            h.remove()
+
+
+@torch.inference_mode()
+def forward_cost(
+    model: PreTrainedModel, context: torch.LongTensor, max_q: int, reps: int, cache_implementation: str = "dynamic"
+) -> dict[int, float]:
+    """t(q): median seconds of one forward pass of q new tokens over `context` already cached,
+    the cache cropped back after each pass so every pass sees the same context."""
+    cache = make_cache(model, cache_implementation, context.shape[1] + max_q)
+    arg = {cache_argument(model): cache, "use_cache": True}
+    model(input_ids=context, **arg)
+    gen = torch.Generator().manual_seed(0)
+    times: dict[int, float] = {}
+    for q in range(1, max_q + 1):
+        ids = torch.randint(0, vocab_size(model), (1, q), generator=gen).to(context.device)
+        samples = []
+        for rep in range(reps + 1):  # the first pass of each q warms up
+            sync(ids.device)
+            start = time.perf_counter()
+            model(input_ids=ids, **arg)
+            sync(ids.device)
+            elapsed = time.perf_counter() - start
+            cache.crop(-q)
+            if rep:
+                samples.append(elapsed)
+        times[q] = statistics.median(samples)
+    return times

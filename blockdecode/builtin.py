@@ -1,0 +1,8 @@
+"""Where the models shipped inside the package live: importable from any layer."""
+
+from pathlib import Path
+
+DEFAULT_MODEL = str(Path(__file__).parent / "default_model")
+"""The built-in model: a small Llama trained on the standard library's source, with trained heads."""
+DEFAULT_DRAFT_MODEL = str(Path(__file__).parent / "draft_model")
+"""A much smaller Llama on the same corpus and tokenizer: the draft model for assisted generation."""

@@ -1,0 +1,101 @@
+"""What blockdecode needs to know about a `transformers` model: its dtype names, EOS ids, context
+length, the name its forward takes the cache under, a cache that rolls back, and how to load one.
+
+Nothing here knows about blockwise decoding; everything above goes through these helpers."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+
+import torch
+from transformers import AutoModelForCausalLM, DynamicCache, PreTrainedModel, StaticCache
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+CACHE_IMPLEMENTATIONS = ("dynamic", "static")
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """'fp32' / 'bf16' for the dtypes blockdecode names, torch's own name for any other."""
+    return next((name for name, d in DTYPES.items() if d == dtype), str(dtype).removeprefix("torch."))
+
+
+def load_base(path: str, dtype: torch.dtype = torch.float32, **kwargs) -> PreTrainedModel:
+    """A causal LM from a folder (or a hub name, where the hub is allowed)."""
+    return AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **kwargs)
+
+
+def vocab_size(model: PreTrainedModel) -> int:
+    """Rows of the output projection: the ids the model can score."""
+    return model.get_output_embeddings().weight.shape[0]
+
+
+def context_length(model: PreTrainedModel) -> int | None:
+    """The longest sequence the base model can attend over, if its config names one."""
+    cfg = model.config.get_text_config(decoder=True)
+    for name in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
+        value = getattr(cfg, name, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
+def resolve_eos(model: PreTrainedModel, eos_token_id: int | Sequence[int] | None) -> set[int]:
+    """EOS ids as transformers' generate resolves them: the argument, else the generation config."""
+    if eos_token_id is None:
+        eos_token_id = getattr(model.generation_config, "eos_token_id", None)
+    if eos_token_id is None:
+        return set()
+    if isinstance(eos_token_id, int):
+        return {eos_token_id}
+    return {int(t) for t in eos_token_id}
+
+
+def cache_argument(model: PreTrainedModel) -> str:
+    """transformers renamed `past_key_values` to `cache` during 5.x: the name this model takes (a
+    wrong name would be swallowed by **kwargs and every pass would run without its context)."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
+def make_cache(model: PreTrainedModel, impl: str, max_len: int):
+    """A transformers KV cache that can roll back: `dynamic` trims its tensors, `static`
+    (preallocated, written by position) only moves its write position."""
+    if impl not in CACHE_IMPLEMENTATIONS:
+        raise ValueError(f"unknown cache implementation {impl!r}: choose one of {', '.join(CACHE_IMPLEMENTATIONS)}")
+    if impl == "dynamic":
+        cache = DynamicCache(config=model.config)
+    else:
+        cache = StaticCache(config=model.config, max_cache_len=max_len)
+    if any(getattr(layer, "is_sliding", False) for layer in cache.layers):
+        if impl == "static":
+            raise ValueError("a static cache cannot roll back sliding-window layers: use the dynamic cache")
+        # A sliding layer keeps only its window and cannot roll back past it; full layers
+        # can, and the model's own mask still limits attention to the window.
+        cache = DynamicCache()
+    if not all(getattr(layer, "is_croppable", False) and hasattr(layer, "crop") for layer in cache.layers):
+        raise ValueError(
+            f"{type(model).__name__} keeps state that this transformers version cannot roll back (recurrent or "
+            f"linear-attention layers, or a {impl} cache without crop): blockwise decoding needs a croppable cache"
+        )
+    return cache
+
+
+@contextmanager
+def decoder_output(model: PreTrainedModel) -> Iterator[list[torch.Tensor]]:
+    """Record the input of the model's output projection, the decoder output h that the heads
+    read, for as long as the context is open.
+
+    A hook on the projection works for every architecture (final norms, OPT's project_out,
+    NeoX's embed_out, Phi's biased head, tied embeddings) without re-implementing any model's
+    forward; it is removed on exit, also after an error."""
+    box: list[torch.Tensor] = []
+
+    def hook(_module: torch.nn.Module, args: tuple) -> None:
+        box[:] = [args[0]]
+
+    handle = model.get_output_embeddings().register_forward_pre_hook(hook)
+    try:
+        yield box
+    finally:
+        handle.remove()

@@ -1,0 +1,83 @@
+"""Cross-entropy through a vocabulary projection, a chunk of rows at a time.
+
+Training k-1 heads projects every position k-1 times through the output layer; kept whole, the
+[B, T, k-1, V] logits and their softmax dominate memory and time. This computes the same sum of
+cross-entropies, and its exact gradients, chunk by chunk: the gradient with respect to a chunk's
+logits (softmax minus the one-hot target) is known in the forward pass, so each chunk's logits
+live only while it is processed and backward has nothing left to recompute."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+IGNORE = -100
+
+
+class _LinearCrossEntropy(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, target, chunk: int, grad_enabled: bool):
+        """hidden [N, D], weight [V, D], bias [V] or None, target [N] -> (loss sum, correct count)."""
+        need_h, need_w = grad_enabled and hidden.requires_grad, grad_enabled and weight.requires_grad
+        need_b = grad_enabled and bias is not None and bias.requires_grad
+        grad_h = torch.empty_like(hidden) if need_h else None
+        grad_w = torch.zeros_like(weight, dtype=torch.float32) if need_w else None
+        grad_b = torch.zeros_like(bias, dtype=torch.float32) if need_b else None
+        loss = torch.zeros((), dtype=torch.float32, device=hidden.device)
+        correct = torch.zeros((), dtype=torch.long, device=hidden.device)
+        for start in range(0, hidden.shape[0], chunk):
+            h, t = hidden[start : start + chunk], target[start : start + chunk]
+            logits = nn.functional.linear(h, weight, bias).float()
+            valid = t != IGNORE
+            safe = t.clamp(min=0)
+            lse = logits.logsumexp(-1)
+            loss += ((lse - logits.gather(1, safe[:, None])[:, 0]) * valid).sum()
+            correct += ((logits.argmax(-1) == t) & valid).sum()
+            if need_h or need_w or need_b:
+                grad = torch.exp(logits - lse[:, None])  # d(loss)/d(logits): softmax minus one-hot
+                grad[torch.arange(len(t), device=t.device), safe] -= 1
+                grad *= valid[:, None]
+                if need_h:
+                    grad_h[start : start + chunk] = (grad.to(weight.dtype) @ weight).to(hidden.dtype)
+                if need_w:
+                    grad_w += grad.T @ h.float()
+                if need_b:
+                    grad_b += grad.sum(0)
+        ctx.save_for_backward(
+            *(g if g is not None else torch.empty(0) for g in (grad_h, grad_w, grad_b)),
+        )
+        ctx.dtypes = (weight.dtype, bias.dtype if bias is not None else None)
+        ctx.needs = (need_h, need_w, need_b)
+        ctx.mark_non_differentiable(correct)
+        return loss, correct
+
+    @staticmethod
+    def backward(ctx, grad_loss, _grad_correct):
+        grad_h, grad_w, grad_b = ctx.saved_tensors
+        need_h, need_w, need_b = ctx.needs
+        w_dtype, b_dtype = ctx.dtypes
+        return (
+            grad_h * grad_loss.to(grad_h.dtype) if need_h else None,
+            (grad_w * grad_loss).to(w_dtype) if need_w else None,
+            (grad_b * grad_loss).to(b_dtype) if need_b else None,
+            None,
+            None,
+            None,
+        )
+
+
+def linear_cross_entropy(
+    hidden: torch.Tensor, projection: nn.Linear, target: torch.LongTensor, chunk: int = 1024
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sum of cross-entropies of `projection(hidden)` [..., V] against `target` [...] (IGNORE
+    skipped) and how many argmaxes hit the target, never holding more than `chunk` rows of logits."""
+    if chunk < 1:
+        raise ValueError(f"chunk must be positive, got {chunk}")
+    return _LinearCrossEntropy.apply(
+        hidden.reshape(-1, hidden.shape[-1]),
+        projection.weight,
+        projection.bias,
+        target.reshape(-1),
+        chunk,
+        torch.is_grad_enabled(),  # inside the Function's forward grad mode is always off
+    )

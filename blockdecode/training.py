@@ -1,0 +1,84 @@
+"""What every training run here shares: the learning-rate schedule, mixed precision, the
+process setup, and the metrics log that a resumed run picks up from.
+
+Precision is applied here (torch.autocast, and a gradient scaler for fp16) rather than through
+accelerate's `mixed_precision`, which accelerate keeps in process-wide state: runs with different
+precisions can then follow one another in one process, as a notebook or a sweep calls them."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable
+from pathlib import Path
+
+import torch
+from accelerate import Accelerator
+
+from blockdecode.io import append_jsonl, read_jsonl, write_text
+
+PRECISIONS = {"no": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def warmup_cosine(step: int, warmup: int, total: int, floor: float) -> float:
+    """The learning-rate multiplier: linear warm-up to 1, then a cosine down to `floor` at `total`."""
+    if step < warmup:
+        return (step + 1) / warmup
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def scheduler(optimizer: torch.optim.Optimizer, warmup: int, total: int, floor: float):
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: warmup_cosine(step, warmup, total, floor))
+
+
+def accelerator(**kwargs) -> Accelerator:
+    """The process group: on the GPUs when there are some; `cpu=True` otherwise, without which
+    processes launched on CPUs by torchrun never meet."""
+    return Accelerator(cpu=not torch.cuda.is_available(), **kwargs)
+
+
+class Precision:
+    """Autocast for the forward, and for fp16 a gradient scaler around backward and step."""
+
+    def __init__(self, mode: str, device: torch.device):
+        if mode not in PRECISIONS:
+            raise ValueError(f"unknown mixed precision {mode!r}: choose one of {', '.join(PRECISIONS)}")
+        self.mode, self.device = mode, device
+        self.scaler = torch.amp.GradScaler(device.type, enabled=mode == "fp16")
+
+    def autocast(self):
+        dtype = PRECISIONS[self.mode]
+        return torch.autocast(self.device.type, dtype=dtype or torch.bfloat16, enabled=dtype is not None)
+
+    def backward(self, accelerator: Accelerator, loss: torch.Tensor) -> None:
+        accelerator.backward(self.scaler.scale(loss))
+
+    def step(
+        self, optimizer: torch.optim.Optimizer, params: Iterable[torch.nn.Parameter] = (), max_norm: float = 0.0
+    ) -> None:
+        """Unscale, clip to `max_norm` (if positive) and step; a step with inf/NaN gradients is
+        skipped under fp16, as the scaler decides."""
+        if max_norm > 0:
+            self.scaler.unscale_(optimizer)
+            torch.nn.utils.clip_grad_norm_(list(params), max_norm)
+        self.scaler.step(optimizer)
+        self.scaler.update()
+
+
+class MetricsLog:
+    """metrics.jsonl: one record per logged step. A run resumed at step s keeps the records up to s
+    and drops the ones a killed run wrote after its last checkpoint."""
+
+    def __init__(self, path: Path, resume_step: int = 0, write: bool = True):
+        self.path, self.write = Path(path), write
+        if write:
+            kept = [r for r in read_jsonl(self.path) if r["step"] <= resume_step] if resume_step else []
+            write_text(self.path, "".join(json.dumps(r) + "\n" for r in kept))
+
+    def append(self, record: dict) -> None:
+        if self.write:
+            append_jsonl(self.path, record)
+
+    def records(self) -> list[dict]:
+        return read_jsonl(self.path)

@@ -1,0 +1,130 @@
+"""The base-model adapter driven directly: scoring a chain, scoring a tree with its mask and
+positions, and keeping a non-contiguous set of cache positions, each checked against a plain
+sequential run of the model over the same tokens."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import make_prompt, tiny, vocab_size
+
+from blockdecode.adapter import CausalAdapter
+
+ARCHS = ("llama", "gpt2", "qwen2", "gpt_neox", "opt", "phi")
+TOL = 1e-5
+
+# A tree of candidates after the newest token (node 0): nodes 1 and 2 follow it, 3 follows 2,
+# 4 follows 1, 5 follows 3. Its root-to-leaf path 0 -> 2 -> 3 -> 5 is the one kept below.
+PARENTS = (-1, 0, 0, 2, 1, 3)
+PATH = (0, 2, 3, 5)
+
+
+def ancestors(parents: tuple[int, ...]) -> torch.Tensor:
+    """mask[i, j]: node j is node i or one of its ancestors."""
+    q = len(parents)
+    mask = torch.zeros(q, q, dtype=torch.bool)
+    for i in range(q):
+        j = i
+        while j >= 0:
+            mask[i, j] = True
+            j = parents[j]
+    return mask
+
+
+def depths(parents: tuple[int, ...]) -> list[int]:
+    out = []
+    for p in parents:
+        out.append(0 if p < 0 else out[p] + 1)
+    return out
+
+
+def sequential(model, ids: torch.LongTensor, impl: str = "dynamic") -> tuple[CausalAdapter, torch.Tensor]:
+    """The reference: the model over `ids` one token at a time; the adapter and every position's logits."""
+    ref = CausalAdapter(model, impl, ids.shape[1] + 8)
+    logits = [ref.prefill(ids[:, :1])[0][0, -1]]
+    for t in range(1, ids.shape[1]):
+        logits.append(ref.score(ids[:, t : t + 1])[0][0, -1])
+    return ref, torch.stack(logits)
+
+
+def cache_tensors(adapter: CausalAdapter) -> list[torch.Tensor]:
+    n = adapter.length
+    return [t[..., :n, :] for layer in adapter.cache.layers for t in (layer.keys, layer.values)]
+
+
+def assert_no_hooks(model) -> None:
+    assert not model.get_output_embeddings()._forward_pre_hooks, "the capture hook outlived the call"
+    assert not model._forward_pre_hooks and not model._forward_hooks
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_score_a_chain(arch: str) -> None:
+    """Prefill then a chain of q tokens: the logits of a full forward, and h is the projection's input."""
+    model = tiny(arch)
+    ids = make_prompt(12, vocab_size(model), seed=3)
+    with torch.inference_mode():  # the toy itself is built outside: it is cached for other tests
+        full = model(ids, use_cache=False).logits[0]
+    adapter = CausalAdapter(model, "dynamic", 16)
+    logits, hidden = adapter.prefill(ids[:, :7])
+    assert logits.shape[1] == hidden.shape[1] == 1 and adapter.length == 7
+    torch.testing.assert_close(logits[0, -1], full[6], atol=TOL, rtol=0)
+    logits, hidden = adapter.score(ids[:, 7:])
+    torch.testing.assert_close(logits[0], full[7:], atol=TOL, rtol=0)
+    with torch.inference_mode():
+        torch.testing.assert_close(model.get_output_embeddings()(hidden), logits, atol=TOL, rtol=0)
+    assert adapter.length == 12 and adapter.calls == 2
+    assert_no_hooks(model)
+
+
+@pytest.mark.parametrize("impl", ["dynamic", "static"])
+@pytest.mark.parametrize("arch", ARCHS)
+def test_tree_then_keep_its_path_equals_a_sequential_run(arch: str, impl: str) -> None:
+    """Score a tree in one pass (each node sees the cache and its ancestors, at its depth), keep
+    the prompt and one root-to-leaf path: the logits along the path, the cache, and the next
+    call's logits all equal a sequential run over the prompt and that path."""
+    model = tiny(arch)
+    vocab = vocab_size(model)
+    prompt = make_prompt(6, vocab, seed=4)
+    nodes = make_prompt(len(PARENTS), vocab, seed=5)
+    adapter = CausalAdapter(model, impl, 24)
+    adapter.prefill(prompt)
+    positions = torch.tensor(depths(PARENTS)) + prompt.shape[1]
+    logits, hidden = adapter.score(nodes, positions, ancestors(PARENTS))
+    assert logits.shape[:2] == hidden.shape[:2] == (1, len(PARENTS))
+
+    path = torch.cat([prompt, nodes[:, list(PATH)]], dim=1)
+    ref, ref_logits = sequential(model, path, impl)
+    torch.testing.assert_close(logits[0, list(PATH)], ref_logits[prompt.shape[1] :], atol=TOL, rtol=0)
+
+    adapter.keep([*range(prompt.shape[1]), *(prompt.shape[1] + i for i in PATH)])
+    assert adapter.length == ref.length == path.shape[1]
+    for ours, theirs in zip(cache_tensors(adapter), cache_tensors(ref)):
+        torch.testing.assert_close(ours, theirs, atol=TOL, rtol=0)
+
+    after = make_prompt(3, vocab, seed=6)
+    torch.testing.assert_close(adapter.score(after)[0], ref.score(after)[0], atol=TOL, rtol=0)
+    assert_no_hooks(model)
+
+
+def test_keep_a_prefix_is_a_rollback() -> None:
+    model = tiny("llama")
+    ids = make_prompt(10, vocab_size(model), seed=7)
+    adapter = CausalAdapter(model, "dynamic", 16)
+    adapter.prefill(ids)
+    adapter.keep(range(6))
+    ref, _ = sequential(model, ids[:, :6])
+    assert adapter.length == 6
+    for ours, theirs in zip(cache_tensors(adapter), cache_tensors(ref)):
+        torch.testing.assert_close(ours, theirs, atol=TOL, rtol=0)
+    adapter.keep([0, 1, 2, 3, 4])  # a list that happens to be a prefix takes the same path
+    assert adapter.length == 5
+
+
+@pytest.mark.parametrize("bad", [[3, 2], [0, 0], [0, 10], [-1, 2]])
+def test_keep_refuses_what_is_not_ascending_cache_positions(bad: list[int]) -> None:
+    adapter = CausalAdapter(tiny("llama"), "dynamic", 16)
+    adapter.prefill(make_prompt(10, 512))
+    with pytest.raises(ValueError, match="ascending cache positions in \\[0, 10\\)"):
+        adapter.keep(bad)
+    with pytest.raises(ValueError, match="cannot keep 11 positions of a cache holding 10"):
+        adapter.keep(range(11))

@@ -1,0 +1,52 @@
+"""Files that stay whole: atomic writes, JSONL logs and checkpoints."""
+
+from __future__ import annotations
+
+import os
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+
+from blockdecode.io import append_jsonl, atomic_write, load_checkpoint, read_jsonl, save_checkpoint
+
+
+def test_atomic_write_leaves_a_readable_file_and_no_temporary(tmp_path) -> None:
+    target = tmp_path / "out.txt"
+    atomic_write(target, lambda p: open(p, "w").write("hello"))
+    assert target.read_text() == "hello"
+    umask = os.umask(0)
+    os.umask(umask)
+    assert stat.S_IMODE(target.stat().st_mode) == 0o666 & ~umask
+    with pytest.raises(RuntimeError):
+        atomic_write(target, lambda p: (_ for _ in ()).throw(RuntimeError("disk full")))
+    assert target.read_text() == "hello"
+    assert [p.name for p in tmp_path.iterdir()] == ["out.txt"]
+
+
+def test_jsonl_appends_and_reads_back(tmp_path: Path) -> None:
+    path = tmp_path / "m.jsonl"
+    assert read_jsonl(path) == []
+    append_jsonl(path, {"step": 1, "loss": 2.5})
+    append_jsonl(path, {"step": 2})
+    assert read_jsonl(path) == [{"step": 1, "loss": 2.5}, {"step": 2}]
+
+
+@dataclass
+class Settings:
+    seed: int = 0
+    steps: int = 10
+
+
+def test_checkpoint_round_trip_and_refusals(tmp_path: Path) -> None:
+    path = tmp_path / "ckpt" / "state.pt"
+    save_checkpoint(path, {"step": 3, "config": {"seed": 0, "steps": 10}, "w": torch.arange(4)})
+    state = load_checkpoint(path, Settings(), ("seed", "steps"))
+    assert state["step"] == 3 and torch.equal(state["w"], torch.arange(4))
+    with pytest.raises(ValueError, match="has steps=10, this run asks for 20"):
+        load_checkpoint(path, Settings(steps=20), ("seed", "steps"))
+    path.write_bytes(path.read_bytes()[:50])
+    with pytest.raises(ValueError, match="is corrupt"):
+        load_checkpoint(path, Settings(), ("seed",))
