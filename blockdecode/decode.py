@@ -199,7 +199,7 @@ def blockwise_generate(
 
 def decode_prompts(
     model: PreTrainedModel, prompts: Iterable[torch.LongTensor], max_new_tokens: int, drafter: Drafter, k: int, **kwargs
-) -> tuple[list[torch.LongTensor], DecodeStats]:
-    """Decode each prompt blockwise; the outputs, and their stats pooled (every call's block size)."""
+) -> tuple[list[BlockwiseOutput], DecodeStats]:
+    """Decode each prompt blockwise; each output, and their stats pooled (every call's block size)."""
     outs = [blockwise_generate(model, ids, max_new_tokens, drafter, k, **kwargs) for ids in prompts]
-    return [o.sequences for o in outs], DecodeStats.pooled(o.stats for o in outs)
+    return outs, DecodeStats.pooled(o.stats for o in outs)

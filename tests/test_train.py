@@ -38,6 +38,7 @@ from blockdecode.model import HEADS_CONFIG, HEADS_WEIGHTS  # noqa: E402
 from blockdecode.toy import toy_model  # noqa: E402
 from blockdecode.train import (  # noqa: E402
     IGNORE,
+    Objective,
     TrainConfig,
     batch_indices,
     distill_sequences,
@@ -321,6 +322,35 @@ def test_head_weights_with_a_zero_and_random_head_loss_stay_finite(tiny_base, tm
     losses = [r["loss"] for r in read_metrics(tmp_path / "out") if "loss" in r]
     assert all(math.isfinite(x) for x in losses), f"losses {losses}"
     assert all(torch.isfinite(p).all() for p in model.heads.parameters())
+
+
+@pytest.mark.parametrize("mode", ["frozen", "finetune"])
+def test_chunked_head_loss_equals_the_whole_one_on_a_model(tiny_base, tmp_path, mode):
+    """The objective's loss and every gradient (heads; in finetune the base and its shared output
+    layer too) are the same whether the head logits go through in chunks of 5 rows or all at once."""
+    results = []
+    for chunk in (5, 10**6):
+        cfg = make_cfg(tiny_base, tmp_path, mode=mode, loss_chunk=chunk)
+        torch.manual_seed(0)
+        base = AutoModelForCausalLM.from_pretrained(tiny_base.dir, dtype=torch.float32)
+        model = BlockwiseLM.from_base(base, k=cfg.k)
+        for p in model.heads.parameters():
+            torch.nn.init.normal_(p, std=0.1, generator=torch.Generator().manual_seed(1))
+        base.requires_grad_(cfg.finetune)
+        objective = Objective(model, cfg).train()
+        batch = tiny_base.sequences[:3].clone()
+        batch[1, -5:] = -1  # padding, as after an EOS in distilled rows
+        sums, tallies = objective(batch, list(range(2, cfg.k + 1)))
+        sums.sum().backward()
+        grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+        results.append((sums.detach(), tallies, grads))
+    (sums_a, tallies_a, grads_a), (sums_b, tallies_b, grads_b) = results
+    torch.testing.assert_close(sums_a, sums_b, atol=1e-3, rtol=1e-5)
+    assert torch.equal(tallies_a, tallies_b)
+    assert grads_a.keys() == grads_b.keys() and any("heads" in n for n in grads_a)
+    assert any(n.startswith("base") for n in grads_a) == (mode == "finetune")
+    for name in grads_a:
+        torch.testing.assert_close(grads_a[name], grads_b[name], atol=1e-5, rtol=1e-4, msg=name)
 
 
 def test_same_seed_gives_same_heads(tiny_base, tmp_path):
