@@ -9,6 +9,8 @@ decoding; the paper's relaxed rules (`blockdecode.acceptance`) are opt-in.
 from __future__ import annotations
 
 import time
+import warnings
+import weakref
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -19,6 +21,7 @@ from blockdecode.acceptance import Acceptance, parse_acceptance
 from blockdecode.adapter import CausalAdapter
 from blockdecode.drafters import Drafter, check_proposal
 from blockdecode.hf import context_length, resolve_eos, vocab_size
+from blockdecode.tree import Tree
 
 
 @dataclass
@@ -117,26 +120,44 @@ def blockwise_generate(
     model: PreTrainedModel,
     input_ids: torch.LongTensor,
     max_new_tokens: int,
-    drafter: Drafter,
+    drafter: Drafter | Sequence[Drafter],
     k: int,
     eos_token_id: int | Sequence[int] | None = None,
     cache_implementation: str = "dynamic",
     on_block: Callable[[list[int]], None] | None = None,
     acceptance: str | Acceptance | None = None,
+    tree: int | None = None,
 ) -> BlockwiseOutput:
     """Greedy decoding of `model`, k tokens per call at best, proposals from `drafter`.
 
-    `on_block`, if given, receives the tokens each call gains (the prefill's one included),
-    in order: enough to stream text and to show the accepted blocks. `acceptance` other than
-    exact (the default) relaxes verification: faster, no longer the greedy output."""
+    `tree=None` verifies one chain of k-1 proposals a call; `tree=N` verifies a tree of up to N
+    candidate tokens, at most k-1 deep, gathered from every drafter given (a list of drafters
+    shares one budget, in order; see `blockdecode.tree`). `on_block`, if given, receives the
+    tokens each call gains (the prefill's one included), in order: enough to stream text and to
+    show the accepted blocks. `acceptance` other than exact (the default) relaxes verification:
+    faster, no longer the greedy output."""
     if not isinstance(k, int) or isinstance(k, bool) or k < 1:
         raise ValueError(f"k must be an integer >= 1 (the block size, head 1 included), got {k!r}")
+    drafters = list(drafter) if isinstance(drafter, Sequence) else [drafter]
+    if tree is not None and (not isinstance(tree, int) or isinstance(tree, bool) or tree < 1):
+        raise ValueError(f"tree must be a node budget >= 1 (or None for a chain), got {tree!r}")
+    if tree is None and len(drafters) != 1:
+        raise ValueError(f"{len(drafters)} drafters need a tree to share: pass tree=N")
     input_ids = check_prompt(model, input_ids, max_new_tokens)
+    if tree is not None and not takes_tree_masks(model):
+        warnings.warn(
+            f"{type(model).__name__} does not apply a custom attention mask as given (checked on its logits): "
+            f"decoding with one chain from {type(drafters[0]).__name__} instead of a tree",
+            stacklevel=2,
+        )
+        tree, drafters = None, drafters[:1]
     eos = resolve_eos(model, eos_token_id)
     vocab = vocab_size(model)
     rule = parse_acceptance(acceptance)
     rule.check(k, vocab)
-    trusted = getattr(drafter, "in_vocabulary", False)  # proposes only ids it took from the vocabulary
+    if tree is not None and rule.rule == "min-block":
+        raise ValueError("min-block:L forces the first proposals of a chain; it does not apply to a tree")
+    trusted = all(getattr(d, "in_vocabulary", False) for d in drafters)  # ids taken from the vocabulary
     prompt_len = input_ids.shape[1]
     total = prompt_len + max_new_tokens
     # The drafters read `seq` on the device; the output is built from `tokens`, which only this
@@ -160,41 +181,115 @@ def blockwise_generate(
 
     while not done and len(tokens) < total:
         length = len(tokens)  # the cache holds all of them but the newest
-        # Predict: at most k-1 proposals, and never more than the budget can take.
+        # Predict: never deeper than k-1, nor than the budget can take.
         n = min(k - 1, total - length - 1)
-        draft = drafter.propose(seq[:, :length], h_last, n) if n else seq.new_empty((1, 0))
-        check_proposal(draft, n, vocab, bounds=not trusted)
-        draft = draft.to(seq.device)
-
-        # Verify: one pass scores the newest token and every proposal (causal masking).
-        logits, h = base.score(torch.cat([newest, draft], dim=1))
-        greedy = logits[0].float().argmax(-1)  # [n+1]: the base model's token after each prefix
-
-        # Accept the longest prefix the rule agrees with, plus the base model's own next token
-        # (exact: the agreeing proposals equal the base model's tokens). One host sync a call.
-        agree = rule.agree(draft[0], logits[0], greedy)
-        accepted = agree.long().cumprod(0).sum()
-        proposed = torch.cat([draft[0], greedy[-1:]])  # position i holds proposal i (the last has none)
-        block = torch.where(torch.arange(n + 1, device=greedy.device) < accepted, proposed, greedy)
-        host = torch.cat([accepted.view(1), block]).tolist()
-        a, gained = host[0], host[1 : host[0] + 2]
+        if tree is None:
+            draft = drafters[0].propose(seq[:, :length], h_last, n) if n else seq.new_empty((1, 0))
+            check_proposal(draft, n, vocab, bounds=not trusted)
+            draft = draft.to(seq.device)
+            # Verify: one pass scores the newest token and every proposal (causal masking).
+            logits, h = base.score(torch.cat([newest, draft], dim=1))
+            greedy = logits[0].float().argmax(-1)  # [n+1]: the base model's token after each prefix
+            # Accept the longest prefix the rule agrees with, plus the base model's own next token
+            # (exact: the agreeing proposals equal the base model's tokens). One host sync a call.
+            accepted = rule.agree(draft[0], logits[0], greedy).long().cumprod(0).sum()
+            proposed = torch.cat([draft[0], greedy[-1:]])  # position i holds proposal i (the last has none)
+            block = torch.where(torch.arange(n + 1, device=greedy.device) < accepted, proposed, greedy)
+            host = torch.cat([accepted.view(1), block]).tolist()
+            path = list(range(host[0] + 1))  # block positions kept: the newest token, the accepted proposals
+            gained = host[1 : host[0] + 2]
+        else:
+            candidates = draft_tree(drafters, seq[:, :length], h_last, tree, n, vocab, trusted)
+            # Verify: one pass over the newest token and every node, each seeing its ancestors only.
+            ids = torch.tensor([[0, *candidates.tokens]], device=seq.device)
+            ids[:, :1] = newest
+            depths = torch.tensor([0, *candidates.depths], device=seq.device)
+            logits, h = base.score(ids, positions=depths + length - 1, mask=candidates.ancestry())
+            greedy = logits[0].float().argmax(-1)  # [m+1]: the base model's token after each node
+            # Accept the deepest path of nodes the rule agrees with (each against its parent's
+            # scores), plus the base model's own token after its last node. One host sync a call.
+            parents = torch.tensor([*candidates.parents, 0], device=seq.device)
+            right = rule.agree(ids[0, 1:], logits[0, parents], greedy[parents])
+            host = torch.cat([right.long(), greedy]).tolist()
+            m = len(candidates)
+            path = candidates.accepted_path(host[:m])
+            gained = [candidates.tokens[i - 1] for i in path[1:]] + [host[m + path[-1]]]
+            block = torch.tensor(gained, device=seq.device)
         if eos.intersection(gained):  # stop where greedy stops: nothing past the EOS
             gained, done = gained[: next(i for i, t in enumerate(gained) if t in eos) + 1], True
         seq[0, length : length + len(gained)] = block[: len(gained)]
         tokens += gained
         stats.block_sizes.append(len(gained))
-        stats.verified.append(n + 1)
+        stats.verified.append(len(greedy))
         if on_block is not None:
             on_block(gained)
-        # The path kept is the newest token and the accepted proposals: a prefix of the block.
-        base.keep(range(length + a))
-        newest = block[a : a + 1].view(1, 1)
-        h_last = h[0, a : a + 1]
+        last = path[-1]
+        # Keep the cache entries of the accepted path (for a chain, a prefix of the block).
+        base.keep(range(length + last) if tree is None else [*range(length - 1), *(length - 1 + i for i in path)])
+        newest = greedy[last : last + 1].view(1, 1)  # the base model's own token after the path
+        h_last = h[0, last : last + 1]
 
     stats.calls = base.calls
     stats.new_tokens = len(tokens) - prompt_len
     stats.seconds = time.perf_counter() - start
     return BlockwiseOutput(sequences=torch.tensor([tokens], device=seq.device), stats=stats)
+
+
+_TREE_MASK_CHECKED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {attention: ok}
+
+
+@torch.inference_mode()
+def takes_tree_masks(model: PreTrainedModel) -> bool:
+    """Whether the model applies a custom 4D attention mask as given, found from its logits once
+    per model and attention implementation: two sibling candidates scored together must each
+    score as they do alone. ALiBi models, and any that drop or rebuild the mask, fail it."""
+    checked = _TREE_MASK_CHECKED.setdefault(model, {})
+    key = str(getattr(model.config, "_attn_implementation", ""))
+    if key not in checked:
+        vocab = vocab_size(model)
+        prompt = torch.tensor([[1 % vocab, 2 % vocab, 3 % vocab]], device=model.device)
+        siblings = torch.tensor([[4 % vocab, 5 % vocab, 6 % vocab]], device=model.device)
+        try:
+            together = CausalAdapter(model, "dynamic", 8)
+            together.prefill(prompt)
+            mask = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool)
+            logits, _ = together.score(siblings, positions=torch.tensor([3, 4, 4], device=model.device), mask=mask)
+            alone = CausalAdapter(model, "dynamic", 8)
+            alone.prefill(prompt)
+            reference, _ = alone.score(siblings[:, [0, 2]])
+            scale = reference.float().abs().max().clamp(min=1.0)
+            ok = bool(((logits[0, 2].float() - reference[0, 1].float()).abs().max() / scale) < 1e-2)
+        except Exception:  # a model that cannot take the mask at all (ALiBi) says so by failing
+            ok = False
+        checked[key] = ok
+    return checked[key]
+
+
+def draft_tree(
+    drafters: list[Drafter],
+    tokens: torch.LongTensor,
+    hidden: torch.Tensor,
+    budget: int,
+    depth: int,
+    vocab: int,
+    trusted: bool,
+) -> Tree:
+    """Every drafter's candidate paths merged into one tree of at most `budget` nodes and `depth`
+    levels, in the drafters' order: a drafter with `propose_paths` offers several, best first;
+    any other its one chain."""
+    candidates = Tree()
+    for drafter in drafters:
+        if len(candidates) >= budget or depth == 0:
+            break
+        if hasattr(drafter, "propose_paths"):
+            paths = drafter.propose_paths(tokens, hidden, depth, budget - len(candidates))
+        else:
+            chain = drafter.propose(tokens, hidden, depth)
+            check_proposal(chain, depth, vocab, bounds=not trusted)
+            paths = [chain[0].tolist()]
+        for path in paths:
+            candidates.add_path(path, budget, depth)
+    return candidates
 
 
 def decode_prompts(

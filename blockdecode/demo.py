@@ -16,7 +16,6 @@ import torch
 
 from blockdecode.bench.methods import Method, blockwise_run, measure, transformers_run
 from blockdecode.builtin import DEFAULT_MODEL
-from blockdecode.drafters import NgramDrafter
 from blockdecode.hf import dtype_name
 from blockdecode.model import BlockwiseLM, load
 from blockdecode.reference import first_divergence
@@ -27,6 +26,7 @@ PROMPTS = (
     "import os\n\n\ndef walk_files(root):\n    for dirpath, dirnames, filenames in os.walk(root):\n",
     "    def test_append(self):\n        a = array.array('i')\n",
 )
+DRAFTER_NAMES = {"heads": "{head_type} heads", "ngram": "n-gram drafter", "heads+ngram": "{head_type} heads + n-gram"}
 COLOURS = ("\x1b[48;5;24m", "\x1b[48;5;58m")
 RESET = "\x1b[0m"
 
@@ -62,18 +62,27 @@ class DemoRow:
     mean_block: float
     identical: bool
     divergence: str
+    near_tie: bool  # a difference whose reference gap is within the dtype's rounding
     dtype: str
 
 
 def compare(
-    model: BlockwiseLM, prompt: str, ids: torch.LongTensor, max_new_tokens: int, k: int, repeats: int, drafter=None
+    model: BlockwiseLM,
+    prompt: str,
+    ids: torch.LongTensor,
+    max_new_tokens: int,
+    k: int,
+    repeats: int,
+    drafter: str = "heads",
+    tree: int | None = None,
 ) -> DemoRow:
     """Greedy and blockwise, both timed from outside, in turn `repeats` times (the benchmark's
     rounds, so drift hits both alike); the median speedup kept."""
-    base, drafter = model.base, drafter or model.drafter()
+    base, drafters = model.base, model.drafters(drafter)
+    drafter = drafters if len(drafters) > 1 else drafters[0]
     methods = [
         Method("greedy", "greedy", lambda x: transformers_run(base, x, max_new_tokens)),
-        Method("blockwise", "heads", lambda x: blockwise_run(base, x, max_new_tokens, drafter, k), k=k),
+        Method("blockwise", "heads", lambda x: blockwise_run(base, x, max_new_tokens, drafter, k, tree=tree), k=k),
     ]
     results = measure(methods, [ids] * repeats, 1, show=False, warmup=False)
     greedy, ours = results["greedy"], results["blockwise"]
@@ -91,6 +100,7 @@ def compare(
         mean_block=ours["mean_block_size"],
         identical=diverged is None,
         divergence=str(diverged) if diverged else "",
+        near_tie=diverged is not None and diverged.near_tie(base.dtype),
         dtype=dtype_name(base.dtype),
     )
 
@@ -103,6 +113,7 @@ def run_demo(
     prompts: tuple[str, ...] = PROMPTS,
     repeats: int = 3,
     drafter: str = "heads",
+    tree: int | None = None,
 ) -> list[DemoRow]:
     """Stream, time and compare every prompt; print the table; return its rows."""
     from transformers.utils import logging as hf_logging
@@ -112,14 +123,14 @@ def run_demo(
     model_dir = model_dir or DEFAULT_MODEL
     model, tokenizer = load(model_dir, dtype)
     k = k or model.k
-    proposer = NgramDrafter() if drafter == "ngram" else None
     colour = sys.stdout.isatty() and "NO_COLOR" not in os.environ
     params = sum(p.numel() for p in model.base.parameters()) / 1e6
     print(
         f"blockdecode demo: {params:.1f}M-parameter {type(model.base).__name__.removesuffix('ForCausalLM')}"
         + (" trained on the Python standard library, " if model_dir == DEFAULT_MODEL else f" from {model_dir}, ")
-        + f"{'n-gram drafter' if proposer else model.config.head_type + ' heads'}, k={k}, "
-        f"{dtype_name(dtype)}, "
+        + f"{DRAFTER_NAMES[drafter].format(head_type=model.config.head_type)}, k={k}, "
+        + (f"trees of {tree} candidates, " if tree else "")
+        + f"{dtype_name(dtype)}, "
         f"{torch.get_num_threads()} threads, exact mode.\n"
         + ("Each colour is one accepted block: one call of the model.\n" if colour else "| ends each block.\n")
     )
@@ -128,9 +139,9 @@ def run_demo(
         ids = tokenizer(prompt, return_tensors="pt").input_ids
         sys.stdout.write(prompt)
         printer = BlockPrinter(tokenizer, colour)
-        model.generate(ids, max_new_tokens, eos_token_id=[], k=k, drafter=proposer, on_block=printer)
+        model.generate(ids, max_new_tokens, eos_token_id=[], k=k, drafter=drafter, on_block=printer, tree=tree)
         print("\n")
-        rows.append(compare(model, prompt, ids, max_new_tokens, k, repeats, proposer))
+        rows.append(compare(model, prompt, ids, max_new_tokens, k, repeats, drafter, tree))
     print_table(rows)
     return rows
 
@@ -142,21 +153,25 @@ def print_table(rows: list[DemoRow]) -> None:
         first_line = r.prompt.splitlines()[0][:32]
         print(
             f"{first_line:34} {r.greedy_tok_s:12.1f} {r.blockwise_tok_s:10.1f} {r.speedup:7.2f}x "
-            f"{r.calls:6d} {r.mean_block:6.2f}  {'yes' if r.identical else 'NO'}"
+            f"{r.calls:6d} {r.mean_block:6.2f}  {'yes' if r.identical else 'near tie' if r.near_tie else 'NO'}"
         )
     tokens = sum(r.new_tokens for r in rows)
     calls = sum(r.calls for r in rows)
     block = statistics.mean(r.mean_block for r in rows)
     speedup = statistics.median(r.speedup for r in rows)
-    same = all(r.identical for r in rows)
+    ties = sum(r.near_tie for r in rows)
+    real = sum(not (r.identical or r.near_tie) for r in rows)
+    verdict = "NO" if real else f"yes, but for {ties} near-tie flip{'s' * (ties > 1)}" if ties else "yes"
     print(
         f"\n{tokens} tokens in {calls} calls (mean accepted block {block:.2f}); median speedup "
-        f"{speedup:.2f}x over transformers' greedy generate; outputs identical: {'yes' if same else 'NO'}"
+        f"{speedup:.2f}x over transformers' greedy generate; outputs identical: {verdict}"
     )
     for r in rows:
-        if not r.identical:
+        if r.near_tie:
             print(
-                f"  {r.prompt.splitlines()[0]!r}: {r.divergence}. A near-tie flipped between the one-token and the "
-                f"k-token forward pass ({r.dtype} rounding), not a decoding error."
+                f"  {r.prompt.splitlines()[0]!r}: {r.divergence}: within {r.dtype} rounding, so the one-token and "
+                f"the k-token forward pass can break the tie differently; not a decoding error."
                 + (" With --dtype fp32 such ties are far rarer." if r.dtype != "fp32" else "")
             )
+        elif not r.identical:
+            print(f"  {r.prompt.splitlines()[0]!r}: {r.divergence}: larger than {r.dtype} rounding, a REAL divergence")

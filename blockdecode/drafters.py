@@ -1,14 +1,19 @@
 """Where proposals come from: the trained heads, n-gram lookup, or a scripted reference.
 
 Any object with `propose(tokens, hidden, n)` is a drafter; exactness never depends on it,
-only speed does, since every proposal is verified by the base model.
+only speed does, since every proposal is verified by the base model. A drafter that can offer
+several candidates for a tree also has `propose_paths(tokens, hidden, depth, budget)`: token
+lists, best first (see `blockdecode.tree`); any other offers its one chain.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Protocol, runtime_checkable
 
 import torch
+
+from blockdecode.tree import lattice_paths
 
 
 @runtime_checkable
@@ -35,44 +40,62 @@ def check_proposal(draft: object, n: int, vocab_size: int, bounds: bool = True) 
 
 
 class HeadsDrafter:
-    """The paper's proposals: argmax of heads p2..p(n+1) at the newest position."""
+    """The paper's proposals: argmax of heads p2..p(n+1) at the newest position; for a tree, the
+    most probable paths through each head's top guesses (the product of the heads' probabilities)."""
 
     in_vocabulary = True  # an argmax over the vocabulary: no range check needed
 
-    def __init__(self, heads: torch.nn.Module, output_projection: torch.nn.Module):
+    def __init__(self, heads: torch.nn.Module, output_projection: torch.nn.Module, width: int = 8):
         self.heads = heads
         self.project = output_projection
+        self.width = width  # guesses per head considered for a tree
 
     def propose(self, tokens: torch.LongTensor, hidden: torch.Tensor, n: int) -> torch.LongTensor:
         states = self.heads(hidden)[:, :n]  # [1, n, D]
         return self.project(states).argmax(-1)
 
+    def propose_paths(self, tokens: torch.LongTensor, hidden: torch.Tensor, depth: int, budget: int) -> list[list[int]]:
+        probs = self.project(self.heads(hidden)[0, :depth]).float().softmax(-1)  # [depth, V]
+        top = probs.topk(min(self.width, budget, probs.shape[-1]), dim=-1)
+        return [path for path, _ in lattice_paths(top.values, top.indices, budget)]
+
 
 class NgramDrafter:
     """Prompt lookup: find the newest earlier occurrence of the last `max_ngram`..`min_ngram`
-    tokens and propose what followed it. Needs no training; strong on repetitive text and code."""
+    tokens and propose what followed it; for a tree, up to `max_paths` distinct continuations of
+    several occurrences. Needs no training; strong on repetitive text and code."""
 
     in_vocabulary = True  # every proposal is a token of the sequence itself
 
-    def __init__(self, max_ngram: int = 3, min_ngram: int = 1):
+    def __init__(self, max_ngram: int = 3, min_ngram: int = 1, max_paths: int = 4):
         if not 1 <= min_ngram <= max_ngram:
             raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
-        self.max_ngram, self.min_ngram = max_ngram, min_ngram
+        self.max_ngram, self.min_ngram, self.max_paths = max_ngram, min_ngram, max_paths
 
-    def propose(self, tokens: torch.LongTensor, hidden: torch.Tensor, n: int) -> torch.LongTensor:
-        seq = tokens[0].tolist()
-        guess: list[int] = []
+    def continuations(self, seq: list[int], depth: int) -> Iterator[list[int]]:
+        """What followed each earlier occurrence of the sequence's suffix: longest suffix first,
+        then newest occurrence first."""
         for size in range(min(self.max_ngram, len(seq) - 1), self.min_ngram - 1, -1):
             tail = seq[-size:]
             for start in range(len(seq) - size - 1, -1, -1):
                 if seq[start : start + size] == tail:
-                    guess = seq[start + size : start + size + n]
-                    break
-            if guess:
-                break
+                    yield seq[start + size : start + size + depth]
+
+    def propose(self, tokens: torch.LongTensor, hidden: torch.Tensor, n: int) -> torch.LongTensor:
+        seq = tokens[0].tolist()
+        guess = next(self.continuations(seq, n), [])
         # Pad a short or missing match by repeating the newest token: any guess is safe to verify.
         guess += [guess[-1] if guess else seq[-1]] * (n - len(guess))
         return torch.tensor([guess], dtype=torch.long, device=tokens.device)
+
+    def propose_paths(self, tokens: torch.LongTensor, hidden: torch.Tensor, depth: int, budget: int) -> list[list[int]]:
+        paths: list[list[int]] = []
+        for path in self.continuations(tokens[0].tolist(), depth):
+            if path not in paths:
+                paths.append(path)
+                if len(paths) == self.max_paths:
+                    break
+        return paths
 
 
 class ScriptedDrafter:

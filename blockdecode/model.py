@@ -17,7 +17,7 @@ from transformers import AutoTokenizer, PreTrainedModel
 from blockdecode import builtin
 from blockdecode.acceptance import Acceptance
 from blockdecode.decode import BlockwiseOutput, blockwise_generate
-from blockdecode.drafters import Drafter, HeadsDrafter
+from blockdecode.drafters import Drafter, HeadsDrafter, NgramDrafter
 from blockdecode.heads import HeadsConfig, build_heads
 from blockdecode.hf import load_base
 from blockdecode.io import atomic_write, write_text
@@ -125,24 +125,48 @@ class BlockwiseLM(nn.Module):
         input_ids: torch.LongTensor,
         max_new_tokens: int,
         eos_token_id: int | Sequence[int] | None = None,
-        drafter: Drafter | None = None,
+        drafter: Drafter | Sequence[Drafter] | str | None = None,
         k: int | None = None,
         cache_implementation: str = "dynamic",
         on_block: Callable[[list[int]], None] | None = None,
         acceptance: str | Acceptance | None = None,
+        tree: int | None = None,
     ) -> BlockwiseOutput:
         """Exact greedy decoding, up to k tokens per base-model call.
 
-        k defaults to the heads' block size; with a drafter it may be any k >= 1. `acceptance`
-        (topk:N, distance:EPS, min-block:L) trades exactness for speed; exact by default."""
+        `drafter`: a Drafter, a list of them (sharing a tree), or a name: "heads" (the default),
+        "ngram" or "heads+ngram". `tree=N` verifies a tree of up to N candidate tokens a call
+        instead of one chain. k defaults to the heads' block size; with the heads it may not
+        exceed it, with other drafters it may be any k >= 1. `acceptance` (topk:N, distance:EPS,
+        min-block:L) trades exactness for speed; exact by default."""
         k = self.k if k is None else k
-        if drafter is None:
-            if not isinstance(k, int) or not 1 <= k <= self.k:
+        drafters = self.drafters(drafter if drafter is not None else "heads")
+        if any(isinstance(d, HeadsDrafter) and d.heads is self.heads for d in drafters):
+            if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= self.k:
                 raise ValueError(f"k must be between 1 and the heads' block size {self.k}, got {k!r}")
-            drafter = self.drafter()
         return blockwise_generate(
-            self.base, input_ids, max_new_tokens, drafter, k, eos_token_id, cache_implementation, on_block, acceptance
+            self.base,
+            input_ids,
+            max_new_tokens,
+            drafters if len(drafters) > 1 else drafters[0],
+            k,
+            eos_token_id,
+            cache_implementation,
+            on_block,
+            acceptance,
+            tree,
         )
+
+    def drafters(self, spec: Drafter | Sequence[Drafter] | str) -> list[Drafter]:
+        """Drafters from a name ("heads", "ngram", "heads+ngram": n-gram lookup first, the heads
+        filling the rest of a tree), a drafter, or a list of them."""
+        if isinstance(spec, str):
+            named = {"heads": self.drafter, "ngram": NgramDrafter}
+            names = spec.split("+")
+            if not spec or any(name not in named for name in names):
+                raise ValueError(f"unknown drafter {spec!r}: choose heads, ngram or heads+ngram")
+            return [named[name]() for name in sorted(names, key=lambda n: n != "ngram")]
+        return list(spec) if isinstance(spec, Sequence) else [spec]
 
     def save_pretrained(
         self, directory: str | os.PathLike, save_base: bool = True, training: dict | None = None

@@ -57,6 +57,12 @@ class Divergence:
 
     position: int  # index into the sequence (prompt included)
     top2_gap: float  # reference logit gap between its best and second-best token at that position
+    top_logit: float = float("nan")  # the reference's best logit there: the scale rounding works at
+
+    def near_tie(self, dtype: torch.dtype) -> bool:
+        """Whether the gap is within what `dtype`'s rounding can flip: a few units in the last place
+        of the top logit (and never below fp32's 1e-4, the tests' tolerance)."""
+        return self.top2_gap < max(1e-4, 4 * torch.finfo(dtype).eps * abs(self.top_logit))
 
     def __str__(self) -> str:
         return f"first differing token at position {self.position}; reference top-2 logit gap there {self.top2_gap:.3g}"
@@ -76,4 +82,4 @@ def first_divergence(model: PreTrainedModel, reference: torch.LongTensor, other:
         return Divergence(pos, float("inf"))
     logits = model(reference[:, :pos]).logits[0, -1].float()
     top = logits.topk(2).values
-    return Divergence(pos, float(top[0] - top[1]))
+    return Divergence(pos, float(top[0] - top[1]), float(top[0]))

@@ -71,6 +71,7 @@ def test_quick_bench_reports_every_method_and_metric(setup: dict) -> None:
     assert saved["methods"].keys() == report["methods"].keys()
     expected = {"greedy", "prompt lookup", "assisted", "heads k=2", "heads k=4", "n-gram k=2", "n-gram k=4"}
     expected |= {"heads k=2 topk:2", "heads k=4 topk:2", "heads k=2 min-block:2", "heads k=4 min-block:2"}
+    expected |= {"heads tree 16 k=4", "ngram tree 16 k=4", "heads+ngram tree 16 k=4"}  # trees at the largest k
     assert set(saved["methods"]) == expected
     for name, r in saved["methods"].items():
         for metric in METRICS:
@@ -78,7 +79,7 @@ def test_quick_bench_reports_every_method_and_metric(setup: dict) -> None:
         if r["exact_method"]:
             assert r["identical_to_greedy"], name
             assert r["chrf"] == pytest.approx(100.0) and r["token_agreement"] == 1.0
-        if r["family"] in ("heads", "ngram"):
+        if r["family"] in ("heads", "ngram", "heads tree", "ngram tree", "heads+ngram tree"):
             assert len(r["block_histogram"]) == r["k"] and len(r["head_acceptance"]) == r["k"] - 1
             assert r["efficiency"] > 0 and r["ceiling"] > 0
             assert 1 / r["calls_per_token"] <= r["k"]

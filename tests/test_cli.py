@@ -106,3 +106,31 @@ def test_demo_runs_on_a_plain_transformers_folder(tmp_path: Path, capsys: pytest
     main(["demo", "--model", str(tmp_path), "--max-new-tokens", "8", "--dtype", "fp32", "--k", "3"])
     out = capsys.readouterr().out
     assert f"from {tmp_path}" in out and "k=3" in out and "outputs identical: yes" in out
+
+
+def row(**kw) -> demo.DemoRow:
+    base = dict(prompt="def f():\n", greedy_tok_s=100.0, blockwise_tok_s=150.0, speedup=1.5, calls=10,
+                new_tokens=20, mean_block=2.0, identical=True, divergence="", near_tie=False, dtype="bf16")  # fmt: skip
+    return demo.DemoRow(**{**base, **kw})
+
+
+def test_the_summary_tells_a_near_tie_from_a_real_divergence(capsys: pytest.CaptureFixture) -> None:
+    tie = row(identical=False, near_tie=True, divergence="first differing token at position 9; gap 0")
+    demo.print_table([row(), tie])
+    out = capsys.readouterr().out
+    assert "outputs identical: yes, but for 1 near-tie flip" in out and "within bf16 rounding" in out
+    assert "REAL" not in out
+    demo.print_table([row(), tie, row(identical=False, divergence="position 4; gap 3.2")])
+    out = capsys.readouterr().out
+    assert "outputs identical: NO" in out and "a REAL divergence" in out
+
+
+def test_near_tie_is_judged_by_the_dtype_rounding() -> None:
+    import torch
+
+    from blockdecode.reference import Divergence
+
+    assert Divergence(5, 0.05, 12.0).near_tie(torch.bfloat16)  # bf16's ulp at 12 is 0.0625
+    assert not Divergence(5, 0.05, 12.0).near_tie(torch.float32)
+    assert Divergence(5, 5e-5, 12.0).near_tie(torch.float32)
+    assert not Divergence(5, 1.0, 12.0).near_tie(torch.bfloat16)

@@ -54,6 +54,7 @@ class BenchConfig:
     max_q: int = 32
     fwd_reps: int = 7
     acceptance: list[str] = field(default_factory=list)  # relaxed rules to measure beside exact
+    trees: list[int] = field(default_factory=lambda: [16])  # tree budgets, at the largest k the heads serve
     methods: bool = True  # the model's own methods; False: the scripted-drafter study alone
     system: bool = True  # the GPT-2-small-sized study with a scripted drafter
     system_accuracies: list[float] = field(default_factory=lambda: [0.5, 0.8, 0.95, 1.0])
@@ -70,6 +71,8 @@ class BenchConfig:
                 raise ValueError(f"unknown {name} {getattr(self, name)!r}: choose {', '.join(DTYPES)}")
         if not self.ks or min(self.ks) < 1:
             raise ValueError(f"ks must be block sizes >= 1, got {self.ks}")
+        if any(not isinstance(t, int) or t < 1 for t in self.trees):
+            raise ValueError(f"trees must be node budgets >= 1, got {self.trees}")
         for name in ("new_tokens", "n_prompts", "repeats", "max_q", "fwd_reps"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
@@ -115,7 +118,7 @@ def methods_for(cfg: BenchConfig, lm: BlockwiseLM, draft) -> list[Method]:
     ]
     if draft is not None:
         ms.append(Method("assisted", "assisted", lambda ids: transformers_run(base, ids, n, assistant_model=draft)))
-    heads, ngram = lm.drafter(), NgramDrafter()  # stateless: one serves every k
+    heads, ngram = lm.drafter(), NgramDrafter()  # stateless: one serves every k and tree
     for k in cfg.ks:
         if k <= lm.k:
             ms.append(Method(f"heads k={k}", "heads", lambda ids, k=k: blockwise_run(base, ids, n, heads, k), k=k))
@@ -132,6 +135,11 @@ def methods_for(cfg: BenchConfig, lm: BlockwiseLM, draft) -> list[Method]:
                     acceptance=spec,
                 )
             )
+    k = max((k for k in cfg.ks if k <= lm.k), default=None)
+    for budget in cfg.trees if k else []:
+        for family, drafter in (("heads", heads), ("ngram", ngram), ("heads+ngram", [ngram, heads])):
+            run = lambda ids, d=drafter, b=budget: blockwise_run(base, ids, n, d, k, tree=b)  # noqa: E731
+            ms.append(Method(f"{family} tree {budget} k={k}", f"{family} tree", run, k=k))
     return ms
 
 

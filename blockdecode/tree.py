@@ -1,0 +1,91 @@
+"""A tree of candidate continuations, verified in one pass (Medusa's tree attention, with
+candidates from every drafter at once).
+
+Node 0 is the newest token, already decoded; every other node is a proposed token whose parent
+is the token it would follow. The base model scores all nodes in one forward: each node sees the
+cache and its own ancestors, at the position its depth gives it. Node i's argmax is greedy's
+token after the path to i, so a child is right when it equals its parent's argmax. The call gains
+the deepest path of right nodes, plus the base model's own token after its last node. Shared
+prefixes are merged, so each is scored once."""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class Tree:
+    """tokens[i] and parents[i] of nodes 1..n (node 0, the newest token, is implicit)."""
+
+    tokens: list[int] = field(default_factory=list)
+    parents: list[int] = field(default_factory=list)  # each < its own index; 0 is the root
+    depths: list[int] = field(default_factory=list)  # the root's children have depth 1
+    _children: dict[tuple[int, int], int] = field(default_factory=dict, repr=False)
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def add(self, parent: int, token: int) -> int:
+        """The node for `token` after `parent` (0: the root), made if new; its index (1-based)."""
+        key = (parent, token)
+        if key not in self._children:
+            self.tokens.append(token)
+            self.parents.append(parent)
+            self.depths.append(1 if parent == 0 else self.depths[parent - 1] + 1)
+            self._children[key] = len(self.tokens)
+        return self._children[key]
+
+    def add_path(self, path: Sequence[int], budget: int, max_depth: int) -> None:
+        """Insert a chain of tokens from the root, sharing what is already there, until the tree
+        holds `budget` nodes or the chain is `max_depth` deep."""
+        node = 0
+        for token in path[:max_depth]:
+            if len(self) >= budget and (node, token) not in self._children:
+                return
+            node = self.add(node, int(token))
+
+    def ancestry(self) -> torch.Tensor:
+        """mask [n+1, n+1] bool over the root and the nodes: mask[i, j] when j is i or an ancestor."""
+        n = len(self) + 1
+        mask = torch.eye(n, dtype=torch.bool)
+        mask[:, 0] = True
+        for i, parent in enumerate(self.parents, start=1):
+            mask[i] |= mask[parent]
+        return mask
+
+    def accepted_path(self, right: Sequence[bool]) -> list[int]:
+        """The deepest node whose whole path is right (right[i-1] for node i), as the list of node
+        indices from the root (0) down to it; [0] when no child of the root is right."""
+        ok = [True]  # the root
+        for i, parent in enumerate(self.parents, start=1):
+            ok.append(ok[parent] and bool(right[i - 1]))
+        best = max(range(len(ok)), key=lambda i: (ok[i] and (self.depths[i - 1] if i else 0), -i))
+        path = []
+        while best:
+            path.append(best)
+            best = self.parents[best - 1]
+        return [0, *reversed(path)]
+
+
+def lattice_paths(probs: torch.Tensor, tokens: torch.Tensor, budget: int) -> Iterable[tuple[list[int], float]]:
+    """The most probable paths through a lattice of per-position candidates, best first: position
+    d offers tokens[d, :] with probabilities probs[d, :], independently of each other (the heads'
+    top-N guesses); a path's score is the product of its tokens' probabilities. Yields at most
+    `budget` paths, each one node longer than a path already yielded or of length 1, so that
+    inserting them in order builds the `budget` most probable nodes of the tree."""
+    depth, width = probs.shape
+    p, t = probs.tolist(), tokens.tolist()
+    heap = [(-p[0][j], (j,)) for j in range(width)]
+    heapq.heapify(heap)
+    for _ in range(budget):
+        if not heap:
+            return
+        score, choice = heapq.heappop(heap)
+        yield [t[d][j] for d, j in enumerate(choice)], -score
+        if len(choice) < depth:
+            for j in range(width):
+                heapq.heappush(heap, (score * p[len(choice)][j], (*choice, j)))
