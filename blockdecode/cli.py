@@ -230,6 +230,24 @@ def add_bench_parser(sub) -> None:
     p.set_defaults(func=cmd_bench)
 
 
+def cmd_calibrate(args: argparse.Namespace) -> None:
+    from blockdecode.calibrate import cache_file, calibrate
+    from blockdecode.demo import PROMPTS
+    from blockdecode.model import load
+
+    model, tokenizer = load(args.model, DTYPES[args.dtype], args.k)
+    shipped = Path(args.model) / "prompts.json"
+    texts = json.loads(shipped.read_text())[:3] if shipped.is_file() else list(PROMPTS[:3])
+    prompts = [tokenizer(t, return_tensors="pt").input_ids for t in texts]
+    result = calibrate(model, prompts, args.drafter, args.k, refresh=args.refresh)
+    for budget, speed in result.tokens_per_s.items():
+        mark = "  <- chosen" if int(budget) == result.budget else ""
+        print(f"{'chain' if budget == '0' else 'tree of ' + budget:>12}: {speed:7.1f} tokens/s{mark}")
+    chosen = f"trees of {result.tree}" if result.tree else "the chain"
+    print(f"\n--tree auto decodes with {chosen} for {result.key}")
+    print(f"cached in {cache_file()}", file=sys.stderr)
+
+
 def cmd_demo(args: argparse.Namespace) -> None:
     from blockdecode.demo import run_demo
 
@@ -246,9 +264,9 @@ def cmd_demo(args: argparse.Namespace) -> None:
 DRAFTERS = ("heads", "ngram", "heads+ngram")
 
 
-def tree_budget(text: str) -> int | None:
-    """--tree N (a node budget) or --tree off."""
-    return None if text == "off" else positive_int(text)
+def tree_budget(text: str) -> int | str | None:
+    """--tree N (a node budget), auto (measured, see `blockdecode calibrate`) or off."""
+    return {"off": None, "auto": "auto"}[text] if text in ("off", "auto") else positive_int(text)
 
 
 def positive_int(text: str) -> int:
@@ -273,7 +291,7 @@ def main(argv: list[str] | None = None) -> None:
     gen.add_argument("--k", type=int, default=None, help="block size (default: the heads' k)")
     gen.add_argument("--drafter", choices=DRAFTERS, default="heads", help="where proposals come from")
     gen.add_argument(
-        "--tree", type=tree_budget, default=None, help="verify a tree of N candidates a call (default off)"
+        "--tree", type=tree_budget, default=None, help="N candidates a call, auto (measured) or off (default)"
     )
     gen.add_argument("--head-type", choices=HEAD_TYPES, default="paper", help="for a model without heads")
     gen.add_argument("--dtype", choices=tuple(DTYPES), default="fp32")
@@ -290,6 +308,19 @@ def main(argv: list[str] | None = None) -> None:
     add_pretrain_parser(sub)
     add_bench_parser(sub)
 
+    cal = sub.add_parser(
+        "calibrate",
+        help="measure which tree budget decodes fastest here (what --tree auto uses)",
+        description="Decodes a few prompts with the chain and with trees of 4..64 candidates, in interleaved "
+        "rounds, and caches the fastest for this model, dtype, machine, threads, drafter and k.",
+    )
+    cal.add_argument("--model", default=DEFAULT_MODEL, help="saved BlockwiseLM or transformers folder")
+    cal.add_argument("--drafter", choices=DRAFTERS, default="heads+ngram")
+    cal.add_argument("--k", type=int, default=None, help="block size (default: the heads' k)")
+    cal.add_argument("--dtype", choices=tuple(DTYPES), default="bf16")
+    cal.add_argument("--refresh", action="store_true", help="measure again even if cached")
+    cal.set_defaults(func=cmd_calibrate)
+
     demo = sub.add_parser("demo", help="show blockwise decoding against greedy on the built-in model")
     demo.add_argument("--model", default=None, help="a saved BlockwiseLM (default: the built-in model)")
     demo.add_argument("--max-new-tokens", type=int, default=128)
@@ -297,7 +328,7 @@ def main(argv: list[str] | None = None) -> None:
     demo.add_argument("--dtype", choices=tuple(DTYPES), default="bf16")
     demo.add_argument("--drafter", choices=DRAFTERS, default="heads", help="where proposals come from")
     demo.add_argument(
-        "--tree", type=tree_budget, default=None, help="verify a tree of N candidates a call (default off)"
+        "--tree", type=tree_budget, default=None, help="N candidates a call, auto (measured) or off (default)"
     )
     demo.set_defaults(func=cmd_demo)
 

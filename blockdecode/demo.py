@@ -113,7 +113,7 @@ def run_demo(
     prompts: tuple[str, ...] = PROMPTS,
     repeats: int = 3,
     drafter: str = "heads",
-    tree: int | None = None,
+    tree: int | str | None = None,
 ) -> list[DemoRow]:
     """Stream, time and compare every prompt; print the table; return its rows."""
     from transformers.utils import logging as hf_logging
@@ -123,6 +123,10 @@ def run_demo(
     model_dir = model_dir or DEFAULT_MODEL
     model, tokenizer = load(model_dir, dtype)
     k = k or model.k
+    if tree == "auto":  # measured once on these prompts, then cached (blockdecode.calibrate)
+        from blockdecode.calibrate import calibrate
+
+        tree = calibrate(model, [tokenizer(p, return_tensors="pt").input_ids for p in prompts], drafter, k).tree
     colour = sys.stdout.isatty() and "NO_COLOR" not in os.environ
     params = sum(p.numel() for p in model.base.parameters()) / 1e6
     print(

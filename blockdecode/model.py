@@ -130,17 +130,27 @@ class BlockwiseLM(nn.Module):
         cache_implementation: str = "dynamic",
         on_block: Callable[[list[int]], None] | None = None,
         acceptance: str | Acceptance | None = None,
-        tree: int | None = None,
+        tree: int | str | None = None,
     ) -> BlockwiseOutput:
         """Exact greedy decoding, up to k tokens per base-model call.
 
         `drafter`: a Drafter, a list of them (sharing a tree), or a name: "heads" (the default),
         "ngram" or "heads+ngram". `tree=N` verifies a tree of up to N candidate tokens a call
-        instead of one chain. k defaults to the heads' block size; with the heads it may not
+        instead of one chain; `tree="auto"` the budget measured fastest for this model, dtype,
+        machine and drafter (`blockdecode.calibrate`; measured on this prompt the first time,
+        then cached). k defaults to the heads' block size; with the heads it may not
         exceed it, with other drafters it may be any k >= 1. `acceptance` (topk:N, distance:EPS,
         min-block:L) trades exactness for speed; exact by default."""
         k = self.k if k is None else k
-        drafters = self.drafters(drafter if drafter is not None else "heads")
+        drafter = drafter if drafter is not None else "heads"
+        if tree == "auto":
+            from blockdecode.calibrate import calibrate
+
+            names = drafter if isinstance(drafter, str) else "+".join(type(d).__name__ for d in self.drafters(drafter))
+            tree = calibrate(self, [input_ids], names, k, drafters=drafter).tree
+        elif isinstance(tree, str):
+            raise ValueError(f"tree must be a node budget >= 1, 'auto' or None, got {tree!r}")
+        drafters = self.drafters(drafter)
         if any(isinstance(d, HeadsDrafter) and d.heads is self.heads for d in drafters):
             if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= self.k:
                 raise ValueError(f"k must be between 1 and the heads' block size {self.k}, got {k!r}")

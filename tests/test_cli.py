@@ -134,3 +134,16 @@ def test_near_tie_is_judged_by_the_dtype_rounding() -> None:
     assert not Divergence(5, 0.05, 12.0).near_tie(torch.float32)
     assert Divergence(5, 5e-5, 12.0).near_tie(torch.float32)
     assert not Divergence(5, 1.0, 12.0).near_tie(torch.bfloat16)
+
+
+def test_calibrate_prints_the_budgets_and_caches_the_choice(
+    model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    main(["calibrate", "--model", str(model_dir), "--dtype", "fp32", "--drafter", "ngram", "--k", "3"])
+    out = capsys.readouterr().out
+    assert "chain:" in out and "tree of 64:" in out and "<- chosen" in out and "--tree auto decodes with" in out
+    assert (tmp_path / "blockdecode" / "calibration.json").is_file()
+    main(["generate", "--model", str(model_dir), "--prompt", "def f(x):", "--max-new-tokens", "8", "--tree", "auto",
+          "--drafter", "ngram", "--k", "3", "--compare"])  # fmt: skip
+    assert "identical: yes" in capsys.readouterr().err
