@@ -22,8 +22,9 @@ def read_value_map(path: str) -> list[float]:
         values = json.loads(Path(path).read_text())
     except (OSError, json.JSONDecodeError) as err:
         raise ValueError(f"--value-map {path}: {err}") from err
-    numbers = (v is None or (isinstance(v, int | float) and not isinstance(v, bool)) for v in values)
-    if not isinstance(values, list) or not all(numbers):
+    if not isinstance(values, list) or not all(
+        v is None or (isinstance(v, int | float) and not isinstance(v, bool)) for v in values
+    ):
         raise ValueError(f"--value-map {path} must hold a JSON list of numbers (null for non-ordinal tokens)")
     return [float("nan") if v is None else float(v) for v in values]
 
@@ -277,7 +278,7 @@ def positive_int(text: str) -> int:
 
 
 def main(argv: list[str] | None = None) -> None:
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    stay_offline()
     parser = argparse.ArgumentParser(prog="blockdecode", description=__doc__)
     parser.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads (default: torch's)")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -286,7 +287,7 @@ def main(argv: list[str] | None = None) -> None:
     gen.add_argument(
         "--model", default=DEFAULT_MODEL, help="saved BlockwiseLM or transformers causal-LM folder (default: built-in)"
     )
-    gen.add_argument("--prompt", required=True)
+    gen.add_argument("--prompt", required=True, help="the text to continue; - reads it from standard input")
     gen.add_argument("--max-new-tokens", type=int, default=64)
     gen.add_argument("--k", type=int, default=None, help="block size (default: the heads' k)")
     gen.add_argument("--drafter", choices=DRAFTERS, default="heads", help="where proposals come from")
@@ -334,11 +335,44 @@ def main(argv: list[str] | None = None) -> None:
 
     args = parser.parse_args(argv)
     if args.threads:
+        if args.threads > 4 * (os.cpu_count() or 1):
+            parser.error(f"--threads {args.threads}: this machine has {os.cpu_count()} CPUs")
         torch.set_num_threads(args.threads)
+    if getattr(args, "prompt", None) == "-":
+        args.prompt = sys.stdin.read()
+    if getattr(args, "prompt", None) is not None and not is_text(args.prompt):
+        parser.error("--prompt is not valid UTF-8 text")
     try:
         args.func(args)
+    except KeyboardInterrupt:
+        resume = " (the last checkpoint is kept: run it again with --resume)" if args.command in TRAINING else ""
+        print(f"interrupted{resume}", file=sys.stderr)
+        raise SystemExit(130) from None
     except (ValueError, OSError) as err:
         raise SystemExit(f"error: {err}") from err
+
+
+TRAINING = ("train", "pretrain")
+
+
+def is_text(value: str) -> bool:
+    """False for what cannot be encoded as UTF-8: bytes the shell passed that are not UTF-8
+    (decoded by Python as lone surrogates), or a lone surrogate from a JSON file."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def stay_offline() -> None:
+    """The command never reaches a model hub unless HF_HUB_OFFLINE=0 says it may. The variable is
+    read when huggingface_hub is imported, before this runs, so the setting goes to its module."""
+    from huggingface_hub import constants
+
+    if os.environ.get("HF_HUB_OFFLINE") is None and os.environ.get("TRANSFORMERS_OFFLINE") is None:
+        os.environ["HF_HUB_OFFLINE"] = "1"  # for child processes (torchrun, accelerate launch)
+        constants.HF_HUB_OFFLINE = True
 
 
 if __name__ == "__main__":

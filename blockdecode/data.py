@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -32,7 +33,11 @@ def load_tokens(paths: list[str | Path], tokenizer=None, eos_token_id: int | Non
     """One stream of token ids: .npy files are taken as token ids, anything else as text
     tokenised with `tokenizer`; documents are separated by EOS when the model has one."""
     parts: list[np.ndarray] = []
-    for path in data_files(paths):
+    files = data_files(paths)
+    binary = [p for p in files if p.suffix not in ARRAY_SUFFIXES and b"\0" in p.read_bytes()[:8192]]
+    if binary:
+        warnings.warn(f"skipped {len(binary)} binary file(s) given as text data, e.g. {binary[0]}", stacklevel=2)
+    for path in (p for p in files if p not in binary):
         if path.suffix in ARRAY_SUFFIXES:
             ids = np.load(path, allow_pickle=False).reshape(-1)
             if not np.issubdtype(ids.dtype, np.integer):

@@ -8,6 +8,7 @@ decoding; the paper's relaxed rules (`blockdecode.acceptance`) are opt-in.
 
 from __future__ import annotations
 
+import numbers
 import time
 import warnings
 import weakref
@@ -101,7 +102,7 @@ def check_prompt(model: PreTrainedModel, input_ids: torch.Tensor, max_new_tokens
         raise ValueError("the prompt is empty: give at least one token")
     if input_ids.dtype not in (torch.int64, torch.int32):
         raise TypeError(f"input_ids must hold integer token ids, got dtype {input_ids.dtype}")
-    if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, numbers.Integral) or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
     vocab = vocab_size(model)
     if int(input_ids.min()) < 0 or int(input_ids.max()) >= vocab:
@@ -136,14 +137,16 @@ def blockwise_generate(
     tokens each call gains (the prefill's one included), in order: enough to stream text and to
     show the accepted blocks. `acceptance` other than exact (the default) relaxes verification:
     faster, no longer the greedy output."""
-    if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+    if isinstance(k, bool) or not isinstance(k, numbers.Integral) or k < 1:
         raise ValueError(f"k must be an integer >= 1 (the block size, head 1 included), got {k!r}")
+    k = int(k)
     drafters = list(drafter) if isinstance(drafter, Sequence) else [drafter]
     if tree is not None and (not isinstance(tree, int) or isinstance(tree, bool) or tree < 1):
         raise ValueError(f"tree must be a node budget >= 1 (or None for a chain), got {tree!r}")
     if tree is None and len(drafters) != 1:
         raise ValueError(f"{len(drafters)} drafters need a tree to share: pass tree=N")
     input_ids = check_prompt(model, input_ids, max_new_tokens)
+    max_new_tokens = int(max_new_tokens)
     if tree is not None and not takes_tree_masks(model):
         warnings.warn(
             f"{type(model).__name__} does not apply a custom attention mask as given (checked on its logits): "

@@ -122,7 +122,7 @@ def run_demo(
 
     model_dir = model_dir or DEFAULT_MODEL
     model, tokenizer = load(model_dir, dtype)
-    k = k or model.k
+    k = model.k if k is None else k
     if tree == "auto":  # measured once on these prompts, then cached (blockdecode.calibrate)
         from blockdecode.calibrate import calibrate
 

@@ -40,6 +40,13 @@ class HeadsConfig:
     def to_dict(self) -> dict:
         return asdict(self)
 
+    def parameters(self) -> int:
+        """How many parameters these heads hold, known before any is allocated."""
+        n, d, w = self.k - 1, self.hidden_size, self.head_hidden_size
+        if self.head_type == "medusa":
+            return n * (d * d + d)
+        return d * n * w + n * w + n * w * n * d + n * d
+
 
 class PaperHeads(nn.Module):
     """Stern et al. (2018): one feed-forward layer of width (k-1)·d_hidden with ReLU whose

@@ -6,11 +6,17 @@ Nothing here knows about blockwise decoding; everything above goes through these
 from __future__ import annotations
 
 import inspect
+import operator
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from pathlib import Path
 
 import torch
+from huggingface_hub import constants
+from safetensors import SafetensorError
 from transformers import AutoModelForCausalLM, DynamicCache, PreTrainedModel, StaticCache
+
+from blockdecode.io import CheckpointError
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 CACHE_IMPLEMENTATIONS = ("dynamic", "static")
@@ -22,8 +28,17 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 
 def load_base(path: str, dtype: torch.dtype = torch.float32, **kwargs) -> PreTrainedModel:
-    """A causal LM from a folder (or a hub name, where the hub is allowed)."""
-    return AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **kwargs)
+    """A causal LM from a folder (or a hub name, where the hub is allowed); damaged weights (an
+    interrupted copy, say) are a CheckpointError naming the folder, not a traceback."""
+    if not Path(path).is_dir() and constants.is_offline_mode():
+        raise CheckpointError(
+            f"{path} is not a folder here, and blockdecode stays offline: download it yourself, or set "
+            f"HF_HUB_OFFLINE=0 to let it be fetched from the hub"
+        )
+    try:
+        return AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **kwargs)
+    except SafetensorError as err:
+        raise CheckpointError(f"{path}: the model weights are corrupt or truncated ({err})") from err
 
 
 def vocab_size(model: PreTrainedModel) -> int:
@@ -41,15 +56,28 @@ def context_length(model: PreTrainedModel) -> int | None:
     return None
 
 
+def integer(value: object, name: str) -> int:
+    """An int from anything integer-like (numpy and 0-d tensor integers too); bools, strings and
+    floats are refused with a message naming the argument."""
+    if isinstance(value, bool | str | bytes):
+        raise TypeError(f"{name} must be an integer, got {value!r}")
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name} must be an integer, got {type(value).__name__} {value!r}") from None
+
+
 def resolve_eos(model: PreTrainedModel, eos_token_id: int | Sequence[int] | None) -> set[int]:
     """EOS ids as transformers' generate resolves them: the argument, else the generation config."""
     if eos_token_id is None:
         eos_token_id = getattr(model.generation_config, "eos_token_id", None)
     if eos_token_id is None:
         return set()
-    if isinstance(eos_token_id, int):
-        return {eos_token_id}
-    return {int(t) for t in eos_token_id}
+    if isinstance(eos_token_id, torch.Tensor):
+        eos_token_id = eos_token_id.reshape(-1).tolist()
+    if isinstance(eos_token_id, Sequence) and not isinstance(eos_token_id, str | bytes):
+        return {integer(t, "eos_token_id") for t in eos_token_id}
+    return {integer(eos_token_id, "eos_token_id")}
 
 
 def cache_argument(model: PreTrainedModel) -> str:

@@ -14,6 +14,10 @@ import numpy as np
 import torch
 
 
+class CheckpointError(ValueError):
+    """A saved model or checkpoint that cannot be loaded as it is: missing, corrupt or mismatched."""
+
+
 def atomic_write(path: Path, write: Callable[[str], object]) -> None:
     """Call write(tmp_path), then rename over `path`: readers see the old file or the new, never half."""
     path = Path(path)
@@ -31,6 +35,14 @@ def atomic_write(path: Path, write: Callable[[str], object]) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def remove_temporaries(folder: Path) -> int:
+    """Delete what a killed `atomic_write` left in `folder` (`.NAME.*.tmp`); how many."""
+    leftovers = list(Path(folder).glob(".*.tmp")) if Path(folder).is_dir() else []
+    for path in leftovers:
+        path.unlink(missing_ok=True)
+    return len(leftovers)
 
 
 def write_text(path: Path, text: str) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import numbers
 import os
 import tempfile
 from collections.abc import Callable, Sequence
@@ -19,15 +20,11 @@ from blockdecode.acceptance import Acceptance
 from blockdecode.decode import BlockwiseOutput, blockwise_generate
 from blockdecode.drafters import Drafter, HeadsDrafter, NgramDrafter
 from blockdecode.heads import HeadsConfig, build_heads
-from blockdecode.hf import load_base
-from blockdecode.io import atomic_write, write_text
+from blockdecode.hf import context_length, load_base
+from blockdecode.io import CheckpointError, atomic_write, write_text
 
 HEADS_CONFIG = "blockdecode.json"
 HEADS_WEIGHTS = "heads.safetensors"
-
-
-class CheckpointError(ValueError):
-    """A saved BlockwiseLM that cannot be loaded as it is: missing, corrupt or mismatched."""
 
 
 def _location(name: str) -> str | None:
@@ -106,6 +103,16 @@ class BlockwiseLM(nn.Module):
             head_hidden_size=head_hidden_size,
             vocab_size=projection.weight.shape[0],
         )
+        context = context_length(base)
+        if context is not None and k > context:
+            raise ValueError(f"k={k} exceeds the model's context of {context} positions")
+        gib = cfg.parameters() * projection.weight.element_size() / 2**30
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30 if hasattr(os, "sysconf") else None
+        if memory is not None and gib > memory / 2:  # refused before the memory is asked for
+            raise ValueError(
+                f"k={k} needs {cfg.head_type} heads of {gib:,.1f} GiB, more than half this machine's "
+                f"{memory:,.0f} GiB: choose a smaller k (or a smaller head_hidden_size)"
+            )
         return cls(base, cfg, base_location=_location(getattr(base, "name_or_path", "")))
 
     @property
@@ -152,7 +159,7 @@ class BlockwiseLM(nn.Module):
             raise ValueError(f"tree must be a node budget >= 1, 'auto' or None, got {tree!r}")
         drafters = self.drafters(drafter)
         if any(isinstance(d, HeadsDrafter) and d.heads is self.heads for d in drafters):
-            if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= self.k:
+            if isinstance(k, bool) or not isinstance(k, numbers.Integral) or not 1 <= k <= self.k:
                 raise ValueError(f"k must be between 1 and the heads' block size {self.k}, got {k!r}")
         return blockwise_generate(
             self.base,

@@ -22,7 +22,7 @@ from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTra
 
 from blockdecode import training
 from blockdecode.corpus import SPECIAL_TOKENS, is_heldout, read_text, stdlib_files, train_tokenizer
-from blockdecode.io import atomic_write, load_checkpoint, save_checkpoint, save_npy, write_json
+from blockdecode.io import atomic_write, load_checkpoint, remove_temporaries, save_checkpoint, save_npy, write_json
 
 SPLITS = ("train", "heldout")
 
@@ -199,6 +199,7 @@ def pretrain(cfg: PretrainConfig, show: bool = True) -> LlamaForCausalLM:
 
     scheduler = training.scheduler(optimizer, cfg.warmup_steps, cfg.steps, floor=cfg.min_lr / cfg.lr)
     ckpt_path = out / "checkpoint" / "state.pt"
+    remove_temporaries(ckpt_path.parent)  # what a killed checkpoint write left
     start = 0
     if cfg.resume and ckpt_path.is_file():
         state = _load_state(ckpt_path, cfg, len(tokenizer))

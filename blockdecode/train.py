@@ -29,7 +29,15 @@ from blockdecode import training
 from blockdecode.data import load_tokens, pack, split
 from blockdecode.decode import decode_prompts
 from blockdecode.hf import context_length, decoder_output, load_base, resolve_eos, vocab_size
-from blockdecode.io import atomic_write, load_checkpoint, read_jsonl, save_checkpoint, save_npy, write_json
+from blockdecode.io import (
+    atomic_write,
+    load_checkpoint,
+    read_jsonl,
+    remove_temporaries,
+    save_checkpoint,
+    save_npy,
+    write_json,
+)
 from blockdecode.loss import IGNORE, linear_cross_entropy
 from blockdecode.model import BlockwiseLM
 from blockdecode.reference import greedy_generate
@@ -118,6 +126,9 @@ class TrainConfig:
         for name in POSITIVE_FIELDS:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        for name in ("lr", "base_lr", "weight_decay", "base_loss_weight"):
+            if not math.isfinite(getattr(self, name)) or getattr(self, name) < 0:
+                raise ValueError(f"{name} must be a finite number >= 0, got {getattr(self, name)}")
         for name in NON_NEGATIVE_FIELDS:
             if not getattr(self, name) >= 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
@@ -125,6 +136,12 @@ class TrainConfig:
             raise ValueError(f"seq_len ({self.seq_len}) must exceed k ({self.k}) for every head to have targets")
         if not self.data:
             raise ValueError("no training data given")
+        out = Path(self.out).resolve()
+        for item in map(Path, self.data):
+            if item.is_dir() and out.is_relative_to(item.resolve()):
+                raise ValueError(
+                    f"--out {self.out} lies inside the data folder {item}: the run would train on its own files"
+                )
         if self.distill and self.distill_prompt_len + self.distill_new_tokens <= self.k:
             raise ValueError(
                 f"distilled rows of {self.distill_prompt_len} + {self.distill_new_tokens} tokens are too short "
@@ -340,6 +357,8 @@ def train(cfg: TrainConfig, callback: Callable[[int, dict], None] | None = None)
     out = Path(cfg.out)
     ckpt_path = out / "checkpoint" / "state.pt"
     main = accelerator.is_main_process
+    if main:  # a killed checkpoint write leaves a temporary as large as the state: not kept
+        remove_temporaries(ckpt_path.parent)
 
     base, tokenizer = base_and_tokenizer(cfg)
     limit = context_length(base)
@@ -402,6 +421,9 @@ def train(cfg: TrainConfig, callback: Callable[[int, dict], None] | None = None)
         loss = combine_loss(sums, counts, heads, cfg) * world
         precision.backward(accelerator, loss)
         loss = accelerator.reduce(loss.detach(), reduction="sum") / world
+        if not torch.isfinite(loss):  # stop before a NaN reaches the weights, and save nothing
+            kept = f"the checkpoint in {ckpt_path.parent} is intact" if ckpt_path.is_file() else "no checkpoint yet"
+            raise ValueError(f"step {step + 1}: the training loss is {float(loss)}; stopped ({kept}): try a lower --lr")
         precision.step(optimizer)
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)

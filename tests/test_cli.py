@@ -147,3 +147,75 @@ def test_calibrate_prints_the_budgets_and_caches_the_choice(
     main(["generate", "--model", str(model_dir), "--prompt", "def f(x):", "--max-new-tokens", "8", "--tree", "auto",
           "--drafter", "ngram", "--k", "3", "--compare"])  # fmt: skip
     assert "identical: yes" in capsys.readouterr().err
+
+
+def test_value_map_that_is_not_a_list(model_dir: Path, tmp_path: Path) -> None:
+    (tmp_path / "v.json").write_text("3")
+    with pytest.raises(SystemExit, match="must hold a JSON list of numbers"):
+        main(["generate", "--model", str(model_dir), "--prompt", "x", "--acceptance", "distance:1",
+              "--value-map", str(tmp_path / "v.json")])  # fmt: skip
+
+
+def test_prompt_from_standard_input(model_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    import io
+
+    monkeypatch.setattr("sys.stdin", io.StringIO("def g(y):"))
+    main(["generate", "--model", str(model_dir), "--prompt", "-", "--max-new-tokens", "4"])
+    assert capsys.readouterr().out.startswith("def g(y):")
+
+
+def test_threads_beyond_the_machine_are_refused(capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(SystemExit):
+        main(["--threads", "100000", "demo"])
+    assert "--threads 100000: this machine has" in capsys.readouterr().err
+
+
+def run_cli(args: list[str], env: dict | None = None, **kw):
+    import os
+    import subprocess
+    import sys
+
+    base = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
+    # Were the policy to fail, the hub would be this closed local port: nothing leaves the machine.
+    base |= {"HF_ENDPOINT": "http://127.0.0.1:9", "PYTHONUNBUFFERED": "1", **(env or {})}
+    cmd = [sys.executable, "-m", "blockdecode.cli", *args]
+    return subprocess.Popen(cmd, env=base, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
+
+
+def test_a_hub_name_fails_within_seconds_offline(tmp_path: Path) -> None:
+    """Without HF_HUB_OFFLINE set at all, the command still stays offline and names the model."""
+    import time
+
+    (tmp_path / "c.txt").write_text("x = 1\n" * 50)
+    start = time.perf_counter()
+    proc = run_cli(["train", "--base", "someone/no-such-model", "--data", str(tmp_path / "c.txt"),
+                    "--out", str(tmp_path / "o")])  # fmt: skip
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 1 and "someone/no-such-model" in err and "Traceback" not in err
+    assert time.perf_counter() - start < 30
+    assert not (tmp_path / "o").exists()
+
+
+def test_ctrl_c_is_one_line_and_exit_130(tmp_path: Path) -> None:
+    """SIGINT to a running demo: exit code 130, a single line on stderr, nothing written."""
+    import signal
+
+    proc = run_cli(["demo", "--dtype", "fp32", "--max-new-tokens", "400"], cwd=tmp_path)
+    line = proc.stdout.readline()  # the demo's header: the model is loaded and decoding
+    assert line.startswith("blockdecode demo:"), line
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130
+    assert err.strip().splitlines() == ["interrupted"]
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_prompt_that_is_not_utf8_is_one_line(model_dir: Path, capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(SystemExit):
+        main(["generate", "--model", str(model_dir), "--prompt", b"\xff".decode("utf-8", "surrogateescape")])
+    assert "--prompt is not valid UTF-8 text" in capsys.readouterr().err
+
+
+def test_demo_k_zero_is_refused(model_dir: Path) -> None:
+    with pytest.raises(SystemExit, match="k must be"):
+        main(["demo", "--model", str(model_dir), "--k", "0", "--max-new-tokens", "4"])

@@ -431,3 +431,22 @@ def test_stats_record_the_tokens_each_call_verified(k: int) -> None:
     wrong = blockwise_generate(model, ids, 40, ScriptedDrafter(ref, vocab_size(model), 0.0), k, eos_token_id=NO_EOS)
     assert all(b == 1 for b in wrong.stats.block_sizes)
     assert wrong.stats.verified[0] == k and wrong.stats.verified[-1] == 1  # the budget caps the last call
+
+
+def test_integer_likes_are_taken_and_strings_and_bools_refused() -> None:
+    """numpy and 0-d tensor integers work wherever an int does; "12" is not the ids {1, 2}."""
+    import numpy as np
+
+    model, ids, ref = no_eos_case("llama")
+    eos = int(ref[0, ids.shape[1] + 5])
+    expected = hf_greedy(model, ids, 40, eos_token_id=eos)
+    lm = BlockwiseLM.from_base(model, k=4)
+    for spelled in (np.int64(eos), torch.tensor(eos), [np.int32(eos)], torch.tensor([eos])):
+        out = lm.generate(ids, np.int64(40), eos_token_id=spelled, k=np.int64(3))
+        assert torch.equal(out.sequences, expected), type(spelled)
+    with pytest.raises(TypeError, match="eos_token_id must be an integer, got '12'"):
+        lm.generate(ids, 5, eos_token_id="12")
+    with pytest.raises(TypeError, match="eos_token_id must be an integer, got True"):
+        lm.generate(ids, 5, eos_token_id=[True])
+    with pytest.raises(ValueError, match="max_new_tokens must be a positive integer, got True"):
+        lm.generate(ids, True)

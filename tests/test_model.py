@@ -12,6 +12,7 @@ from transformers import AutoModelForCausalLM
 
 from blockdecode import BlockwiseLM, CheckpointError, HeadsConfig, ScriptedDrafter
 from blockdecode.model import HEADS_CONFIG, HEADS_WEIGHTS
+from blockdecode.toy import toy_model
 
 pytestmark = pytest.mark.filterwarnings("ignore:Initializing zero-element tensors:UserWarning")
 
@@ -217,3 +218,26 @@ def test_a_missing_built_in_model_says_how_to_build_it(tmp_path: Path, monkeypat
     monkeypatch.setattr(builtin, "DEFAULT_MODEL", str(tmp_path / "default_model"))
     with pytest.raises(CheckpointError, match="built-in model is not installed; `make default-model` builds it"):
         BlockwiseLM.from_pretrained(tmp_path / "default_model")
+
+
+def test_truncated_base_weights_are_one_clear_error(tmp_path: Path) -> None:
+    """The likeliest real fault, an interrupted copy: a CheckpointError naming the folder."""
+    broken = tmp_path / "broken"
+    trained().save_pretrained(broken)
+    weights = broken / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    with pytest.raises(CheckpointError, match="model weights are corrupt or truncated"):
+        BlockwiseLM.from_pretrained(broken)
+
+
+def test_k_is_bounded_by_context_and_memory_before_anything_is_allocated() -> None:
+    model = tiny("gpt2", width=96, layers=1, heads=4, vocab=300, context=64)
+    with pytest.raises(ValueError, match="k=65 exceeds the model's context of 64 positions"):
+        BlockwiseLM.from_base(model, k=65)
+    wide = toy_model("gpt2", width=768, layers=1, heads=12, vocab=300, context=2048)
+    with pytest.raises(ValueError, match="k=1500 needs paper heads of .* GiB, more than half this machine's"):
+        BlockwiseLM.from_base(wide, k=1500)
+    assert HeadsConfig(k=5, hidden_size=8, head_hidden_size=4).parameters() == sum(
+        p.numel()
+        for p in BlockwiseLM.from_base(toy_model("llama", width=8, heads=2), k=5, head_hidden_size=4).heads.parameters()
+    )

@@ -873,3 +873,37 @@ def test_patience_stops_a_run_whose_block_stops_growing(tiny_base, tmp_path):
     assert record["original_base_heldout_loss"] == pytest.approx(record["base_heldout_loss"])
     assert record["mean_block_size"] == rows[-1]["eval_mean_block_size"]
     BlockwiseLM.from_pretrained(out)  # the record does not get in the way of loading
+
+
+def test_a_non_finite_loss_stops_the_run_and_saves_nothing(tiny_base, tmp_path):
+    out = tmp_path / "out"
+    with pytest.raises(ValueError, match="lr must be a finite number >= 0, got nan"):
+        make_cfg(tiny_base, out, lr=float("nan"))
+    cfg = make_cfg(tiny_base, out, lr=1e38, steps=30, log_every=1, eval_every=30, checkpoint_every=2)
+    with pytest.raises(ValueError, match="the training loss is (nan|inf).*stopped"):
+        train(cfg)
+    assert_nothing_saved(out)
+
+
+def test_out_inside_a_data_folder_is_refused(tiny_base, tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "a.txt").write_text("alpha beta " * 200)
+    with pytest.raises(ValueError, match="lies inside the data folder"):
+        make_cfg(tiny_base, data / "run", data=[str(data)])
+
+
+def test_binary_files_in_data_are_skipped_and_counted(tiny_base, tmp_path):
+    (tmp_path / "a.txt").write_text(tiny_base.corpus.read_text())
+    (tmp_path / "blob.bin.txt").write_bytes(b"\x00\x01\x02" * 100)
+    with pytest.warns(UserWarning, match="skipped 1 binary file"):
+        tokens = load_tokens([tmp_path], tiny_base.tokenizer, tiny_base.tokenizer.eos_token_id)
+    assert tokens.numel() > 0
+
+
+def test_a_killed_checkpoint_write_leaves_nothing_behind_on_the_next_run(tiny_base, tmp_path):
+    out = tmp_path / "out"
+    (out / "checkpoint").mkdir(parents=True)
+    (out / "checkpoint" / ".state.pt.abc123.tmp").write_bytes(b"half a checkpoint")
+    train(make_cfg(tiny_base, out, steps=2, log_every=1, eval_every=2, eval_prompts=1))
+    assert not list((out / "checkpoint").glob(".*.tmp"))

@@ -81,6 +81,8 @@ class BenchConfig:
         unknown = set(self.system_caches) - set(CACHE_IMPLEMENTATIONS)
         if unknown or not self.system_caches:
             raise ValueError(f"system_caches must name some of {', '.join(CACHE_IMPLEMENTATIONS)}, got {unknown}")
+        if self.device.startswith("cuda") and not torch.cuda.is_available():
+            raise ValueError(f"--device {self.device}: this torch has no CUDA device")
         if not (self.methods or self.system):
             raise ValueError("nothing to measure: enable methods or the scripted-drafter study")
 
@@ -153,9 +155,14 @@ def model_methods(cfg: BenchConfig, show: bool) -> dict:
     draft = load_base(draft_dir, dtype).to(cfg.device).eval() if draft_dir else None
     if draft is not None and vocab_size(draft) != lm.config.vocab_size:
         raise ValueError(f"the draft model {draft_dir} has another vocabulary than {model_dir}")
-    texts = json.loads(Path(cfg.prompts).read_text()) if cfg.prompts else default_prompts(model_dir, cfg.n_prompts)
+    try:
+        texts = json.loads(Path(cfg.prompts).read_text()) if cfg.prompts else default_prompts(model_dir, cfg.n_prompts)
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{cfg.prompts}: not JSON ({err})") from err
     if not isinstance(texts, list) or not texts or not all(isinstance(t, str) and t for t in texts):
         raise ValueError(f"{cfg.prompts}: prompts must be a JSON list of non-empty strings")
+    if not all(t == t.encode("utf-8", "surrogatepass").decode("utf-8", "ignore") for t in texts):
+        raise ValueError(f"{cfg.prompts}: a prompt holds a lone surrogate, not text")
     texts = texts[: cfg.n_prompts]
     prompts = [tokenizer(t, return_tensors="pt").input_ids.to(cfg.device) for t in texts]
 
