@@ -34,13 +34,15 @@ def cmd_generate(args: argparse.Namespace) -> None:
     from blockdecode.model import has_heads, load
     from blockdecode.reference import first_divergence, greedy_generate
 
+    # Settings first: a bad rule or value map is reported before the model takes seconds to load.
+    if args.value_map and not args.acceptance.startswith("distance"):
+        raise ValueError(f"--value-map is for --acceptance distance:EPS, not {args.acceptance}")
+    acceptance = parse_acceptance(args.acceptance, read_value_map(args.value_map) if args.value_map else None)
+
     model, tokenizer = load(args.model, DTYPES[args.dtype], args.k, args.head_type)
     if not has_heads(args.model):
         print(f"note: {args.model} has no trained heads; using untrained {args.head_type} heads", file=sys.stderr)
     ids = tokenizer(args.prompt, return_tensors="pt").input_ids
-    if args.value_map and not args.acceptance.startswith("distance"):
-        raise ValueError(f"--value-map is for --acceptance distance:EPS, not {args.acceptance}")
-    acceptance = parse_acceptance(args.acceptance, read_value_map(args.value_map) if args.value_map else None)
     out = model.generate(
         ids, args.max_new_tokens, drafter=args.drafter, k=args.k, acceptance=acceptance, tree=args.tree
     )
@@ -288,8 +290,8 @@ def main(argv: list[str] | None = None) -> None:
         "--model", default=DEFAULT_MODEL, help="saved BlockwiseLM or transformers causal-LM folder (default: built-in)"
     )
     gen.add_argument("--prompt", required=True, help="the text to continue; - reads it from standard input")
-    gen.add_argument("--max-new-tokens", type=int, default=64)
-    gen.add_argument("--k", type=int, default=None, help="block size (default: the heads' k)")
+    gen.add_argument("--max-new-tokens", type=positive_int, default=64)
+    gen.add_argument("--k", type=positive_int, default=None, help="block size (default: the heads' k)")
     gen.add_argument("--drafter", choices=DRAFTERS, default="heads", help="where proposals come from")
     gen.add_argument(
         "--tree", type=tree_budget, default=None, help="N candidates a call, auto (measured) or off (default)"
@@ -324,8 +326,8 @@ def main(argv: list[str] | None = None) -> None:
 
     demo = sub.add_parser("demo", help="show blockwise decoding against greedy on the built-in model")
     demo.add_argument("--model", default=None, help="a saved BlockwiseLM (default: the built-in model)")
-    demo.add_argument("--max-new-tokens", type=int, default=128)
-    demo.add_argument("--k", type=int, default=None, help="block size (default: the heads' k)")
+    demo.add_argument("--max-new-tokens", type=positive_int, default=128)
+    demo.add_argument("--k", type=positive_int, default=None, help="block size (default: the heads' k)")
     demo.add_argument("--dtype", choices=tuple(DTYPES), default="bf16")
     demo.add_argument("--drafter", choices=DRAFTERS, default="heads", help="where proposals come from")
     demo.add_argument(

@@ -39,7 +39,10 @@ def load_tokens(paths: list[str | Path], tokenizer=None, eos_token_id: int | Non
         warnings.warn(f"skipped {len(binary)} binary file(s) given as text data, e.g. {binary[0]}", stacklevel=2)
     for path in (p for p in files if p not in binary):
         if path.suffix in ARRAY_SUFFIXES:
-            ids = np.load(path, allow_pickle=False).reshape(-1)
+            try:
+                ids = np.load(path, allow_pickle=False).reshape(-1)
+            except (OSError, ValueError) as err:
+                raise ValueError(f"{path} is not a readable .npy array of token ids: {err}") from err
             if not np.issubdtype(ids.dtype, np.integer):
                 raise ValueError(f"{path} holds {ids.dtype}, not integer token ids")
         else:

@@ -41,6 +41,19 @@ def load_base(path: str, dtype: torch.dtype = torch.float32, **kwargs) -> PreTra
         raise CheckpointError(f"{path}: the model weights are corrupt or truncated ({err})") from err
 
 
+def weights_signature(model: torch.nn.Module) -> list[float]:
+    """The L1 norms of four of the model's weight tensors (first, two middle, last): enough to tell
+    two sets of weights apart, and stable across fp32 / bf16 copies of the same ones (about 1e-3)."""
+    params = [p for p in model.parameters() if p.dim() >= 2]
+    picks = sorted({0, len(params) // 3, 2 * len(params) // 3, len(params) - 1}) if params else []
+    with torch.no_grad():
+        return [float(params[i].detach().float().abs().sum()) for i in picks]
+
+
+def same_weights(a: list[float], b: list[float], rtol: float = 2e-2) -> bool:
+    return len(a) == len(b) and all(abs(x - y) <= rtol * max(abs(x), abs(y), 1e-6) for x, y in zip(a, b))
+
+
 def vocab_size(model: PreTrainedModel) -> int:
     """Rows of the output projection: the ids the model can score."""
     return model.get_output_embeddings().weight.shape[0]

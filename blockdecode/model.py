@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import numbers
 import os
+import shutil
 import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -20,8 +21,8 @@ from blockdecode.acceptance import Acceptance
 from blockdecode.decode import BlockwiseOutput, blockwise_generate
 from blockdecode.drafters import Drafter, HeadsDrafter, NgramDrafter
 from blockdecode.heads import HeadsConfig, build_heads
-from blockdecode.hf import context_length, load_base
-from blockdecode.io import CheckpointError, atomic_write, write_text
+from blockdecode.hf import context_length, load_base, same_weights, weights_signature
+from blockdecode.io import CheckpointError, atomic_write, remove_temporaries, write_text
 
 HEADS_CONFIG = "blockdecode.json"
 HEADS_WEIGHTS = "heads.safetensors"
@@ -59,7 +60,11 @@ def load(
     else:
         model = BlockwiseLM.from_base(load_base(str(path), dtype), k=k or 8, head_type=head_type)
     tokenizer_dir = path if (path / "tokenizer.json").is_file() else model.base_location
-    return model.to(dtype).eval(), AutoTokenizer.from_pretrained(tokenizer_dir)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    except Exception as err:  # the tokenizers library raises a bare Exception for a damaged file
+        raise CheckpointError(f"{tokenizer_dir}/tokenizer.json cannot be read: {err}") from err
+    return model.to(dtype).eval(), tokenizer
 
 
 class BlockwiseLM(nn.Module):
@@ -194,6 +199,9 @@ class BlockwiseLM(nn.Module):
         Every file is written atomically; the config goes last, so a directory that has it is whole."""
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
+        remove_temporaries(directory)  # what a save killed half-way left behind
+        for leftover in directory.glob(".base-*"):
+            shutil.rmtree(leftover, ignore_errors=True)
         if save_base:
             with tempfile.TemporaryDirectory(dir=directory, prefix=".base-") as tmp:
                 self.base.save_pretrained(tmp)
@@ -202,6 +210,8 @@ class BlockwiseLM(nn.Module):
         tensors = {name: t.detach().contiguous().cpu() for name, t in self.heads.state_dict().items()}
         atomic_write(directory / HEADS_WEIGHTS, lambda p: save_file(tensors, p, metadata={"format": "pt"}))
         meta = {"heads": self.config.to_dict(), "base_model": "." if save_base else self.base_location}
+        if not save_base:  # so a reload can tell whether that location still holds these weights
+            meta["base_signature"] = weights_signature(self.base)
         if training is not None:
             meta["training"] = training
         write_text(directory / HEADS_CONFIG, json.dumps(meta, indent=2) + "\n")
@@ -234,10 +244,17 @@ class BlockwiseLM(nn.Module):
             location = str(directory.resolve())
         elif (directory / location).is_dir():  # a relative folder is read from the checkpoint's
             location = str((directory / location).resolve())
+        given_base = base is not None
         if base is None:
             if Path(location).is_absolute() and not Path(location).is_dir():
                 raise CheckpointError(f"{config_path} names the base model {location}, which does not exist")
             base = load_base(location, **base_kwargs)
+        signature = meta.get("base_signature")
+        if not given_base and signature is not None and not same_weights(signature, weights_signature(base)):
+            raise CheckpointError(
+                f"{location} does not hold the base these heads were saved with (its weights differ): "
+                f"pass the right base with base="
+            )
         model = cls(base, cfg, base_location=location)
         weights = directory / HEADS_WEIGHTS
         try:

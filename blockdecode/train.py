@@ -9,6 +9,7 @@ import gc
 import hashlib
 import json
 import math
+import os
 import random
 import shutil
 import time
@@ -357,6 +358,8 @@ def train(cfg: TrainConfig, callback: Callable[[int, dict], None] | None = None)
     out = Path(cfg.out)
     ckpt_path = out / "checkpoint" / "state.pt"
     main = accelerator.is_main_process
+    if main:  # before the base, the data and any distillation: an unwritable --out fails at once
+        check_writable(out)
     if main:  # a killed checkpoint write leaves a temporary as large as the state: not kept
         remove_temporaries(ckpt_path.parent)
 
@@ -468,6 +471,16 @@ def train(cfg: TrainConfig, callback: Callable[[int, dict], None] | None = None)
     accelerator.wait_for_everyone()
     accelerator.end_training()
     return model
+
+
+def check_writable(out: Path) -> None:
+    """Refuse an output folder that cannot be made or written, without making it: a run that fails
+    later leaves nothing behind."""
+    existing = out.absolute()
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        raise OSError(f"--out {out} cannot be written: {existing} is not a writable folder")
 
 
 def plateaued(records: list[dict], patience: int, min_delta: float) -> bool:

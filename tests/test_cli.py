@@ -216,6 +216,25 @@ def test_a_prompt_that_is_not_utf8_is_one_line(model_dir: Path, capsys: pytest.C
     assert "--prompt is not valid UTF-8 text" in capsys.readouterr().err
 
 
-def test_demo_k_zero_is_refused(model_dir: Path) -> None:
-    with pytest.raises(SystemExit, match="k must be"):
-        main(["demo", "--model", str(model_dir), "--k", "0", "--max-new-tokens", "4"])
+@pytest.mark.parametrize("command", ["demo", "generate"])
+def test_settings_are_checked_before_the_model_loads(command: str, capsys: pytest.CaptureFixture) -> None:
+    """demo --k 0 no longer becomes k=10; a bad value fails with the model folder never read."""
+    base = [command, "--model", "/nonexistent", *(["--prompt", "x"] if command == "generate" else [])]
+    for flag in ("--k", "--max-new-tokens"):
+        with pytest.raises(SystemExit):
+            main([*base, flag, "0"])
+        err = capsys.readouterr().err
+        assert f"argument {flag}: must be at least 1, got 0" in err and "nonexistent" not in err
+    if command == "generate":
+        with pytest.raises(SystemExit, match="topk:N needs an integer N >= 1"):
+            main(["generate", "--model", "/nonexistent", "--prompt", "x", "--acceptance", "topk:0"])
+
+
+def test_a_corrupt_tokenizer_names_its_file(model_dir: Path, tmp_path: Path) -> None:
+    import shutil
+
+    broken = tmp_path / "m"
+    shutil.copytree(model_dir, broken)
+    (broken / "tokenizer.json").write_text("{not json")
+    with pytest.raises(SystemExit, match="tokenizer.json cannot be read"):
+        main(["generate", "--model", str(broken), "--prompt", "x"])

@@ -175,3 +175,10 @@ def test_split_rejects_bad_fractions(fraction):
 def test_split_needs_two_sequences():
     with pytest.raises(ValueError, match="at least 2 sequences"):
         split(torch.zeros(1, 4, dtype=torch.long), 0.5)
+
+
+def test_a_bad_npy_file_is_named(tmp_path) -> None:
+    bad = tmp_path / "tokens.npy"
+    bad.write_bytes(b"not numpy at all")
+    with pytest.raises(ValueError, match="tokens.npy is not a readable .npy array"):
+        load_tokens([bad])

@@ -241,3 +241,32 @@ def test_k_is_bounded_by_context_and_memory_before_anything_is_allocated() -> No
         p.numel()
         for p in BlockwiseLM.from_base(toy_model("llama", width=8, heads=2), k=5, head_hidden_size=4).heads.parameters()
     )
+
+
+def test_a_heads_only_save_refuses_a_base_that_is_not_its_own(tmp_path: Path) -> None:
+    """A base built from a saved model's config inherits its path but not its weights: reloading the
+    heads-only save must not silently pair the heads with the folder's different weights."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    real = tmp_path / "real"
+    toy_model("llama", seed=1).save_pretrained(real)
+    lookalike = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(real))  # fresh random weights
+    BlockwiseLM.from_base(lookalike, k=3).save_pretrained(tmp_path / "heads", save_base=False)
+    with pytest.raises(CheckpointError, match="does not hold the base these heads were saved with"):
+        BlockwiseLM.from_pretrained(tmp_path / "heads")
+    BlockwiseLM.from_pretrained(tmp_path / "heads", base=lookalike)  # given explicitly: the caller's choice
+
+    honest = AutoModelForCausalLM.from_pretrained(real)
+    BlockwiseLM.from_base(honest, k=3).save_pretrained(tmp_path / "honest", save_base=False)
+    reloaded = BlockwiseLM.from_pretrained(tmp_path / "honest", dtype=torch.bfloat16)  # another dtype still matches
+    assert reloaded.base_location == str(real.resolve())
+
+
+def test_the_next_save_removes_what_a_killed_save_left(tmp_path: Path) -> None:
+    lm = BlockwiseLM.from_base(tiny("llama"), k=3)
+    (tmp_path / ".base-x1y2").mkdir()
+    (tmp_path / ".base-x1y2" / "model.safetensors").write_bytes(b"half a copy")
+    (tmp_path / ".heads.safetensors.abc.tmp").write_bytes(b"half")
+    lm.save_pretrained(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
+    BlockwiseLM.from_pretrained(tmp_path)

@@ -907,3 +907,11 @@ def test_a_killed_checkpoint_write_leaves_nothing_behind_on_the_next_run(tiny_ba
     (out / "checkpoint" / ".state.pt.abc123.tmp").write_bytes(b"half a checkpoint")
     train(make_cfg(tiny_base, out, steps=2, log_every=1, eval_every=2, eval_prompts=1))
     assert not list((out / "checkpoint").glob(".*.tmp"))
+
+
+def test_an_unwritable_out_fails_before_anything_loads(tiny_base, tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    cfg = make_cfg(tiny_base, blocker / "out", base=str(tmp_path / "no-base-here"))
+    with pytest.raises(OSError, match="--out .* cannot be written"):
+        train(cfg)  # the missing base would fail later: the output folder is checked first
