@@ -16,6 +16,7 @@ import json
 import os
 import statistics
 import time
+import weakref
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -45,14 +46,24 @@ def cache_file() -> Path:
     return Path(root) / "blockdecode" / "calibration.json"
 
 
+_FINGERPRINTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> (versions, hash)
+
+
 def fingerprint(model: torch.nn.Module) -> str:
-    """A short hash of a model's weights (per-tensor sums) and its parameter names and shapes."""
+    """A short hash of a model's weights (per-tensor sums) and its parameter names and shapes;
+    computed again only when a weight has changed in place since (tensor version counters), so
+    `generate(tree="auto")` does not read every weight on every call."""
+    versions = tuple(p._version for p in model.parameters())
+    known = _FINGERPRINTS.get(model)
+    if known is not None and known[0] == versions:
+        return known[1]
     digest = hashlib.sha256()
     with torch.no_grad():
         for name, p in model.named_parameters():
             digest.update(f"{name}{tuple(p.shape)}".encode())
             digest.update(p.detach().float().sum().cpu().numpy().tobytes())
-    return digest.hexdigest()[:16]
+    _FINGERPRINTS[model] = (versions, digest.hexdigest()[:16])
+    return _FINGERPRINTS[model][1]
 
 
 def calibration_key(lm, drafter: str, k: int) -> str:

@@ -73,3 +73,12 @@ def test_real_measurement_tries_every_budget(cache: Path) -> None:
     lm = BlockwiseLM.from_base(toy_model("llama", seed=2), k=3)
     speeds = calibrate.measure_budgets(lm, [make_prompt(4, 512)], "heads+ngram", 3, budgets=(0, 2, 4), new_tokens=6)
     assert set(speeds) == {2, 4} and all(s > 0 for s in speeds.values())  # shared drafters need a tree
+
+
+def test_the_fingerprint_follows_the_weights() -> None:
+    lm = BlockwiseLM.from_base(toy_model("llama", seed=2), k=3)
+    first = calibrate.fingerprint(lm)
+    assert calibrate.fingerprint(lm) == first  # served from memory while nothing changed
+    with torch.no_grad():
+        next(lm.base.parameters()).add_(1.0)  # an in-place change, as training makes
+    assert calibrate.fingerprint(lm) != first
