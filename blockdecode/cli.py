@@ -319,7 +319,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     cal.add_argument("--model", default=DEFAULT_MODEL, help="saved BlockwiseLM or transformers folder")
     cal.add_argument("--drafter", choices=DRAFTERS, default="heads+ngram")
-    cal.add_argument("--k", type=int, default=None, help="block size (default: the heads' k)")
+    cal.add_argument("--k", type=positive_int, default=None, help="block size (default: the heads' k)")
     cal.add_argument("--dtype", choices=tuple(DTYPES), default="bf16")
     cal.add_argument("--refresh", action="store_true", help="measure again even if cached")
     cal.set_defaults(func=cmd_calibrate)
