@@ -188,9 +188,8 @@ def ship(
             name: {kk: v["mean_block_size"] for kk, v in by_k.items()} for name, by_k in best["sets"].items()
         },
     }
-    model.save_pretrained(staging, save_base=True, training=training)
     tokenizer = AutoTokenizer.from_pretrained(best["run"])
-    tokenizer.save_pretrained(staging)
+    model.save_pretrained(staging, save_base=True, training=training, tokenizer=tokenizer)
     write_json(staging / "prompts.json", [tokenizer.decode(p[0]) for p in prompts])
     shutil.rmtree(directory, ignore_errors=True)
     staging.rename(directory)

@@ -11,7 +11,6 @@ not measured for is recalibrated, never served another's choice."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import statistics
@@ -22,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from blockdecode.hf import dtype_name
+from blockdecode.hf import dtype_name, weights_digest
 from blockdecode.io import write_json
 
 BUDGETS = (0, 4, 8, 16, 32, 64)  # 0: the chain
@@ -50,20 +49,14 @@ _FINGERPRINTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model 
 
 
 def fingerprint(model: torch.nn.Module) -> str:
-    """A short hash of a model's weights (per-tensor sums) and its parameter names and shapes;
-    computed again only when a weight has changed in place since (tensor version counters), so
-    `generate(tree="auto")` does not read every weight on every call."""
+    """A short exact hash of a model's weights; computed again only when a weight has changed in
+    place since (tensor version counters), so `generate(tree="auto")` does not read every weight
+    on every call."""
     versions = tuple(p._version for p in model.parameters())
     known = _FINGERPRINTS.get(model)
-    if known is not None and known[0] == versions:
-        return known[1]
-    digest = hashlib.sha256()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            digest.update(f"{name}{tuple(p.shape)}".encode())
-            digest.update(p.detach().float().sum().cpu().numpy().tobytes())
-    _FINGERPRINTS[model] = (versions, digest.hexdigest()[:16])
-    return _FINGERPRINTS[model][1]
+    if known is None or known[0] != versions:
+        _FINGERPRINTS[model] = known = (versions, weights_digest(model)[:16])
+    return known[1]
 
 
 def calibration_key(lm, drafter: str, k: int) -> str:

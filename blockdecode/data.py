@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import warnings
 from pathlib import Path
 
@@ -56,6 +57,12 @@ def load_tokens(paths: list[str | Path], tokenizer=None, eos_token_id: int | Non
     if tokens.numel() == 0:
         raise ValueError("the training data holds no tokens")
     return tokens
+
+
+def fingerprint(tokens: np.ndarray | torch.Tensor) -> str:
+    """A short hash of a token stream's content: what a resumed run checks its data against."""
+    array = tokens.numpy() if isinstance(tokens, torch.Tensor) else np.asarray(tokens)
+    return hashlib.sha256(np.ascontiguousarray(array).tobytes()).hexdigest()[:16]
 
 
 def pack(tokens: torch.LongTensor, seq_len: int) -> torch.LongTensor:

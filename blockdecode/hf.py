@@ -5,6 +5,7 @@ Nothing here knows about blockwise decoding; everything above goes through these
 
 from __future__ import annotations
 
+import hashlib
 import inspect
 import operator
 from collections.abc import Iterator, Sequence
@@ -48,6 +49,17 @@ def weights_signature(model: torch.nn.Module) -> list[float]:
     picks = sorted({0, len(params) // 3, 2 * len(params) // 3, len(params) - 1}) if params else []
     with torch.no_grad():
         return [float(params[i].detach().float().abs().sum()) for i in picks]
+
+
+def weights_digest(model: torch.nn.Module) -> str:
+    """A hash of every parameter's name, shape, dtype and bytes: exact, and the same on any thread
+    count, which a float sum of the weights is not (its reduction order follows the threads)."""
+    digest = hashlib.sha256()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            digest.update(f"{name}{tuple(p.shape)}{p.dtype}".encode())
+            digest.update(p.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
 
 
 def same_weights(a: list[float], b: list[float], rtol: float = 2e-2) -> bool:

@@ -1,14 +1,22 @@
-"""Files that stay whole: atomic writes, JSONL logs, training checkpoints.
+"""Files that stay whole: atomic writes, folders replaced as a whole, JSONL logs, training checkpoints.
 
-A reader, or a run killed mid-write, sees the old file or the new one, never half of one."""
+A reader, or a run killed mid-write, sees the old file or the new one, never half of one; and the
+old set of files in a folder or the new set, never a mix of two saves."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
+
+try:
+    import fcntl
+except ImportError:  # Windows: no advisory locks; one writer at a time is then the caller's to ensure
+    fcntl = None
 
 import numpy as np
 import torch
@@ -45,6 +53,102 @@ def remove_temporaries(folder: Path) -> int:
     return len(leftovers)
 
 
+STAGING_PREFIX = ".save-"
+
+
+@contextmanager
+def _opened(folder: Path) -> Iterator[int | None]:
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        yield None
+        return
+    try:
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def _lock(fd: int | None, mode: str) -> bool:
+    """flock a folder's descriptor ("shared", "exclusive", or "try": exclusive if free now); False
+    where it is held elsewhere or locks are unsupported. The kernel drops a lock when its process
+    dies, so a killed writer never leaves one behind."""
+    if fd is None or fcntl is None:
+        return False
+    flags = {"shared": fcntl.LOCK_SH, "exclusive": fcntl.LOCK_EX, "try": fcntl.LOCK_EX | fcntl.LOCK_NB}[mode]
+    try:
+        fcntl.flock(fd, flags)
+    except OSError:
+        return False
+    return True
+
+
+def _abandoned(folder: Path) -> list[Path]:
+    """Staging folders no live writer holds, oldest first."""
+    found = []
+    for staging in folder.glob(STAGING_PREFIX + "*"):
+        with _opened(staging) as fd:
+            if fd is not None and (fcntl is None or _lock(fd, "try")):  # None: finished meanwhile
+                found.append((os.fstat(fd).st_mtime_ns, staging))
+    return [staging for _, staging in sorted(found)]
+
+
+def _move_in(staging: Path, folder: Path, last: str) -> None:
+    """Rename a complete save's files over the folder's, `last` (the file that marks it whole) last."""
+    for item in sorted(staging.iterdir(), key=lambda p: p.name == last):
+        target = folder / item.name
+        if item.is_dir() and target.is_dir():
+            shutil.rmtree(target)
+        os.replace(item, target)
+    staging.rmdir()
+
+
+def _settle(folder: Path, last: str) -> None:
+    """Finish saves killed while their files were being moved in, drop those killed before, and
+    remove what a killed `atomic_write` left. Called with the folder locked exclusively."""
+    for staging in _abandoned(folder):
+        if (staging / last).is_file():
+            _move_in(staging, folder, last)
+        else:
+            shutil.rmtree(staging, ignore_errors=True)
+    remove_temporaries(folder)
+
+
+@contextmanager
+def saving_folder(folder: Path, last: str) -> Iterator[Path]:
+    """Write a new save of `folder`'s files into the yielded staging folder, `last` last; on exit
+    they replace the old ones while no reader (`reading_folder`) holds the folder. Killed before
+    `last` is written, the save is dropped by the next save or read; killed after, it is finished."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=folder, prefix=STAGING_PREFIX))
+    with _opened(staging) as alive:
+        _lock(alive, "exclusive")  # held while this writer lives: its staging is not abandoned
+        try:
+            yield staging
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+        with _opened(folder) as fd:
+            _lock(fd, "exclusive")
+            _settle(folder, last)  # older interrupted saves first, so this one ends up on top
+            _move_in(staging, folder, last)
+
+
+@contextmanager
+def reading_folder(folder: Path, last: str) -> Iterator[None]:
+    """Hold `folder` against a writer's swap while its files are read, after finishing a save
+    that was killed half-way through its swap."""
+    folder = Path(folder)
+    with _opened(folder) as fd:
+        _lock(fd, "shared")
+        while any((s / last).is_file() for s in _abandoned(folder)):
+            _lock(fd, "exclusive")
+            _settle(folder, last)
+            _lock(fd, "shared")
+        yield
+
+
 def write_text(path: Path, text: str) -> None:
     atomic_write(path, lambda p: Path(p).write_text(text))
 
@@ -75,9 +179,10 @@ def save_checkpoint(path: Path, state: dict) -> None:
     atomic_write(path, lambda p: torch.save(state, p))
 
 
-def load_checkpoint(path: Path, cfg: object, must_match: Sequence[str]) -> dict:
-    """A training checkpoint, refused with a clear error if damaged or saved by a run whose
-    `must_match` settings differ from cfg's."""
+def load_checkpoint(path: Path, cfg: object, must_match: Sequence[str], data_digest: str | None = None) -> dict:
+    """A training checkpoint, refused with a clear error if damaged, saved by a run whose
+    `must_match` settings differ from cfg's, or trained on data whose content (`data_digest`, a
+    fingerprint of the tokens, so a moved folder still resumes and an edited one does not) differs."""
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
         saved = state["config"]
@@ -89,4 +194,10 @@ def load_checkpoint(path: Path, cfg: object, must_match: Sequence[str]) -> dict:
                 f"--resume: the checkpoint in {Path(path).parent} has {name}={saved.get(name)!r}, this run asks "
                 f"for {getattr(cfg, name)!r}"
             )
+    trained_on = state.get("data_digest")
+    if data_digest is not None and trained_on is not None and trained_on != data_digest:
+        raise ValueError(
+            f"--resume: the checkpoint in {Path(path).parent} was trained on other data (tokens {trained_on}, "
+            f"now {data_digest}): the data files changed since"
+        )
     return state

@@ -5,8 +5,6 @@ from __future__ import annotations
 import json
 import numbers
 import os
-import shutil
-import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -22,7 +20,7 @@ from blockdecode.decode import BlockwiseOutput, blockwise_generate
 from blockdecode.drafters import Drafter, HeadsDrafter, NgramDrafter
 from blockdecode.heads import HeadsConfig, build_heads
 from blockdecode.hf import context_length, load_base, same_weights, weights_signature
-from blockdecode.io import CheckpointError, atomic_write, remove_temporaries, write_text
+from blockdecode.io import CheckpointError, reading_folder, saving_folder, write_text
 
 HEADS_CONFIG = "blockdecode.json"
 HEADS_WEIGHTS = "heads.safetensors"
@@ -191,40 +189,48 @@ class BlockwiseLM(nn.Module):
         return list(spec) if isinstance(spec, Sequence) else [spec]
 
     def save_pretrained(
-        self, directory: str | os.PathLike, save_base: bool = True, training: dict | None = None
+        self,
+        directory: str | os.PathLike,
+        save_base: bool = True,
+        training: dict | None = None,
+        tokenizer: object | None = None,
     ) -> None:
-        """Write the heads (safetensors), their config (JSON) and, by default, the base model;
-        `training` (how the heads were trained, what they reached) is kept in the config.
+        """Write the heads (safetensors), their config (JSON), by default the base model, and the
+        tokenizer if given; `training` (how the heads were trained, what they reached) is kept in
+        the config.
 
-        Every file is written atomically; the config goes last, so a directory that has it is whole."""
+        A save replaces the folder's files as a whole: a reader, or a crash, sees the old save or
+        the new one, never the new base with the old heads (`io.saving_folder`)."""
         directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
-        remove_temporaries(directory)  # what a save killed half-way left behind
-        for leftover in directory.glob(".base-*"):
-            shutil.rmtree(leftover, ignore_errors=True)
-        if save_base:
-            with tempfile.TemporaryDirectory(dir=directory, prefix=".base-") as tmp:
-                self.base.save_pretrained(tmp)
-                for item in Path(tmp).iterdir():
-                    os.replace(item, directory / item.name)
         tensors = {name: t.detach().contiguous().cpu() for name, t in self.heads.state_dict().items()}
-        atomic_write(directory / HEADS_WEIGHTS, lambda p: save_file(tensors, p, metadata={"format": "pt"}))
         meta = {"heads": self.config.to_dict(), "base_model": "." if save_base else self.base_location}
         if not save_base:  # so a reload can tell whether that location still holds these weights
             meta["base_signature"] = weights_signature(self.base)
         if training is not None:
             meta["training"] = training
-        write_text(directory / HEADS_CONFIG, json.dumps(meta, indent=2) + "\n")
+        with saving_folder(directory, HEADS_CONFIG) as staging:
+            if save_base:
+                self.base.save_pretrained(staging)
+            if tokenizer is not None:
+                tokenizer.save_pretrained(staging)
+            save_file(tensors, str(staging / HEADS_WEIGHTS), metadata={"format": "pt"})
+            write_text(staging / HEADS_CONFIG, json.dumps(meta, indent=2) + "\n")
 
     @classmethod
     def from_pretrained(
         cls, directory: str | os.PathLike, base: PreTrainedModel | None = None, **base_kwargs
     ) -> BlockwiseLM:
-        """Load heads saved by save_pretrained, on `base` or on the base model they name."""
+        """Load heads saved by save_pretrained, on `base` or on the base model they name; a save
+        running meanwhile waits until this load is done (`io.reading_folder`)."""
         directory = Path(directory)
-        config_path = directory / HEADS_CONFIG
         if not directory.is_dir():
             raise _missing(directory)
+        with reading_folder(directory, HEADS_CONFIG):
+            return cls._from_folder(directory, base, **base_kwargs)
+
+    @classmethod
+    def _from_folder(cls, directory: Path, base: PreTrainedModel | None, **base_kwargs) -> BlockwiseLM:
+        config_path = directory / HEADS_CONFIG
         if not config_path.is_file():
             raise CheckpointError(f"{directory} holds no {HEADS_CONFIG}: not a saved BlockwiseLM")
         try:

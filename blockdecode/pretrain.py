@@ -22,6 +22,7 @@ from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTra
 
 from blockdecode import training
 from blockdecode.corpus import SPECIAL_TOKENS, is_heldout, read_text, stdlib_files, train_tokenizer
+from blockdecode.data import fingerprint
 from blockdecode.io import atomic_write, load_checkpoint, remove_temporaries, save_checkpoint, save_npy, write_json
 
 SPLITS = ("train", "heldout")
@@ -185,6 +186,7 @@ def pretrain(cfg: PretrainConfig, show: bool = True) -> LlamaForCausalLM:
         if len(tokens) <= cfg.seq_len + 1:
             raise ValueError(f"the {name} split holds {len(tokens)} tokens, too few for seq_len {cfg.seq_len}")
     eos = tokenizer.convert_tokens_to_ids(SPECIAL_TOKENS[0])
+    data_digest = fingerprint(train_tokens)
     accelerator = training.accelerator()
     precision = training.Precision(cfg.mixed_precision, accelerator.device)
     torch.manual_seed(cfg.seed)
@@ -202,7 +204,7 @@ def pretrain(cfg: PretrainConfig, show: bool = True) -> LlamaForCausalLM:
     remove_temporaries(ckpt_path.parent)  # what a killed checkpoint write left
     start = 0
     if cfg.resume and ckpt_path.is_file():
-        state = _load_state(ckpt_path, cfg, len(tokenizer))
+        state = _load_state(ckpt_path, cfg, len(tokenizer), data_digest)
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
@@ -243,6 +245,7 @@ def pretrain(cfg: PretrainConfig, show: bool = True) -> LlamaForCausalLM:
                 "step": done,
                 "config": asdict(cfg),
                 "vocab_size": len(tokenizer),
+                "data_digest": data_digest,
                 "model": accelerator.unwrap_model(model).state_dict(),
                 "optimizer": optimizer.state_dict(),
                 "scheduler": scheduler.state_dict(),
@@ -264,8 +267,8 @@ def pretrain(cfg: PretrainConfig, show: bool = True) -> LlamaForCausalLM:
     return model
 
 
-def _load_state(path: Path, cfg: PretrainConfig, vocab_size: int) -> dict:
-    state = load_checkpoint(path, cfg, RESUME_MUST_MATCH)
+def _load_state(path: Path, cfg: PretrainConfig, vocab_size: int, data_digest: str) -> dict:
+    state = load_checkpoint(path, cfg, RESUME_MUST_MATCH, data_digest)
     if state.get("vocab_size", vocab_size) != vocab_size:
         raise ValueError(
             f"--resume: the checkpoint was trained on a vocabulary of {state['vocab_size']}, this corpus has "

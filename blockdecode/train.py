@@ -27,9 +27,9 @@ from tqdm.auto import tqdm
 from transformers import AutoTokenizer, PreTrainedModel
 
 from blockdecode import training
-from blockdecode.data import load_tokens, pack, split
+from blockdecode.data import fingerprint, load_tokens, pack, split
 from blockdecode.decode import decode_prompts
-from blockdecode.hf import context_length, decoder_output, load_base, resolve_eos, vocab_size
+from blockdecode.hf import context_length, decoder_output, load_base, resolve_eos, vocab_size, weights_digest
 from blockdecode.io import (
     atomic_write,
     load_checkpoint,
@@ -262,9 +262,7 @@ def distill_sequences(
     prompts = sequences[picks, : cfg.distill_prompt_len]
     key = hashlib.sha256()
     key.update(prompts.numpy().tobytes())
-    key.update(json.dumps([cfg.distill_new_tokens, cfg.distill_beams, cfg.base]).encode())
-    for p in base.parameters():
-        key.update(p.detach().float().sum().numpy().tobytes())
+    key.update(json.dumps([cfg.distill_new_tokens, cfg.distill_beams, weights_digest(base)]).encode())
     cache_dir = Path(cfg.distill_cache or Path(cfg.out) / "distill-cache")
     path = cache_dir / f"distill-{key.hexdigest()[:16]}.npy"
     if path.is_file():
@@ -374,7 +372,8 @@ def train(cfg: TrainConfig, callback: Callable[[int, dict], None] | None = None)
         raise ValueError(f"the training data holds token ids outside the base model's vocabulary [0, {vocab})")
     train_seqs, held_out = split(sequences, cfg.holdout)
 
-    state = _load_checkpoint(ckpt_path, cfg) if cfg.resume else None
+    data_digest = fingerprint(sequences)
+    state = _load_checkpoint(ckpt_path, cfg, data_digest) if cfg.resume else None
     torch.manual_seed(cfg.seed)
     model = BlockwiseLM.from_base(base, k=cfg.k, head_type=cfg.head_type, head_hidden_size=cfg.head_hidden_size)
     if cfg.distill:
@@ -446,7 +445,7 @@ def train(cfg: TrainConfig, callback: Callable[[int, dict], None] | None = None)
             metrics.append(record)
             window_tokens, window_start = 0, time.perf_counter()  # after any evaluation, so it is not counted
         if done % cfg.checkpoint_every == 0 and done < cfg.steps:
-            _save_checkpoint(accelerator, objective, optimizer, scheduler, precision, cfg, done, ckpt_path)
+            _save_checkpoint(accelerator, objective, optimizer, scheduler, precision, cfg, done, ckpt_path, data_digest)
         if callback is not None:
             callback(done, record)
         if cfg.patience and done % cfg.eval_every == 0 and done < cfg.steps:
@@ -459,9 +458,9 @@ def train(cfg: TrainConfig, callback: Callable[[int, dict], None] | None = None)
     model = accelerator.unwrap_model(objective).model
     if main:
         model.eval()
-        model.save_pretrained(out, save_base=cfg.finetune, training=run_record(metrics.records(), cfg))
-        if tokenizer is not None:
-            tokenizer.save_pretrained(out)
+        model.save_pretrained(
+            out, save_base=cfg.finetune, training=run_record(metrics.records(), cfg), tokenizer=tokenizer
+        )
         _plot(metrics.records(), out / "training.png")
     # Drop the DDP wrapper while every process is still here, then end the process group: left
     # to interpreter exit, gloo's destructors can wait on a peer that is already gone.
@@ -528,19 +527,19 @@ def training_summary(out: str | Path) -> str:
     )
 
 
-RESUME_MUST_MATCH = ("k", "mode", "head_type", "head_hidden_size", "seed", "batch_size", "seq_len", "steps", "data")
+RESUME_MUST_MATCH = ("k", "mode", "head_type", "head_hidden_size", "seed", "batch_size", "seq_len", "steps")
 
 
-def _load_checkpoint(path: Path, cfg: TrainConfig) -> dict | None:
-    """The checkpoint a resumed run continues from, checked against this run's config."""
+def _load_checkpoint(path: Path, cfg: TrainConfig, data_digest: str) -> dict | None:
+    """The checkpoint a resumed run continues from, checked against this run's config and data."""
     if not path.is_file():
         warnings.warn(f"--resume: no checkpoint at {path}; starting from step 0", stacklevel=3)
         return None
-    return load_checkpoint(path, cfg, RESUME_MUST_MATCH)
+    return load_checkpoint(path, cfg, RESUME_MUST_MATCH, data_digest)
 
 
 def _save_checkpoint(
-    accelerator, objective, optimizer, scheduler, precision, cfg: TrainConfig, step: int, path: Path
+    accelerator, objective, optimizer, scheduler, precision, cfg: TrainConfig, step: int, path: Path, data_digest: str
 ) -> None:
     """Everything a resumed run needs to continue as if never stopped, written atomically."""
     accelerator.wait_for_everyone()
@@ -550,6 +549,7 @@ def _save_checkpoint(
     state = {
         "step": step,
         "config": asdict(cfg),
+        "data_digest": data_digest,
         "heads": model.heads.state_dict(),
         "base": model.base.state_dict() if cfg.finetune else None,
         "optimizer": optimizer.state_dict(),

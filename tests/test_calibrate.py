@@ -10,6 +10,7 @@ import torch
 from conftest import NO_EOS, assert_greedy_equal, hf_greedy, make_prompt, perturb_heads
 
 from blockdecode import BlockwiseLM, calibrate
+from blockdecode.hf import weights_digest
 from blockdecode.toy import toy_model
 
 
@@ -82,3 +83,22 @@ def test_the_fingerprint_follows_the_weights() -> None:
     with torch.no_grad():
         next(lm.base.parameters()).add_(1.0)  # an in-place change, as training makes
     assert calibrate.fingerprint(lm) != first
+
+
+def test_the_weights_digest_is_exact_and_ignores_the_thread_count() -> None:
+    """A float sum of the weights changes with the threads that reduce it; the digest must not,
+    or a cache keyed by it (distillation, calibration) is lost when --threads changes."""
+    model = toy_model("llama", seed=2, width=256)
+    threads = torch.get_num_threads()
+    try:
+        digests = set()
+        for n in (1, 2, 3):
+            torch.set_num_threads(n)
+            digests.add(weights_digest(model))
+    finally:
+        torch.set_num_threads(threads)
+    assert len(digests) == 1
+    with torch.no_grad():
+        w = next(model.parameters())
+        w.view(-1)[7] = torch.nextafter(w.view(-1)[7], torch.tensor(float("inf")))  # one ulp
+    assert weights_digest(model) not in digests

@@ -50,3 +50,13 @@ def test_checkpoint_round_trip_and_refusals(tmp_path: Path) -> None:
     path.write_bytes(path.read_bytes()[:50])
     with pytest.raises(ValueError, match="is corrupt"):
         load_checkpoint(path, Settings(), ("seed",))
+
+
+def test_checkpoint_refuses_other_data_but_not_a_checkpoint_without_a_fingerprint(tmp_path: Path) -> None:
+    path = tmp_path / "state.pt"
+    save_checkpoint(path, {"step": 3, "config": {"seed": 0}, "data_digest": "aaaa"})
+    assert load_checkpoint(path, Settings(), ("seed",), "aaaa")["step"] == 3
+    with pytest.raises(ValueError, match=r"trained on other data \(tokens aaaa, now bbbb\)"):
+        load_checkpoint(path, Settings(), ("seed",), "bbbb")
+    save_checkpoint(path, {"step": 4, "config": {"seed": 0}})  # written before data had fingerprints
+    assert load_checkpoint(path, Settings(), ("seed",), "bbbb")["step"] == 4

@@ -3,6 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -11,6 +17,7 @@ from conftest import NO_EOS, make_prompt, perturb_heads, tiny
 from transformers import AutoModelForCausalLM
 
 from blockdecode import BlockwiseLM, CheckpointError, HeadsConfig, ScriptedDrafter
+from blockdecode.hf import weights_digest
 from blockdecode.model import HEADS_CONFIG, HEADS_WEIGHTS
 from blockdecode.toy import toy_model
 
@@ -264,9 +271,92 @@ def test_a_heads_only_save_refuses_a_base_that_is_not_its_own(tmp_path: Path) ->
 
 def test_the_next_save_removes_what_a_killed_save_left(tmp_path: Path) -> None:
     lm = BlockwiseLM.from_base(tiny("llama"), k=3)
-    (tmp_path / ".base-x1y2").mkdir()
-    (tmp_path / ".base-x1y2" / "model.safetensors").write_bytes(b"half a copy")
+    (tmp_path / ".save-x1y2").mkdir()  # a save killed while writing its files: not yet whole
+    (tmp_path / ".save-x1y2" / "model.safetensors").write_bytes(b"half a copy")
     (tmp_path / ".heads.safetensors.abc.tmp").write_bytes(b"half")
     lm.save_pretrained(tmp_path)
-    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
-    BlockwiseLM.from_pretrained(tmp_path)
+    assert leftovers(tmp_path) == []
+    assert_same_heads(lm, BlockwiseLM.from_pretrained(tmp_path))
+
+
+# ----------------------------------------------------------------------------- saves stay whole
+WRITER = """
+import os, sys, itertools
+from blockdecode import BlockwiseLM
+a, b, out, die_after = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+models = [BlockwiseLM.from_pretrained(a), BlockwiseLM.from_pretrained(b)]
+if die_after:  # die like a SIGKILL once that many of a save's files have been moved into `out`
+    replace, moved = os.replace, []
+    def dying_replace(src, dst):
+        replace(src, dst)
+        if os.path.dirname(os.path.abspath(dst)) == os.path.abspath(out):
+            moved.append(dst)
+            if len(moved) == die_after:
+                os._exit(9)
+    os.replace = dying_replace
+print("ready", flush=True)
+for i in itertools.count():
+    models[i % 2].save_pretrained(out)
+"""
+
+
+def identity(lm: BlockwiseLM) -> tuple[str, str]:
+    return weights_digest(lm.base), weights_digest(lm.heads)
+
+
+@pytest.fixture
+def two_saves(tmp_path: Path) -> tuple[Path, Path, set]:
+    """Two whole saves, A and B, that differ in every file, and their identities."""
+    folders, identities = [], set()
+    for seed in (0, 1):
+        lm = perturb_heads(BlockwiseLM.from_base(toy_model("llama", seed=seed), k=4), seed=seed)
+        lm.save_pretrained(tmp_path / f"model-{seed}")
+        folders.append(tmp_path / f"model-{seed}")
+        identities.add(identity(lm))
+    return folders[0], folders[1], identities
+
+
+def writer(a: Path, b: Path, out: Path, die_after: int = 0) -> subprocess.Popen:
+    proc = subprocess.Popen(
+        [sys.executable, "-c", WRITER, str(a), str(b), str(out), str(die_after)],
+        stdout=subprocess.PIPE,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
+    assert proc.stdout.readline().strip() == b"ready"
+    return proc
+
+
+def test_loads_during_repeated_resaves_are_always_one_whole_save(two_saves, tmp_path: Path) -> None:
+    """One process re-saves A and B in turn while this one loads: every load is all A or all B.
+    Then the writer is SIGKILLed mid-save: the next load and the next save work, and leave nothing."""
+    a, b, identities = two_saves
+    out = tmp_path / "out"
+    shutil.copytree(a, out)
+    proc = writer(a, b, out)
+    seen = []
+    try:
+        deadline = time.monotonic() + 4
+        while time.monotonic() < deadline:
+            seen.append(identity(BlockwiseLM.from_pretrained(out)))
+    finally:
+        time.sleep(random.Random(0).uniform(0, 0.05))
+        proc.kill()
+        proc.wait()
+    assert set(seen) <= identities, f"{sum(s not in identities for s in seen)} of {len(seen)} loads mixed two saves"
+    assert len(seen) >= 10
+    assert identity(BlockwiseLM.from_pretrained(out)) in identities
+    BlockwiseLM.from_pretrained(a).save_pretrained(out)
+    assert leftovers(out) == []
+    assert identity(BlockwiseLM.from_pretrained(out)) == identity(BlockwiseLM.from_pretrained(a))
+
+
+@pytest.mark.parametrize("die_after", [2])
+def test_a_save_killed_while_moving_its_files_in_is_finished_by_the_next_load(two_saves, tmp_path, die_after):
+    a, b, _ = two_saves
+    out = tmp_path / "out"
+    shutil.copytree(a, out)
+    proc = writer(b, a, out, die_after)  # B's save is killed after moving some of its files in
+    assert proc.wait() == 9
+    assert [p.name for p in out.glob(".save-*")], "the writer died before its swap: nothing to finish"
+    assert identity(BlockwiseLM.from_pretrained(out)) == identity(BlockwiseLM.from_pretrained(b))
+    assert leftovers(out) == []

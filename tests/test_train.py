@@ -34,6 +34,7 @@ from blockdecode import BlockwiseLM  # noqa: E402
 from blockdecode.cli import main as cli_main  # noqa: E402
 from blockdecode.corpus import train_tokenizer  # noqa: E402
 from blockdecode.data import load_tokens, pack, split  # noqa: E402
+from blockdecode.io import read_jsonl  # noqa: E402
 from blockdecode.model import HEADS_CONFIG, HEADS_WEIGHTS  # noqa: E402
 from blockdecode.toy import toy_model  # noqa: E402
 from blockdecode.train import (  # noqa: E402
@@ -626,6 +627,26 @@ def test_resume_with_a_different_config_is_refused(tiny_base, tmp_path, changed)
     assert_nothing_saved(out)
     assert (out / "metrics.jsonl").read_bytes() == metrics
     assert (out / "checkpoint" / "state.pt").read_bytes() == checkpoint
+
+
+def test_resume_checks_the_data_content_not_its_path(tiny_base, tmp_path):
+    """A moved data file resumes; the same path holding other tokens is refused."""
+    first = write_npy(tmp_path / "a.npy", tiny_base.sequences[:40].numpy())
+    out = tmp_path / "out"
+    kw = dict(steps=8, checkpoint_every=4, log_every=1, eval_every=100, eval_prompts=1)
+    with pytest.raises(Killed):
+        train(make_cfg(tiny_base, out, data=[str(first)], **kw), callback=kill_at(5))
+    moved = first.rename(tmp_path / "moved.npy")
+    with pytest.raises(Killed):  # the same tokens elsewhere: resumed from step 4, not refused
+        train(make_cfg(tiny_base, out, data=[str(moved)], resume=True, **kw), callback=kill_at(6))
+    assert [r["step"] for r in read_jsonl(out / "metrics.jsonl")][-2:] == [5, 6]
+
+    edited = tiny_base.sequences[:40].numpy().copy()
+    edited[3, 5] = (edited[3, 5] + 1) % tiny_base.vocab
+    write_npy(moved, edited)
+    with pytest.raises(ValueError, match="trained on other data"):
+        train(make_cfg(tiny_base, out, data=[str(moved)], resume=True, **kw))
+    assert_nothing_saved(out)
 
 
 def test_resume_from_a_corrupt_checkpoint_says_so(tiny_base, tmp_path):
