@@ -179,7 +179,7 @@ def cmd_bench(args: argparse.Namespace) -> None:
     if args.k:
         chosen["ks"] = [int(k) for k in args.k.split(",")]
     if args.trees:
-        chosen["trees"] = [int(t) for t in args.trees.split(",") if int(t)]
+        chosen["trees"] = [t for t in args.trees if t is not None]
     for name in ("new_tokens", "n_prompts", "repeats", "out", "device"):
         if getattr(args, name):
             chosen[name] = getattr(args, name)
@@ -226,7 +226,12 @@ def add_bench_parser(sub) -> None:
     p.add_argument("--n-prompts", type=positive_int, default=None)
     p.add_argument("--repeats", type=positive_int, default=None)
     p.add_argument("--acceptance", default=None, help="approximate rules to measure too, e.g. topk:2,min-block:3")
-    p.add_argument("--trees", default=None, help="tree budgets to measure, comma-separated (default 16; 0: none)")
+    p.add_argument(
+        "--trees",
+        type=tree_budgets,
+        default=None,
+        help="tree budgets to measure, comma-separated: N or auto (default), off",
+    )
     p.add_argument("--device", default=None, help="cpu (default) or cuda")
     p.add_argument("--no-system", action="store_true", help="skip the GPT-2-small-sized scripted-drafter study")
     p.add_argument("--readme", default=None, metavar="PATH", help="also write the tables into this README")
@@ -243,7 +248,13 @@ def cmd_calibrate(args: argparse.Namespace) -> None:
     texts = json.loads(shipped.read_text())[:3] if shipped.is_file() else list(PROMPTS[:3])
     prompts = [tokenizer(t, return_tensors="pt").input_ids for t in texts]
     result = calibrate(model, prompts, args.drafter, args.k, refresh=args.refresh)
-    for budget, speed in result.tokens_per_s.items():
+    best = max(result.predicted, key=result.predicted.get)
+    print("predicted from one decode with a tree of 64 and the cost curve t(q):")
+    for budget in sorted({"1", "2", "4", "8", "16", "32", "64", best}, key=int):
+        mark = "  <- best predicted" if budget == best else ""
+        print(f"{'tree of ' + budget:>12}: {result.predicted[budget]:7.1f} tokens/s{mark}")
+    print("measured:")
+    for budget, speed in result.measured.items():
         mark = "  <- chosen" if int(budget) == result.budget else ""
         print(f"{'chain' if budget == '0' else 'tree of ' + budget:>12}: {speed:7.1f} tokens/s{mark}")
     chosen = f"trees of {result.tree}" if result.tree else "the chain"
@@ -270,6 +281,10 @@ DRAFTERS = ("heads", "ngram", "heads+ngram")
 def tree_budget(text: str) -> int | str | None:
     """--tree N (a node budget), auto (measured, see `blockdecode calibrate`) or off."""
     return {"off": None, "auto": "auto"}[text] if text in ("off", "auto") else positive_int(text)
+
+
+def tree_budgets(text: str) -> list[int | str | None]:
+    return [tree_budget(t) for t in text.split(",")]
 
 
 def positive_int(text: str) -> int:
@@ -314,8 +329,9 @@ def main(argv: list[str] | None = None) -> None:
     cal = sub.add_parser(
         "calibrate",
         help="measure which tree budget decodes fastest here (what --tree auto uses)",
-        description="Decodes a few prompts with the chain and with trees of 4..64 candidates, in interleaved "
-        "rounds, and caches the fastest for this model, dtype, machine, threads, drafter and k.",
+        description="Decodes a few prompts with a tree of 64 candidates, predicts from it and the cost curve "
+        "t(q) the tokens/s of every budget 1..64, decodes the best one against the chain, and caches the faster "
+        "for this model, dtype, machine, threads, drafter and k.",
     )
     cal.add_argument("--model", default=DEFAULT_MODEL, help="saved BlockwiseLM or transformers folder")
     cal.add_argument("--drafter", choices=DRAFTERS, default="heads+ngram")

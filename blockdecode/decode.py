@@ -29,11 +29,14 @@ from blockdecode.tree import Tree
 class DecodeStats:
     """What one generate call cost. `calls` counts base-model forward passes, prefill included;
     `block_sizes` holds the tokens gained by each call after the prefill, `verified` the tokens
-    that call scored (the newest token and the proposals)."""
+    that call scored (the newest token and the proposals), `accepted_nodes` the proposals it
+    accepted, as node indices (a chain's 1..a; a tree's in insertion order, so what a smaller
+    budget would have gained is the part of the path within it)."""
 
     calls: int = 0
     block_sizes: list[int] = field(default_factory=list)
     verified: list[int] = field(default_factory=list)
+    accepted_nodes: list[list[int]] = field(default_factory=list)
     new_tokens: int = 0
     seconds: float = 0.0
     acceptance: str = "exact"  # anything else: the output is not the exact greedy output
@@ -58,6 +61,7 @@ class DecodeStats:
             total.calls += s.calls
             total.block_sizes += s.block_sizes
             total.verified += s.verified
+            total.accepted_nodes += s.accepted_nodes
             total.new_tokens += s.new_tokens
             total.seconds += s.seconds
             total.acceptance = s.acceptance
@@ -224,6 +228,7 @@ def blockwise_generate(
         tokens += gained
         stats.block_sizes.append(len(gained))
         stats.verified.append(len(greedy))
+        stats.accepted_nodes.append(path[1:])
         if on_block is not None:
             on_block(gained)
         last = path[-1]

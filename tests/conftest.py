@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import functools
 import os
+import tempfile
 
 os.environ["HF_HUB_OFFLINE"] = "1"  # before transformers is imported: tests never touch the hub
+os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="blockdecode-test-cache-")  # calibrations stay out of ~
 os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 
 import torch  # noqa: E402

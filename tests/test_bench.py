@@ -4,6 +4,7 @@ the plots are written, and the README table comes from the JSON."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -65,6 +66,7 @@ def test_quick_bench_reports_every_method_and_metric(setup: dict) -> None:
         system=True,
         system_model=dict(vocab=setup["vocab"], width=32, layers=1, heads=2),
         system_accuracies=[0.5, 1.0],
+        trees=[16, "auto"],
     )
     report = run_bench(cfg, show=False)
     saved = json.loads((Path(cfg.out) / "bench.json").read_text())
@@ -72,7 +74,13 @@ def test_quick_bench_reports_every_method_and_metric(setup: dict) -> None:
     expected = {"greedy", "prompt lookup", "assisted", "heads k=2", "heads k=4", "n-gram k=2", "n-gram k=4"}
     expected |= {"heads k=2 topk:2", "heads k=4 topk:2", "heads k=2 min-block:2", "heads k=4 min-block:2"}
     expected |= {"heads tree 16 k=4", "ngram tree 16 k=4", "heads+ngram tree 16 k=4"}  # trees at the largest k
-    assert set(saved["methods"]) == expected
+    auto = {
+        name
+        for name in saved["methods"]
+        if re.fullmatch(r"(heads|ngram|heads\+ngram) tree auto \((\d+|chain)\) k=4", name)
+    }
+    assert len(auto) == 3 and "heads+ngram tree auto (chain) k=4" not in auto  # shared drafters need a tree
+    assert set(saved["methods"]) == expected | auto
     for name, r in saved["methods"].items():
         for metric in METRICS:
             assert metric in r, (name, metric)

@@ -22,14 +22,17 @@ def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 @pytest.fixture
 def measured(monkeypatch: pytest.MonkeyPatch) -> list:
-    """Replace the timing with a fixed table (tree of 16 fastest), recording each measurement."""
+    """Replace the timing with fixed tables (a tree of 16 fastest), recording each calibration."""
     calls = []
 
-    def fake(lm, prompts, drafter, k, budgets=calibrate.BUDGETS, **kw):
+    def fake_predict(lm, prompts, drafter, k, **kw):
         calls.append((drafter, k))
-        return {b: 100.0 + (50.0 if b == 16 else b / 2) for b in budgets}
+        return {b: 100.0 + (50.0 if b == 16 else b / 2) for b in range(1, calibrate.LARGEST + 1)}
 
-    monkeypatch.setattr(calibrate, "measure_budgets", fake)
+    monkeypatch.setattr(calibrate, "predict_budgets", fake_predict)
+    monkeypatch.setattr(
+        calibrate, "measure_budgets", lambda lm, p, d, k, budgets, **kw: {b: 100.0 + b for b in budgets}
+    )
     return calls
 
 
@@ -59,7 +62,7 @@ def test_another_model_dtype_or_drafter_is_measured_anew(cache: Path, measured: 
 
 
 def test_the_chain_can_win_and_auto_stays_exact(cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(calibrate, "measure_budgets", lambda lm, p, d, k, **kw: {0: 200.0, 4: 100.0})
+    monkeypatch.setattr(calibrate, "measure_budgets", lambda lm, p, d, k, budgets, **kw: {0: 200.0, budgets[1]: 100.0})
     model = toy_model("qwen2", seed=4)
     ids = make_prompt(6, 512, seed=5)
     lm = perturb_heads(BlockwiseLM.from_base(model, k=4))
@@ -70,10 +73,26 @@ def test_the_chain_can_win_and_auto_stays_exact(cache: Path, monkeypatch: pytest
         lm.generate(ids, 4, tree="automatic")
 
 
-def test_real_measurement_tries_every_budget(cache: Path) -> None:
+def test_prediction_gains_the_path_within_the_budget_and_pays_t_of_the_tokens_scored() -> None:
+    """Two calls: one accepted nodes 1, 3 and 9 of a 20-node tree, the other nothing. A budget of
+    3 keeps nodes 1 and 3 of the first path; t(q) = q ms, each call took 2 ms beyond it."""
+    t = {1: 1e-3, 4: 4e-3, 21: 21e-3}
+    speeds = calibrate.predict([[1, 3, 9], []], [21, 21], [23e-3, 23e-3], t)
+    assert set(speeds) == set(range(1, calibrate.LARGEST + 1))
+    assert speeds[3] == pytest.approx(((1 + 2) + 1) / 2 / (2e-3 + 4e-3))
+    assert speeds[9] == pytest.approx(((1 + 3) + 1) / 2 / (2e-3 + 10e-3))
+    assert speeds[64] == pytest.approx(speeds[20])  # past the tree's 20 nodes a budget buys nothing
+
+
+def test_real_calibration_predicts_every_budget_and_measures_the_best_against_the_chain(cache: Path) -> None:
     lm = BlockwiseLM.from_base(toy_model("llama", seed=2), k=3)
-    speeds = calibrate.measure_budgets(lm, [make_prompt(4, 512)], "heads+ngram", 3, budgets=(0, 2, 4), new_tokens=6)
-    assert set(speeds) == {2, 4} and all(s > 0 for s in speeds.values())  # shared drafters need a tree
+    result = calibrate.calibrate(lm, [make_prompt(4, 512)], "heads")
+    assert set(map(int, result.predicted)) == set(range(1, calibrate.LARGEST + 1))
+    assert all(s > 0 for s in result.predicted.values())
+    best = max(result.predicted, key=result.predicted.get)
+    assert set(result.measured) == {"0", best} and result.budget in (0, int(best))
+    shared = calibrate.measure_budgets(lm, [make_prompt(4, 512)], "heads+ngram", 3, [0, 4], new_tokens=6)
+    assert set(shared) == {4}  # shared drafters need a tree
 
 
 def test_the_fingerprint_follows_the_weights() -> None:

@@ -16,10 +16,10 @@ import torch
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel
 
-from blockdecode.bench.timing import metered, sync
 from blockdecode.decode import blockwise_generate
 from blockdecode.drafters import Drafter
 from blockdecode.reference import greedy_generate
+from blockdecode.timing import metered, sync
 
 
 @dataclass

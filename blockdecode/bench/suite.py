@@ -30,12 +30,13 @@ from blockdecode.bench.methods import (
     transformers_run,
 )
 from blockdecode.bench.report import environment, write_report
-from blockdecode.bench.timing import forward_cost
 from blockdecode.builtin import DEFAULT_DRAFT_MODEL, DEFAULT_MODEL
+from blockdecode.calibrate import calibrate
 from blockdecode.decode import blockwise_generate
 from blockdecode.drafters import NgramDrafter, ScriptedDrafter
 from blockdecode.hf import CACHE_IMPLEMENTATIONS, DTYPES, load_base, vocab_size
 from blockdecode.model import BlockwiseLM, load
+from blockdecode.timing import forward_cost
 from blockdecode.toy import toy_model
 
 
@@ -54,7 +55,7 @@ class BenchConfig:
     max_q: int = 32
     fwd_reps: int = 7
     acceptance: list[str] = field(default_factory=list)  # relaxed rules to measure beside exact
-    trees: list[int] = field(default_factory=lambda: [16])  # tree budgets, at the largest k the heads serve
+    trees: list[int | str] = field(default_factory=lambda: ["auto"])  # budgets or "auto", at the largest k
     methods: bool = True  # the model's own methods; False: the scripted-drafter study alone
     system: bool = True  # the GPT-2-small-sized study with a scripted drafter
     system_accuracies: list[float] = field(default_factory=lambda: [0.5, 0.8, 0.95, 1.0])
@@ -71,8 +72,8 @@ class BenchConfig:
                 raise ValueError(f"unknown {name} {getattr(self, name)!r}: choose {', '.join(DTYPES)}")
         if not self.ks or min(self.ks) < 1:
             raise ValueError(f"ks must be block sizes >= 1, got {self.ks}")
-        if any(not isinstance(t, int) or t < 1 for t in self.trees):
-            raise ValueError(f"trees must be node budgets >= 1, got {self.trees}")
+        if any(t != "auto" and (not isinstance(t, int) or isinstance(t, bool) or t < 1) for t in self.trees):
+            raise ValueError(f"trees must be node budgets >= 1 or 'auto', got {self.trees}")
         for name in ("new_tokens", "n_prompts", "repeats", "max_q", "fwd_reps"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
@@ -112,7 +113,9 @@ def default_prompts(model_dir: Path, n: int) -> list[str]:
     return [prompts[i % len(prompts)] for i in range(n)]
 
 
-def methods_for(cfg: BenchConfig, lm: BlockwiseLM, draft) -> list[Method]:
+def methods_for(cfg: BenchConfig, lm: BlockwiseLM, draft, prompts: list[torch.LongTensor]) -> list[Method]:
+    """Every method to measure; a tree of "auto" nodes is calibrated here on the first prompts,
+    and named by the budget it chose."""
     base, n = lm.base, cfg.new_tokens
     ms = [
         Method("greedy", "greedy", lambda ids: transformers_run(base, ids, n)),
@@ -140,8 +143,12 @@ def methods_for(cfg: BenchConfig, lm: BlockwiseLM, draft) -> list[Method]:
     k = max((k for k in cfg.ks if k <= lm.k), default=None)
     for budget in cfg.trees if k else []:
         for family, drafter in (("heads", heads), ("ngram", ngram), ("heads+ngram", [ngram, heads])):
-            run = lambda ids, d=drafter, b=budget: blockwise_run(base, ids, n, d, k, tree=b)  # noqa: E731
-            ms.append(Method(f"{family} tree {budget} k={k}", f"{family} tree", run, k=k))
+            nodes, name = budget, f"{family} tree {budget} k={k}"
+            if budget == "auto":
+                nodes = calibrate(lm, prompts[:2], family, k, drafters=drafter).budget
+                name = f"{family} tree auto ({nodes or 'chain'}) k={k}"
+            run = lambda ids, d=drafter, b=nodes or None: blockwise_run(base, ids, n, d, k, tree=b)  # noqa: E731
+            ms.append(Method(name, f"{family} tree", run, k=k))
     return ms
 
 
@@ -166,7 +173,7 @@ def model_methods(cfg: BenchConfig, show: bool) -> dict:
     texts = texts[: cfg.n_prompts]
     prompts = [tokenizer(t, return_tensors="pt").input_ids.to(cfg.device) for t in texts]
 
-    results = measure(methods_for(cfg, lm, draft), prompts, cfg.repeats, show)
+    results = measure(methods_for(cfg, lm, draft, prompts), prompts, cfg.repeats, show)
     add_quality(results, tokenizer, lm.base, prompts)
     greedy_text = results["greedy"]["outputs"][0][: cfg.new_tokens // 2]
     context = torch.tensor([prompts[0][0].tolist() + greedy_text], device=cfg.device)

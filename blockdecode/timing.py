@@ -1,11 +1,11 @@
-"""Clocks for the benchmark: device sync, forward calls counted and timed from outside, and the
-cost curve t(q) of one forward pass of q new tokens over a cached context."""
+"""Clocks for the benchmark and for calibration: device sync, forward calls counted and timed from
+outside, and the cost curve t(q) of one forward pass of q new tokens over a cached context."""
 
 from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -59,16 +59,22 @@ def metered(*models: torch.nn.Module) -> Iterator[list[Meter]]:
 
 @torch.inference_mode()
 def forward_cost(
-    model: PreTrainedModel, context: torch.LongTensor, max_q: int, reps: int, cache_implementation: str = "dynamic"
+    model: PreTrainedModel,
+    context: torch.LongTensor,
+    qs: int | Iterable[int],
+    reps: int,
+    cache_implementation: str = "dynamic",
 ) -> dict[int, float]:
     """t(q): median seconds of one forward pass of q new tokens over `context` already cached,
-    the cache cropped back after each pass so every pass sees the same context."""
-    cache = make_cache(model, cache_implementation, context.shape[1] + max_q)
+    for each q in `qs` (an int: 1..qs), the cache cropped back after each pass so every pass sees
+    the same context."""
+    qs = range(1, qs + 1) if isinstance(qs, int) else sorted(qs)
+    cache = make_cache(model, cache_implementation, context.shape[1] + max(qs))
     arg = {cache_argument(model): cache, "use_cache": True}
     model(input_ids=context, **arg)
     gen = torch.Generator().manual_seed(0)
     times: dict[int, float] = {}
-    for q in range(1, max_q + 1):
+    for q in qs:
         ids = torch.randint(0, vocab_size(model), (1, q), generator=gen).to(context.device)
         samples = []
         for rep in range(reps + 1):  # the first pass of each q warms up
