@@ -25,21 +25,27 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
+from tqdm.auto import tqdm
 
-from blockdecode.hf import dtype_name, weights_digest
+from blockdecode.hf import context_length, dtype_name, weights_digest
 from blockdecode.io import write_json
 from blockdecode.timing import forward_cost
 
 LARGEST = 64  # the largest tree tried, and the one decoded to predict every smaller one
+NEW_TOKENS = 48  # decoded per prompt and setting
 COST_POINTS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)  # t(q) is measured here and interpolated between
+
+
+SOURCES = ("heads", "ngram", "heads+ngram")  # what drafter="auto" chooses from
 
 
 @dataclass
 class Calibration:
     key: str
+    drafter: str  # the drafters asked for, or for "auto" the fastest of SOURCES
     budget: int  # 0: the chain is fastest
-    predicted: dict[str, float]  # tokens/s of each tree budget 1..LARGEST, from one decode and t(q)
-    measured: dict[str, float]  # tokens/s decoded: the best predicted budget, and the chain ("0")
+    predicted: dict[str, dict[str, float]]  # per drafter: tokens/s of each tree budget 1..LARGEST
+    measured: dict[str, float]  # "drafter:budget" -> tokens/s decoded (budget 0: the chain)
     prompts: int
     new_tokens: int
 
@@ -107,10 +113,13 @@ def predict(
     return speeds
 
 
-def predict_budgets(lm, prompts: list[torch.LongTensor], drafter, k: int, new_tokens: int = 48) -> dict[int, float]:
+def predict_budgets(
+    lm, prompts: list[torch.LongTensor], drafter, k: int, new_tokens: int = NEW_TOKENS, warm_up: bool = True
+) -> dict[int, float]:
     """Predicted tokens/s of every tree budget, from one decode of each prompt with the largest."""
     settings = dict(eos_token_id=[], drafter=drafter, k=k, tree=LARGEST)
-    lm.generate(prompts[0], new_tokens, **settings)  # warm-up
+    if warm_up:
+        lm.generate(prompts[0], new_tokens, **settings)
     paths, verified, call_seconds = [], [], []
     for ids in prompts:
         stamps: list[float] = []
@@ -125,39 +134,49 @@ def predict_budgets(lm, prompts: list[torch.LongTensor], drafter, k: int, new_to
     return predict(paths, verified, call_seconds, t)
 
 
-def measure_budgets(
-    lm, prompts: list[torch.LongTensor], drafter, k: int, budgets, new_tokens: int = 48, rounds: int = 2
-) -> dict[int, float]:
-    """Tokens per second of each budget on these prompts (0: the chain), medians over interleaved
-    rounds after a warm-up."""
-    if len(lm.drafters(drafter)) > 1:  # several drafters can only share a tree
-        budgets = [b for b in budgets if b]
-    speed: dict[int, list[float]] = {b: [] for b in budgets}
-    for b in budgets:
-        lm.generate(prompts[0], new_tokens, eos_token_id=[], drafter=drafter, k=k, tree=b or None)
+def measure_settings(
+    lm,
+    prompts: list[torch.LongTensor],
+    settings: dict[str, tuple],
+    k: int,
+    new_tokens: int = NEW_TOKENS,
+    rounds: int = 2,
+) -> dict[str, float]:
+    """Tokens per second of each named (drafters, budget) setting on these prompts (budget 0:
+    the chain), medians over interleaved rounds after a warm-up."""
+
+    def run(label: str, ids: torch.LongTensor):
+        drafter, budget = settings[label]
+        return lm.generate(ids, new_tokens, eos_token_id=[], drafter=drafter, k=k, tree=budget or None)
+
+    labels = list(settings)
+    for label in labels:
+        run(label, prompts[0])
+    speed: dict[str, list[float]] = {label: [] for label in labels}
     for r in range(rounds):
         for i, ids in enumerate(prompts):
-            order = budgets[(r + i) % len(budgets) :] + budgets[: (r + i) % len(budgets)]
-            for b in order:
+            shift = (r + i) % len(labels)
+            for label in labels[shift:] + labels[:shift]:
                 start = time.perf_counter()
-                out = lm.generate(ids, new_tokens, eos_token_id=[], drafter=drafter, k=k, tree=b or None)
-                speed[b].append(out.stats.new_tokens / (time.perf_counter() - start))
-    return {b: statistics.median(v) for b, v in speed.items()}
+                out = run(label, ids)
+                speed[label].append(out.stats.new_tokens / (time.perf_counter() - start))
+    return {label: statistics.median(v) for label, v in speed.items()}
 
 
 def calibrate(
     lm,
     prompts: list[torch.LongTensor],
-    drafter: str = "heads+ngram",
+    drafter: str = "auto",
     k: int | None = None,
     refresh: bool = False,
     drafters=None,
+    show: bool = True,
 ) -> Calibration:
-    """The fastest budget for `lm` here, from the cache when it was measured for exactly this
-    model and setting, else measured now and stored. `drafter` names the drafters in the key;
-    `drafters` (default: the name itself) are what is measured."""
+    """The fastest budget for `lm` here (and for drafter="auto" the fastest drafters of SOURCES),
+    from the cache when it was measured for exactly this model and setting, else measured now
+    and stored. `drafter` names the drafters in the key; `drafters` (default: the name itself)
+    are what is measured. A few seconds on a small model, shown with a progress bar."""
     k = k or lm.k
-    drafters = drafters if drafters is not None else drafter
     key = calibration_key(lm, drafter, k)
     path = cache_file()
     try:
@@ -172,17 +191,45 @@ def calibrate(
             pass  # written by another version: measured again
     if not prompts:
         raise ValueError("calibration needs at least one prompt")
-    predicted = predict_budgets(lm, prompts, drafters, k)
-    best = max(predicted, key=predicted.get)
-    measured = measure_budgets(lm, prompts, drafters, k, [0, best])
+    limit = context_length(lm.base)
+    room = limit - NEW_TOKENS - LARGEST - 1 if limit is not None else None
+    if room is not None and room < 1:  # too short a context to measure in: the chain, unstored
+        return Calibration(key, "heads" if drafter == "auto" else drafter, 0, {}, {}, 0, 0)
+    prompts = [ids[:, -room:] if room else ids for ids in prompts[:2]]  # two; their newest tokens, as many as fit
+    names = SOURCES if drafter == "auto" else (drafter,)
+    specs = {name: drafters if drafters is not None and drafter != "auto" else name for name in names}
+    bar = tqdm(total=len(names) + 1, desc="calibrating (once for this model and setting)", disable=not show)
+    predicted = {}
+    for name in names:  # the first decode warms the model up for all
+        predicted[name] = predict_budgets(lm, prompts, specs[name], k, warm_up=not predicted)
+        bar.update()
+    best = max(((n, b) for n in names for b in predicted[n]), key=lambda nb: predicted[nb[0]][nb[1]])
+    settings = {f"{best[0]}:{best[1]}": (specs[best[0]], best[1])}
+    for name in names:  # the chains, which no tree's statistics predict; shared drafters have none
+        if len(lm.drafters(specs[name])) == 1:
+            settings[f"{name}:0"] = (specs[name], 0)
+    measured = measure_settings(lm, prompts, settings, k)
+    bar.update()
+    bar.close()
+    chosen, budget = max(measured, key=measured.get).rsplit(":", 1)
     result = Calibration(
         key,
-        max(measured, key=measured.get),
-        {str(b): s for b, s in predicted.items()},
-        {str(b): s for b, s in measured.items()},
+        chosen,
+        int(budget),
+        {name: {str(b): s for b, s in curve.items()} for name, curve in predicted.items()},
+        measured,
         len(prompts),
-        48,
+        NEW_TOKENS,
     )
     stored[key] = asdict(result)
     write_json(path, stored)
     return result
+
+
+def resolve(lm, prompts: list[torch.LongTensor], drafter: str, tree: int | str | None, k: int | None):
+    """The drafters' name and tree budget a run uses: `tree="auto"` calibrates the budget (and,
+    for drafter "auto", the drafters); otherwise "auto" drafters are the heads."""
+    if tree == "auto":
+        found = calibrate(lm, prompts, drafter, k)
+        return found.drafter, found.tree
+    return ("heads" if drafter == "auto" else drafter), tree

@@ -31,6 +31,8 @@ def read_value_map(path: str) -> list[float]:
 
 def cmd_generate(args: argparse.Namespace) -> None:
     from blockdecode.acceptance import parse_acceptance
+    from blockdecode.calibrate import resolve
+    from blockdecode.decode import check_prompt
     from blockdecode.model import has_heads, load
     from blockdecode.reference import first_divergence, greedy_generate
 
@@ -43,13 +45,15 @@ def cmd_generate(args: argparse.Namespace) -> None:
     if not has_heads(args.model):
         print(f"note: {args.model} has no trained heads; using untrained {args.head_type} heads", file=sys.stderr)
     ids = tokenizer(args.prompt, return_tensors="pt").input_ids
-    out = model.generate(
-        ids, args.max_new_tokens, drafter=args.drafter, k=args.k, acceptance=acceptance, tree=args.tree
-    )
+    if acceptance.rule == "min-block" and args.tree == "auto":  # min-block forces a chain's first proposals
+        args.tree = None
+    check_prompt(model.base, ids, args.max_new_tokens)  # before any calibration
+    drafter, tree = resolve(model, [ids], args.drafter, args.tree, args.k)
+    out = model.generate(ids, args.max_new_tokens, drafter=drafter, k=args.k, acceptance=acceptance, tree=tree)
     print(tokenizer.decode(out.sequences[0]))
     s = out.stats
     print(
-        f"\nblockwise ({args.drafter}, k={args.k or model.k}, {'tree of ' + str(args.tree) if args.tree else 'chain'}, "
+        f"\nblockwise ({drafter}, k={args.k or model.k}, {'tree of ' + str(tree) if tree else 'chain'}, "
         f"{args.dtype}): {s.new_tokens} tokens, {s.calls} calls, "
         f"mean accepted block {s.mean_block_size:.2f}, {s.tokens_per_second:.1f} tokens/s",
         file=sys.stderr,
@@ -248,17 +252,19 @@ def cmd_calibrate(args: argparse.Namespace) -> None:
     texts = json.loads(shipped.read_text())[:3] if shipped.is_file() else list(PROMPTS[:3])
     prompts = [tokenizer(t, return_tensors="pt").input_ids for t in texts]
     result = calibrate(model, prompts, args.drafter, args.k, refresh=args.refresh)
-    best = max(result.predicted, key=result.predicted.get)
-    print("predicted from one decode with a tree of 64 and the cost curve t(q):")
-    for budget in sorted({"1", "2", "4", "8", "16", "32", "64", best}, key=int):
-        mark = "  <- best predicted" if budget == best else ""
-        print(f"{'tree of ' + budget:>12}: {result.predicted[budget]:7.1f} tokens/s{mark}")
-    print("measured:")
-    for budget, speed in result.measured.items():
-        mark = "  <- chosen" if int(budget) == result.budget else ""
-        print(f"{'chain' if budget == '0' else 'tree of ' + budget:>12}: {speed:7.1f} tokens/s{mark}")
+    print("predicted from one decode with a tree of 64 and the cost curve t(q), tokens/s:")
+    for name, curve in result.predicted.items():
+        best = max(curve, key=curve.get)
+        shown = sorted({"1", "2", "4", "8", "16", "32", "64", best}, key=int)
+        print(f"{name:>12}: " + ", ".join(f"{b}: {curve[b]:.0f}{'*' if b == best else ''}" for b in shown))
+    print("measured, tokens/s:")
+    for label, speed in result.measured.items():
+        name, budget = label.rsplit(":", 1)
+        mark = "  <- chosen" if (name, int(budget)) == (result.drafter, result.budget) else ""
+        setting = "chain" if budget == "0" else f"tree of {budget}"
+        print(f"{name:>12} {setting:>11}: {speed:7.1f}{mark}")
     chosen = f"trees of {result.tree}" if result.tree else "the chain"
-    print(f"\n--tree auto decodes with {chosen} for {result.key}")
+    print(f"\n--tree auto decodes with {result.drafter}, {chosen}, for {result.key}")
     print(f"cached in {cache_file()}", file=sys.stderr)
 
 
@@ -275,7 +281,7 @@ def cmd_demo(args: argparse.Namespace) -> None:
     )
 
 
-DRAFTERS = ("heads", "ngram", "heads+ngram")
+DRAFTERS = ("auto", "heads", "ngram", "heads+ngram")
 
 
 def tree_budget(text: str) -> int | str | None:
@@ -307,10 +313,8 @@ def main(argv: list[str] | None = None) -> None:
     gen.add_argument("--prompt", required=True, help="the text to continue; - reads it from standard input")
     gen.add_argument("--max-new-tokens", type=positive_int, default=64)
     gen.add_argument("--k", type=positive_int, default=None, help="block size (default: the heads' k)")
-    gen.add_argument("--drafter", choices=DRAFTERS, default="heads", help="where proposals come from")
-    gen.add_argument(
-        "--tree", type=tree_budget, default=None, help="N candidates a call, auto (measured) or off (default)"
-    )
+    gen.add_argument("--drafter", choices=DRAFTERS, default="auto", help="where proposals come from (auto: measured)")
+    gen.add_argument("--tree", type=tree_budget, default="auto", help="N candidates a call, auto (measured) or off")
     gen.add_argument("--head-type", choices=HEAD_TYPES, default="paper", help="for a model without heads")
     gen.add_argument("--dtype", choices=tuple(DTYPES), default="fp32")
     gen.add_argument("--compare", action="store_true", help="also run transformers greedy and compare outputs")
@@ -334,7 +338,7 @@ def main(argv: list[str] | None = None) -> None:
         "for this model, dtype, machine, threads, drafter and k.",
     )
     cal.add_argument("--model", default=DEFAULT_MODEL, help="saved BlockwiseLM or transformers folder")
-    cal.add_argument("--drafter", choices=DRAFTERS, default="heads+ngram")
+    cal.add_argument("--drafter", choices=DRAFTERS, default="auto", help="auto: choose the drafters too")
     cal.add_argument("--k", type=positive_int, default=None, help="block size (default: the heads' k)")
     cal.add_argument("--dtype", choices=tuple(DTYPES), default="bf16")
     cal.add_argument("--refresh", action="store_true", help="measure again even if cached")
@@ -345,10 +349,8 @@ def main(argv: list[str] | None = None) -> None:
     demo.add_argument("--max-new-tokens", type=positive_int, default=128)
     demo.add_argument("--k", type=positive_int, default=None, help="block size (default: the heads' k)")
     demo.add_argument("--dtype", choices=tuple(DTYPES), default="bf16")
-    demo.add_argument("--drafter", choices=DRAFTERS, default="heads", help="where proposals come from")
-    demo.add_argument(
-        "--tree", type=tree_budget, default=None, help="N candidates a call, auto (measured) or off (default)"
-    )
+    demo.add_argument("--drafter", choices=DRAFTERS, default="auto", help="where proposals come from (auto: measured)")
+    demo.add_argument("--tree", type=tree_budget, default="auto", help="N candidates a call, auto (measured) or off")
     demo.set_defaults(func=cmd_demo)
 
     args = parser.parse_args(argv)

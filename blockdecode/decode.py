@@ -175,7 +175,8 @@ def blockwise_generate(
     stats = DecodeStats(acceptance=rule.spec)
     start = time.perf_counter()
 
-    base = CausalAdapter(model, cache_implementation, total)
+    # A tree's nodes are scored in cache slots past the sequence's end before all but one path is dropped.
+    base = CausalAdapter(model, cache_implementation, total + (tree or 0))
     logits, h = base.prefill(input_ids)
     newest = logits[:, -1].float().argmax(-1, keepdim=True)  # [1, 1]; fp32: CPU argmax over bf16 is slow
     first = int(newest)

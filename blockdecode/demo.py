@@ -16,6 +16,7 @@ import torch
 
 from blockdecode.bench.methods import Method, blockwise_run, measure, transformers_run
 from blockdecode.builtin import DEFAULT_MODEL
+from blockdecode.calibrate import resolve
 from blockdecode.hf import dtype_name
 from blockdecode.model import BlockwiseLM, load
 from blockdecode.reference import first_divergence
@@ -112,8 +113,8 @@ def run_demo(
     dtype: torch.dtype = torch.bfloat16,
     prompts: tuple[str, ...] = PROMPTS,
     repeats: int = 3,
-    drafter: str = "heads",
-    tree: int | str | None = None,
+    drafter: str = "auto",
+    tree: int | str | None = "auto",
 ) -> list[DemoRow]:
     """Stream, time and compare every prompt; print the table; return its rows."""
     from transformers.utils import logging as hf_logging
@@ -123,10 +124,8 @@ def run_demo(
     model_dir = model_dir or DEFAULT_MODEL
     model, tokenizer = load(model_dir, dtype)
     k = model.k if k is None else k
-    if tree == "auto":  # measured once on these prompts, then cached (blockdecode.calibrate)
-        from blockdecode.calibrate import calibrate
-
-        tree = calibrate(model, [tokenizer(p, return_tensors="pt").input_ids for p in prompts], drafter, k).tree
+    # "auto": measured once on these prompts, then cached (blockdecode.calibrate)
+    drafter, tree = resolve(model, [tokenizer(p, return_tensors="pt").input_ids for p in prompts], drafter, tree, k)
     colour = sys.stdout.isatty() and "NO_COLOR" not in os.environ
     params = sum(p.numel() for p in model.base.parameters()) / 1e6
     print(

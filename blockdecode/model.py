@@ -15,11 +15,12 @@ from torch import nn
 from transformers import AutoTokenizer, PreTrainedModel
 
 from blockdecode import builtin
-from blockdecode.acceptance import Acceptance
-from blockdecode.decode import BlockwiseOutput, blockwise_generate
+from blockdecode.acceptance import Acceptance, parse_acceptance
+from blockdecode.calibrate import Calibration, calibrate
+from blockdecode.decode import BlockwiseOutput, blockwise_generate, check_prompt
 from blockdecode.drafters import Drafter, HeadsDrafter, NgramDrafter
 from blockdecode.heads import HeadsConfig, build_heads
-from blockdecode.hf import context_length, load_base, same_weights, weights_signature
+from blockdecode.hf import context_length, load_base, resolve_eos, same_weights, vocab_size, weights_signature
 from blockdecode.io import CheckpointError, reading_folder, saving_folder, write_text
 
 HEADS_CONFIG = "blockdecode.json"
@@ -140,30 +141,38 @@ class BlockwiseLM(nn.Module):
         cache_implementation: str = "dynamic",
         on_block: Callable[[list[int]], None] | None = None,
         acceptance: str | Acceptance | None = None,
-        tree: int | str | None = None,
+        tree: int | str | None = "auto",
     ) -> BlockwiseOutput:
-        """Exact greedy decoding, up to k tokens per base-model call.
+        """Exact greedy decoding, several tokens per base-model call.
 
-        `drafter`: a Drafter, a list of them (sharing a tree), or a name: "heads" (the default),
-        "ngram" or "heads+ngram". `tree=N` verifies a tree of up to N candidate tokens a call
-        instead of one chain; `tree="auto"` the budget measured fastest for this model, dtype,
-        machine and drafter (`blockdecode.calibrate`; measured on this prompt the first time,
-        then cached). k defaults to the heads' block size; with the heads it may not
-        exceed it, with other drafters it may be any k >= 1. `acceptance` (topk:N, distance:EPS,
-        min-block:L) trades exactness for speed; exact by default."""
+        By default (`tree="auto"`, `drafter=None`) the drafters and tree budget are the ones
+        measured fastest for this model, dtype, machine and k (`blockdecode.calibrate`: measured on
+        this prompt the first time, a few seconds, then cached). `drafter`: a Drafter, a list of
+        them (sharing a tree), or a name: "heads", "ngram" or "heads+ngram". `tree=N` verifies a
+        tree of up to N candidate tokens a call, `tree=None` one chain (with the heads unless told
+        otherwise: the paper's method). k defaults to the heads' block size; with the heads it may
+        not exceed it, with other drafters it may be any k >= 1. `acceptance` (topk:N,
+        distance:EPS, min-block:L) trades exactness for speed; exact by default."""
         k = self.k if k is None else k
-        drafter = drafter if drafter is not None else "heads"
-        if tree == "auto":
-            from blockdecode.calibrate import calibrate
-
-            names = drafter if isinstance(drafter, str) else "+".join(type(d).__name__ for d in self.drafters(drafter))
-            tree = calibrate(self, [input_ids], names, k, drafters=drafter).tree
-        elif isinstance(tree, str):
-            raise ValueError(f"tree must be a node budget >= 1, 'auto' or None, got {tree!r}")
-        drafters = self.drafters(drafter)
-        if any(isinstance(d, HeadsDrafter) and d.heads is self.heads for d in drafters):
+        drafter = None if drafter == "auto" else drafter
+        if drafter is None or any(
+            isinstance(d, HeadsDrafter) and d.heads is self.heads for d in self.drafters(drafter)
+        ):
             if isinstance(k, bool) or not isinstance(k, numbers.Integral) or not 1 <= k <= self.k:
                 raise ValueError(f"k must be between 1 and the heads' block size {self.k}, got {k!r}")
+        if tree == "auto":  # the cheap checks first: a bad request fails before any calibration
+            input_ids = check_prompt(self.base, input_ids, max_new_tokens)
+            resolve_eos(self.base, eos_token_id)
+            rule = parse_acceptance(acceptance)
+            rule.check(k, vocab_size(self.base))
+            if rule.rule == "min-block":  # it forces a chain's first proposals: no tree
+                tree = None
+            else:
+                found = self._calibrate(input_ids, drafter, k)
+                drafter, tree = (found.drafter if drafter is None else drafter), found.tree
+        elif isinstance(tree, str):
+            raise ValueError(f"tree must be a node budget >= 1, 'auto' or None, got {tree!r}")
+        drafters = self.drafters(drafter if drafter is not None else "heads")
         return blockwise_generate(
             self.base,
             input_ids,
@@ -176,6 +185,13 @@ class BlockwiseLM(nn.Module):
             acceptance,
             tree,
         )
+
+    def _calibrate(self, input_ids: torch.LongTensor, drafter, k: int) -> Calibration:
+        """The measured tree budget for these drafters (None: the drafters too), cached."""
+        if drafter is None or isinstance(drafter, str):
+            return calibrate(self, [input_ids], drafter or "auto", k)
+        name = "+".join(type(d).__name__ for d in self.drafters(drafter))
+        return calibrate(self, [input_ids], name, k, drafters=drafter)
 
     def drafters(self, spec: Drafter | Sequence[Drafter] | str) -> list[Drafter]:
         """Drafters from a name ("heads", "ngram", "heads+ngram": n-gram lookup first, the heads

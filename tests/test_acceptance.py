@@ -109,7 +109,7 @@ def test_exact_is_bit_identical_to_greedy_and_says_so() -> None:
     base = tiny("llama")
     lm = perturb_heads(BlockwiseLM.from_base(base, k=4))
     ids = make_prompt(5, 512)
-    out = lm.generate(ids, 30, eos_token_id=NO_EOS, acceptance="exact")
+    out = lm.generate(ids, 30, eos_token_id=NO_EOS, acceptance="exact", tree=None)
     assert torch.equal(out.sequences, hf_greedy(base, ids, 30, eos_token_id=None))
     assert out.stats.exact and out.stats.to_dict()["acceptance"] == "exact"
 
@@ -175,9 +175,9 @@ def test_rules_that_do_not_fit_the_decode_are_refused() -> None:
     lm = BlockwiseLM.from_base(base, k=8)
     ids = make_prompt(3, 512)
     with pytest.raises(ValueError, match="min-block:9 asks for more tokens per call than the block size k=8"):
-        lm.generate(ids, 10, acceptance="min-block:9")
+        lm.generate(ids, 10, acceptance="min-block:9", tree=None)
     with pytest.raises(ValueError, match="value map covers 3 tokens, the model's vocabulary 512"):
-        lm.generate(ids, 10, acceptance=parse_acceptance("distance:1", values=[0, 1, 2]))
+        lm.generate(ids, 10, acceptance=parse_acceptance("distance:1", values=[0, 1, 2]), tree=None)
 
 
 def test_cli_says_when_the_output_is_not_greedy(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
@@ -185,7 +185,7 @@ def test_cli_says_when_the_output_is_not_greedy(tmp_path: Path, capsys: pytest.C
     base = toy_model("llama", vocab=len(tokenizer), context=128)
     perturb_heads(BlockwiseLM.from_base(base, k=4)).save_pretrained(tmp_path)
     tokenizer.save_pretrained(tmp_path)
-    common = ["generate", "--model", str(tmp_path), "--prompt", "x1 = 1", "--max-new-tokens", "16"]
+    common = ["generate", "--model", str(tmp_path), "--prompt", "x1 = 1", "--max-new-tokens", "16", "--tree", "off"]
     main([*common, "--acceptance", "topk:3", "--compare"])
     err = capsys.readouterr().err
     assert "topk:3: approximate, this is NOT the exact greedy output" in err

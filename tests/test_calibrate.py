@@ -31,7 +31,7 @@ def measured(monkeypatch: pytest.MonkeyPatch) -> list:
 
     monkeypatch.setattr(calibrate, "predict_budgets", fake_predict)
     monkeypatch.setattr(
-        calibrate, "measure_budgets", lambda lm, p, d, k, budgets, **kw: {b: 100.0 + b for b in budgets}
+        calibrate, "measure_settings", lambda lm, p, settings, k, **kw: {s: 100.0 + settings[s][1] for s in settings}
     )
     return calls
 
@@ -40,7 +40,7 @@ def test_measured_once_then_served_from_the_cache(cache: Path, measured: list) -
     lm = BlockwiseLM.from_base(toy_model("llama", seed=2), k=4)
     prompts = [make_prompt(5, 512)]
     first = calibrate.calibrate(lm, prompts, "heads+ngram")
-    assert first.budget == 16 and first.tree == 16 and len(measured) == 1
+    assert first.budget == 16 and first.tree == 16 and first.drafter == "heads+ngram" and len(measured) == 1
     assert calibrate.calibrate(lm, prompts, "heads+ngram").budget == 16 and len(measured) == 1
     assert json.loads(cache.read_text())[first.key]["budget"] == 16
     calibrate.calibrate(lm, prompts, "heads+ngram", refresh=True)
@@ -62,11 +62,15 @@ def test_another_model_dtype_or_drafter_is_measured_anew(cache: Path, measured: 
 
 
 def test_the_chain_can_win_and_auto_stays_exact(cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(calibrate, "measure_budgets", lambda lm, p, d, k, budgets, **kw: {0: 200.0, budgets[1]: 100.0})
+    monkeypatch.setattr(
+        calibrate,
+        "measure_settings",
+        lambda lm, p, settings, k, **kw: {s: 200.0 if s.endswith(":0") else 100.0 for s in settings},
+    )
     model = toy_model("qwen2", seed=4)
     ids = make_prompt(6, 512, seed=5)
     lm = perturb_heads(BlockwiseLM.from_base(model, k=4))
-    out = lm.generate(ids, 24, eos_token_id=NO_EOS, tree="auto")
+    out = lm.generate(ids, 24, eos_token_id=NO_EOS, drafter="heads", tree="auto")
     assert_greedy_equal(model, ids, out.sequences, hf_greedy(model, ids, 24, eos_token_id=NO_EOS))
     assert max(out.stats.verified) <= 4  # the chain was chosen
     with pytest.raises(ValueError, match="tree must be a node budget >= 1, 'auto' or None"):
@@ -87,12 +91,58 @@ def test_prediction_gains_the_path_within_the_budget_and_pays_t_of_the_tokens_sc
 def test_real_calibration_predicts_every_budget_and_measures_the_best_against_the_chain(cache: Path) -> None:
     lm = BlockwiseLM.from_base(toy_model("llama", seed=2), k=3)
     result = calibrate.calibrate(lm, [make_prompt(4, 512)], "heads")
-    assert set(map(int, result.predicted)) == set(range(1, calibrate.LARGEST + 1))
-    assert all(s > 0 for s in result.predicted.values())
-    best = max(result.predicted, key=result.predicted.get)
-    assert set(result.measured) == {"0", best} and result.budget in (0, int(best))
-    shared = calibrate.measure_budgets(lm, [make_prompt(4, 512)], "heads+ngram", 3, [0, 4], new_tokens=6)
-    assert set(shared) == {4}  # shared drafters need a tree
+    assert set(result.predicted) == {"heads"}
+    assert set(map(int, result.predicted["heads"])) == set(range(1, calibrate.LARGEST + 1))
+    assert all(s > 0 for s in result.predicted["heads"].values())
+    best = max(result.predicted["heads"], key=result.predicted["heads"].get)
+    assert set(result.measured) == {"heads:0", f"heads:{best}"} and result.budget in (0, int(best))
+
+
+def test_by_default_the_drafters_are_chosen_too_and_decoding_stays_exact(
+    cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """drafter=None: every source is predicted; the best tree and the single drafters' chains are
+    measured; the fastest (here n-gram trees of 8) is what generate() then uses."""
+    predicted = {"heads": 100.0, "ngram": 300.0, "heads+ngram": 200.0}
+    monkeypatch.setattr(
+        calibrate, "predict_budgets", lambda lm, p, d, k, **kw: {b: predicted[d] - abs(b - 8) for b in range(1, 65)}
+    )
+    seen = {}
+
+    def fake_measure(lm, p, settings, k, **kw):
+        seen.update(settings)
+        return {s: 500.0 if s == "ngram:8" else 100.0 for s in settings}
+
+    monkeypatch.setattr(calibrate, "measure_settings", fake_measure)
+    model = toy_model("llama", seed=6)
+    ids = make_prompt(12, 512, seed=1)
+    lm = perturb_heads(BlockwiseLM.from_base(model, k=4))
+    out = lm.generate(ids, 30, eos_token_id=NO_EOS)
+    assert set(seen) == {"ngram:8", "heads:0", "ngram:0"}  # shared drafters have no chain
+    assert_greedy_equal(model, ids, out.sequences, hf_greedy(model, ids, 30, eos_token_id=NO_EOS))
+    found = calibrate.calibrate(lm, [ids], "auto", 4)
+    assert (found.drafter, found.tree) == ("ngram", 8)
+
+
+def test_a_context_too_short_to_calibrate_in_decodes_with_the_chain(cache: Path) -> None:
+    model = toy_model("llama", seed=2, context=64)
+    ids = make_prompt(10, 512)
+    out = BlockwiseLM.from_base(model, k=4).generate(ids, 20, eos_token_id=NO_EOS)  # tree="auto" by default
+    assert_greedy_equal(model, ids, out.sequences, hf_greedy(model, ids, 20, eos_token_id=NO_EOS))
+    assert max(out.stats.verified) <= 4 and not cache.exists()
+
+
+def test_a_bad_request_fails_before_any_calibration(cache: Path) -> None:
+    lm = BlockwiseLM.from_base(toy_model("llama", seed=2), k=4)
+    for kwargs, match in (
+        (dict(input_ids=torch.zeros(1, 0, dtype=torch.long), max_new_tokens=5), "the prompt is empty"),
+        (dict(input_ids=make_prompt(4, 512), max_new_tokens=0), "max_new_tokens must be a positive integer"),
+        (dict(input_ids=make_prompt(4, 512), max_new_tokens=5, eos_token_id="12"), "eos"),
+        (dict(input_ids=make_prompt(4, 512), max_new_tokens=5, k=9), "heads' block size 4"),
+    ):
+        with pytest.raises((ValueError, TypeError), match=match):
+            lm.generate(**kwargs)
+    assert not cache.exists()
 
 
 def test_the_fingerprint_follows_the_weights() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -25,7 +26,20 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_generate_compare_reports_identical(model_dir: Path, capsys: pytest.CaptureFixture) -> None:
-    main(["generate", "--model", str(model_dir), "--prompt", "def f(x):", "--max-new-tokens", "20", "--compare"])
+    main(
+        [
+            "generate",
+            "--model",
+            str(model_dir),
+            "--prompt",
+            "def f(x):",
+            "--max-new-tokens",
+            "20",
+            "--compare",
+            "--tree",
+            "off",
+        ]
+    )
     out, err = capsys.readouterr()
     assert out.startswith("def f(x):")
     assert "calls" in err and "mean accepted block" in err
@@ -37,7 +51,21 @@ def test_generate_with_ngram_drafter_on_a_plain_model_dir(tmp_path: Path, capsys
     tokenizer = train_tokenizer(["a b c d e f g " * 50], vocab_size=270)
     toy_model("gpt2", vocab=len(tokenizer), context=128).save_pretrained(tmp_path)
     tokenizer.save_pretrained(tmp_path)
-    main(["generate", "--model", str(tmp_path), "--prompt", "a b c", "--max-new-tokens", "12", "--drafter", "ngram"])
+    main(
+        [
+            "generate",
+            "--model",
+            str(tmp_path),
+            "--prompt",
+            "a b c",
+            "--max-new-tokens",
+            "12",
+            "--drafter",
+            "ngram",
+            "--tree",
+            "off",
+        ]
+    )
     err = capsys.readouterr().err
     assert "no trained heads" in err and "ngram" in err
 
@@ -52,7 +80,7 @@ def test_generate_with_ngram_drafter_on_a_plain_model_dir(tmp_path: Path, capsys
 )
 def test_generate_bad_input_exits_with_a_clear_message(model_dir: Path, argv: list[str], message: str) -> None:
     with pytest.raises(SystemExit, match=message):
-        main(["generate", "--model", str(model_dir), *argv])
+        main(["generate", "--model", str(model_dir), *argv])  # with --tree auto: refused before calibrating
 
 
 def test_generate_missing_model_dir(tmp_path: Path) -> None:
@@ -77,7 +105,9 @@ def test_block_printer_marks_every_block(capsys: pytest.CaptureFixture) -> None:
 
 @pytest.mark.parametrize("drafter", ["heads", "ngram"])
 def test_demo_streams_blocks_and_prints_a_table(model_dir: Path, drafter: str, capsys: pytest.CaptureFixture) -> None:
-    rows = demo.run_demo(str(model_dir), max_new_tokens=12, prompts=("def f(x):\n",), repeats=1, drafter=drafter)
+    rows = demo.run_demo(
+        str(model_dir), max_new_tokens=12, prompts=("def f(x):\n",), repeats=1, drafter=drafter, tree=None
+    )
     out = capsys.readouterr().out
     assert "identical" in out and "median speedup" in out and rows[0].prompt == "def f(x):\n"
     assert ("n-gram drafter" in out) == (drafter == "ngram")
@@ -103,7 +133,7 @@ def test_demo_runs_on_a_plain_transformers_folder(tmp_path: Path, capsys: pytest
     tokenizer = train_tokenizer(["def f(x):\n    return x\n" * 50], vocab_size=270)
     toy_model("gpt2", vocab=len(tokenizer), context=128).save_pretrained(tmp_path)
     tokenizer.save_pretrained(tmp_path)
-    main(["demo", "--model", str(tmp_path), "--max-new-tokens", "8", "--dtype", "fp32", "--k", "3"])
+    main(["demo", "--model", str(tmp_path), "--max-new-tokens", "8", "--dtype", "fp32", "--k", "3", "--tree", "off"])
     out = capsys.readouterr().out
     assert f"from {tmp_path}" in out and "k=3" in out and "outputs identical: yes" in out
 
@@ -140,9 +170,12 @@ def test_calibrate_prints_the_budgets_and_caches_the_choice(
     model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
 ) -> None:
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    main(["calibrate", "--model", str(model_dir), "--dtype", "fp32", "--drafter", "ngram", "--k", "3"])
+    main(["calibrate", "--model", str(model_dir), "--dtype", "fp32", "--k", "3"])
     out = capsys.readouterr().out
-    assert "chain:" in out and "tree of 64:" in out and "<- chosen" in out and "--tree auto decodes with" in out
+    for name in ("heads", "ngram", "heads+ngram"):  # --drafter auto predicts each, measures the chains
+        assert re.search(rf"^ *{re.escape(name)}: 1: \d+", out, re.M), out
+    assert re.search(r"^ *heads +chain: ", out, re.M) and re.search(r"^ *ngram +chain: ", out, re.M), out
+    assert "<- chosen" in out and "--tree auto decodes with" in out
     assert (tmp_path / "blockdecode" / "calibration.json").is_file()
     main(["generate", "--model", str(model_dir), "--prompt", "def f(x):", "--max-new-tokens", "8", "--tree", "auto",
           "--drafter", "ngram", "--k", "3", "--compare"])  # fmt: skip
@@ -160,7 +193,7 @@ def test_prompt_from_standard_input(model_dir: Path, monkeypatch: pytest.MonkeyP
     import io
 
     monkeypatch.setattr("sys.stdin", io.StringIO("def g(y):"))
-    main(["generate", "--model", str(model_dir), "--prompt", "-", "--max-new-tokens", "4"])
+    main(["generate", "--model", str(model_dir), "--prompt", "-", "--max-new-tokens", "4", "--tree", "off"])
     assert capsys.readouterr().out.startswith("def g(y):")
 
 
@@ -200,7 +233,7 @@ def test_ctrl_c_is_one_line_and_exit_130(tmp_path: Path) -> None:
     """SIGINT to a running demo: exit code 130, a single line on stderr, nothing written."""
     import signal
 
-    proc = run_cli(["demo", "--dtype", "fp32", "--max-new-tokens", "400"], cwd=tmp_path)
+    proc = run_cli(["demo", "--dtype", "fp32", "--max-new-tokens", "400", "--tree", "off"], cwd=tmp_path)
     line = proc.stdout.readline()  # the demo's header: the model is loaded and decoding
     assert line.startswith("blockdecode demo:"), line
     proc.send_signal(signal.SIGINT)

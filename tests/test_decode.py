@@ -54,14 +54,18 @@ def test_matches_transformers_generate(config: str, prompt_len: int, k: int) -> 
     vocab = vocab_size(model)
     for head_type in ("paper", "medusa"):
         lm = BlockwiseLM.from_base(model, k=k, head_type=head_type)
-        assert_greedy_equal(model, ids, lm.generate(ids, NEW).sequences, ref, what=f"untrained {head_type} heads")
+        assert_greedy_equal(
+            model, ids, lm.generate(ids, NEW, tree=None).sequences, ref, what=f"untrained {head_type} heads"
+        )
         perturb_heads(lm, seed=k)
-        assert_greedy_equal(model, ids, lm.generate(ids, NEW).sequences, ref, what=f"random {head_type} heads")
-    out = lm.generate(ids, NEW, drafter=NgramDrafter(), k=k)
+        assert_greedy_equal(
+            model, ids, lm.generate(ids, NEW, tree=None).sequences, ref, what=f"random {head_type} heads"
+        )
+    out = lm.generate(ids, NEW, drafter=NgramDrafter(), k=k, tree=None)
     assert_greedy_equal(model, ids, out.sequences, ref, what="n-gram drafter")
     for accuracy in (0.0, 0.5, 0.8, 1.0):
         drafter = ScriptedDrafter(ref, accuracy=accuracy, seed=k, vocab_size=vocab)
-        out = lm.generate(ids, NEW, drafter=drafter, k=k)
+        out = lm.generate(ids, NEW, drafter=drafter, k=k, tree=None)
         assert_greedy_equal(model, ids, out.sequences, ref, what=f"scripted drafter, accuracy {accuracy}")
         assert all(1 <= b <= k for b in out.stats.block_sizes)
         assert out.stats.new_tokens == out.sequences.shape[1] - ids.shape[1]
@@ -123,7 +127,7 @@ def test_eos_inside_a_block(arch: str, k: int) -> None:
     assert out.stats.block_sizes[-1] == (j - 1) % k + 1 < k  # cut short inside the block
     lm = perturb_heads(BlockwiseLM.from_base(model, k=k))
     for drafter in (None, NgramDrafter()):
-        out = lm.generate(ids, 40, eos_token_id=[10**6, eos], drafter=drafter)
+        out = lm.generate(ids, 40, eos_token_id=[10**6, eos], drafter=drafter, tree=None)
         assert_greedy_equal(model, ids, out.sequences, expected, what=f"drafter {drafter}")
 
 
@@ -137,9 +141,11 @@ def test_default_eos_is_the_generation_configs(arch: str, monkeypatch: pytest.Mo
     expected = hf_greedy(model, ids, 40)
     assert torch.equal(expected, ref[:, : ids.shape[1] + j + 1])
     lm = BlockwiseLM.from_base(model, k=4)
-    assert_greedy_equal(model, ids, lm.generate(ids, 40).sequences, expected, what="eos omitted")
-    assert_greedy_equal(model, ids, lm.generate(ids, 40, eos_token_id=None).sequences, expected, what="eos None")
-    assert_greedy_equal(model, ids, lm.generate(ids, 40, eos_token_id=NO_EOS).sequences, ref, what="eos []")
+    assert_greedy_equal(model, ids, lm.generate(ids, 40, tree=None).sequences, expected, what="eos omitted")
+    assert_greedy_equal(
+        model, ids, lm.generate(ids, 40, eos_token_id=None, tree=None).sequences, expected, what="eos None"
+    )
+    assert_greedy_equal(model, ids, lm.generate(ids, 40, eos_token_id=NO_EOS, tree=None).sequences, ref, what="eos []")
 
 
 def test_default_eos_fires_on_a_real_toy() -> None:
@@ -151,7 +157,7 @@ def test_default_eos_fires_on_a_real_toy() -> None:
     ref = hf_greedy(model, ids, 20)
     assert ref[0, -1] == 1 and ref.shape[1] < full.shape[1]
     for k in (1, 4):
-        assert_greedy_equal(model, ids, BlockwiseLM.from_base(model, k=k).generate(ids, 20).sequences, ref)
+        assert_greedy_equal(model, ids, BlockwiseLM.from_base(model, k=k).generate(ids, 20, tree=None).sequences, ref)
 
 
 def test_on_block_streams_every_token_in_order() -> None:
@@ -168,7 +174,7 @@ def test_on_block_streams_every_token_in_order() -> None:
 def test_eos_as_first_token() -> None:
     """EOS straight from the prefill: one call, one token, no blocks."""
     model, ids, ref = no_eos_case("llama")
-    out = BlockwiseLM.from_base(model, k=4).generate(ids, 40, eos_token_id=int(ref[0, ids.shape[1]]))
+    out = BlockwiseLM.from_base(model, k=4).generate(ids, 40, eos_token_id=int(ref[0, ids.shape[1]]), tree=None)
     assert_greedy_equal(model, ids, out.sequences, ref[:, : ids.shape[1] + 1])
     assert (out.stats.calls, out.stats.new_tokens, out.stats.block_sizes) == (1, 1, [])
 
@@ -182,7 +188,7 @@ def test_budget_not_a_multiple_of_k(max_new_tokens: int, k: int) -> None:
     perfect = ScriptedDrafter(ref, accuracy=1.0, vocab_size=vocab_size(model))
     lm = perturb_heads(BlockwiseLM.from_base(model, k=k))
     for drafter in (perfect, NgramDrafter(), None):
-        out = lm.generate(ids, max_new_tokens, eos_token_id=NO_EOS, drafter=drafter)
+        out = lm.generate(ids, max_new_tokens, eos_token_id=NO_EOS, drafter=drafter, tree=None)
         assert_greedy_equal(model, ids, out.sequences, expected, what=f"drafter {drafter}")
         assert out.stats.new_tokens == max_new_tokens == 1 + sum(out.stats.block_sizes)
 
@@ -198,8 +204,8 @@ def test_k1_is_plain_greedy(arch: str) -> None:
     model, ids, ref = no_eos_case(arch, new=20)
     for out in (
         blockwise_generate(model, ids, 20, Untouchable(), 1, eos_token_id=NO_EOS),
-        BlockwiseLM.from_base(model, k=1).generate(ids, 20, eos_token_id=NO_EOS),
-        perturb_heads(BlockwiseLM.from_base(model, k=8)).generate(ids, 20, eos_token_id=NO_EOS, k=1),
+        BlockwiseLM.from_base(model, k=1).generate(ids, 20, eos_token_id=NO_EOS, tree=None),
+        perturb_heads(BlockwiseLM.from_base(model, k=8)).generate(ids, 20, eos_token_id=NO_EOS, k=1, tree=None),
     ):
         assert_greedy_equal(model, ids, out.sequences, ref)
         assert out.stats.calls == 20 and out.stats.block_sizes == [1] * 19
@@ -212,7 +218,7 @@ def test_one_token_prompt_and_prompt_forms() -> None:
     ref = hf_greedy(model, ids, 24, eos_token_id=NO_EOS)
     lm = BlockwiseLM.from_base(model, k=4)
     for prompt in (ids, ids[0], ids.int()):
-        out = lm.generate(prompt, 24, eos_token_id=NO_EOS)
+        out = lm.generate(prompt, 24, eos_token_id=NO_EOS, tree=None)
         assert out.sequences.dtype == torch.long and out.sequences.shape == ref.shape
         assert_greedy_equal(model, ids, out.sequences, ref)
 
@@ -224,14 +230,19 @@ def test_prompt_that_exactly_fills_the_context() -> None:
     ref = hf_greedy(model, ids, 22, eos_token_id=NO_EOS)
     drafter = ScriptedDrafter(ref, accuracy=1.0, vocab_size=vocab_size(model))
     lm = BlockwiseLM.from_base(model, k=8)
-    assert_greedy_equal(model, ids, lm.generate(ids, 22, eos_token_id=NO_EOS, drafter=drafter).sequences, ref)
+    assert_greedy_equal(
+        model, ids, lm.generate(ids, 22, eos_token_id=NO_EOS, drafter=drafter, tree=None).sequences, ref
+    )
     with pytest.raises(ValueError, match="exceeds the model's context of 32"):
-        lm.generate(ids, 23)
+        lm.generate(ids, 23, tree=None)
 
 
 @pytest.mark.parametrize("arch", ["gpt2", "llama"])
-def test_static_cache_matches_dynamic(arch: str) -> None:
-    """The static cache rolls back by moving its write position; rejected drafts must not leak."""
+@pytest.mark.parametrize("tree", [None, 8])
+def test_static_cache_matches_dynamic(arch: str, tree: int | None) -> None:
+    """The static cache rolls back by moving its write position (a chain) or moves the accepted
+    path's entries forward (a tree, whose nodes take slots past the sequence's end); rejected
+    drafts must not leak."""
     model, ids, ref = no_eos_case(arch)
     lm = perturb_heads(BlockwiseLM.from_base(model, k=4))
 
@@ -241,7 +252,10 @@ def test_static_cache_matches_dynamic(arch: str) -> None:
         return [None, NgramDrafter(), *scripted]
 
     runs = {
-        impl: [lm.generate(ids, 40, eos_token_id=NO_EOS, drafter=d, cache_implementation=impl) for d in drafters()]
+        impl: [
+            lm.generate(ids, 40, eos_token_id=NO_EOS, drafter=d, cache_implementation=impl, tree=tree)
+            for d in drafters()
+        ]
         for impl in ("dynamic", "static")
     }
     for dynamic, static in zip(runs["dynamic"], runs["static"]):
@@ -288,7 +302,7 @@ def test_static_cache_refuses_sliding_window_layers() -> None:
 def test_unknown_cache_implementation() -> None:
     model, ids, _ = no_eos_case("llama")
     with pytest.raises(ValueError, match="unknown cache implementation 'paged'"):
-        BlockwiseLM.from_base(model, k=2).generate(ids, 5, cache_implementation="paged")
+        BlockwiseLM.from_base(model, k=2).generate(ids, 5, cache_implementation="paged", tree=None)
 
 
 # Bad input: each must fail up front with a message naming the problem.
@@ -333,9 +347,9 @@ def test_bad_k_raises(k: object) -> None:
         blockwise_generate(model, ids, 5, NgramDrafter(), k)
     lm = BlockwiseLM.from_base(model, k=4)
     with pytest.raises(ValueError, match="k must be an integer >= 1"):
-        lm.generate(ids, 5, drafter=NgramDrafter(), k=k)
+        lm.generate(ids, 5, drafter=NgramDrafter(), k=k, tree=None)
     with pytest.raises(ValueError, match="k must be between 1 and the heads' block size 4"):
-        lm.generate(ids, 5, k=k)
+        lm.generate(ids, 5, k=k, tree=None)
 
 
 def test_k_beyond_the_heads_raises() -> None:
@@ -343,10 +357,12 @@ def test_k_beyond_the_heads_raises() -> None:
     model, ids, ref = no_eos_case("llama")
     lm = BlockwiseLM.from_base(model, k=4)
     with pytest.raises(ValueError, match="heads' block size 4, got 5"):
-        lm.generate(ids, 5, k=5)
-    assert_greedy_equal(model, ids, perturb_heads(lm).generate(ids, 40, k=2, eos_token_id=NO_EOS).sequences, ref)
+        lm.generate(ids, 5, k=5, tree=None)
     assert_greedy_equal(
-        model, ids, lm.generate(ids, 40, k=8, drafter=NgramDrafter(), eos_token_id=NO_EOS).sequences, ref
+        model, ids, perturb_heads(lm).generate(ids, 40, k=2, eos_token_id=NO_EOS, tree=None).sequences, ref
+    )
+    assert_greedy_equal(
+        model, ids, lm.generate(ids, 40, k=8, drafter=NgramDrafter(), eos_token_id=NO_EOS, tree=None).sequences, ref
     )
 
 
@@ -367,13 +383,13 @@ def test_k_beyond_the_heads_raises() -> None:
 def test_bad_prompt_raises(prompt: object, max_new_tokens: int, error: type, match: str) -> None:
     lm = BlockwiseLM.from_base(tiny("llama"), k=4)
     with pytest.raises(error, match=match):
-        lm.generate(prompt, max_new_tokens)
+        lm.generate(prompt, max_new_tokens, tree=None)
 
 
 def test_small_context_model_refuses_overflow() -> None:
     model = tiny("llama", context=32)
     with pytest.raises(ValueError, match="prompt \\(30 tokens\\) \\+ max_new_tokens \\(3\\) exceeds"):
-        BlockwiseLM.from_base(model, k=4).generate(make_prompt(30, 512), 3)
+        BlockwiseLM.from_base(model, k=4).generate(make_prompt(30, 512), 3, tree=None)
 
 
 def test_drafter_cannot_corrupt_the_output() -> None:
@@ -442,11 +458,11 @@ def test_integer_likes_are_taken_and_strings_and_bools_refused() -> None:
     expected = hf_greedy(model, ids, 40, eos_token_id=eos)
     lm = BlockwiseLM.from_base(model, k=4)
     for spelled in (np.int64(eos), torch.tensor(eos), [np.int32(eos)], torch.tensor([eos])):
-        out = lm.generate(ids, np.int64(40), eos_token_id=spelled, k=np.int64(3))
+        out = lm.generate(ids, np.int64(40), eos_token_id=spelled, k=np.int64(3), tree=None)
         assert torch.equal(out.sequences, expected), type(spelled)
     with pytest.raises(TypeError, match="eos_token_id must be an integer, got '12'"):
-        lm.generate(ids, 5, eos_token_id="12")
+        lm.generate(ids, 5, eos_token_id="12", tree=None)
     with pytest.raises(TypeError, match="eos_token_id must be an integer, got True"):
-        lm.generate(ids, 5, eos_token_id=[True])
+        lm.generate(ids, 5, eos_token_id=[True], tree=None)
     with pytest.raises(ValueError, match="max_new_tokens must be a positive integer, got True"):
-        lm.generate(ids, True)
+        lm.generate(ids, True, tree=None)

@@ -57,7 +57,7 @@ def prompts(n: int) -> list[torch.LongTensor]:
 def test_shipped_heads_decode_held_out_code_exactly() -> None:
     lm = shipped()
     for ids in prompts(3):
-        out = lm.generate(ids, 64, eos_token_id=NO_EOS)
+        out = lm.generate(ids, 64, eos_token_id=NO_EOS, tree=None)
         assert_greedy_equal(lm.base, ids, out.sequences, hf_greedy(lm.base, ids, 64, eos_token_id=None))
 
 
@@ -68,7 +68,7 @@ def test_shipped_heads_gain_more_than_two_tokens_per_call_on_the_demo_prompts() 
     blocks: list[int] = []
     for text in demo.PROMPTS:
         ids = tokenizer()(text, return_tensors="pt").input_ids
-        out = lm.generate(ids, 128, eos_token_id=NO_EOS)
+        out = lm.generate(ids, 128, eos_token_id=NO_EOS, tree=None)
         assert_greedy_equal(lm.base, ids, out.sequences, hf_greedy(lm.base, ids, 128, eos_token_id=None))
         blocks += out.stats.block_sizes
     assert sum(blocks) / len(blocks) > 2, f"mean accepted block {sum(blocks) / len(blocks):.2f}"
@@ -84,7 +84,7 @@ def test_demo_runs_on_the_shipped_model_and_states_any_difference(capsys: pytest
 
 
 def test_the_built_in_model_is_the_cli_default(capsys: pytest.CaptureFixture) -> None:
-    main(["generate", "--prompt", "def add(a, b):\n", "--max-new-tokens", "8", "--compare"])
+    main(["generate", "--prompt", "def add(a, b):\n", "--max-new-tokens", "8", "--compare", "--tree", "off"])
     err = capsys.readouterr().err
     assert "identical: yes" in err
 

@@ -39,7 +39,10 @@ def assert_same_generation(a: BlockwiseLM, b: BlockwiseLM) -> None:
     """Same tokens and same block sizes: the heads propose exactly what they did before saving."""
     ids = make_prompt(6, 512)
     for k in (None, 1):
-        x, y = a.generate(ids, 30, eos_token_id=NO_EOS, k=k), b.generate(ids, 30, eos_token_id=NO_EOS, k=k)
+        x, y = (
+            a.generate(ids, 30, eos_token_id=NO_EOS, k=k, tree=None),
+            b.generate(ids, 30, eos_token_id=NO_EOS, k=k, tree=None),
+        )
         assert torch.equal(x.sequences, y.sequences)
         assert (x.stats.calls, x.stats.block_sizes) == (y.stats.calls, y.stats.block_sizes)
 
@@ -214,9 +217,9 @@ def test_generate_after_load_is_still_exact(saved: Path) -> None:
     lm = load(saved)
     ids = make_prompt(5, 512)
     ref = lm.base.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=20)
-    assert torch.equal(lm.generate(ids, 20).sequences, ref)
+    assert torch.equal(lm.generate(ids, 20, tree=None).sequences, ref)
     drafter = ScriptedDrafter(ref, accuracy=1.0, vocab_size=512)
-    assert torch.equal(lm.generate(ids, 20, drafter=drafter).sequences, ref)
+    assert torch.equal(lm.generate(ids, 20, drafter=drafter, tree=None).sequences, ref)
 
 
 def test_a_missing_built_in_model_says_how_to_build_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

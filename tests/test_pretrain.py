@@ -121,7 +121,7 @@ def test_pretrain_then_heads_end_to_end(corpus: Path, tmp_path: Path) -> None:
     train(cfg)
     lm = BlockwiseLM.from_pretrained(tmp_path / "heads")
     ids = torch.from_numpy(np.load(corpus / "heldout.npy")[:10].astype(np.int64)).unsqueeze(0)
-    out = lm.generate(ids, 20, eos_token_id=NO_EOS)
+    out = lm.generate(ids, 20, eos_token_id=NO_EOS, tree=None)
     assert_greedy_equal(lm.base, ids, out.sequences, hf_greedy(lm.base, ids, 20, eos_token_id=None))
 
 

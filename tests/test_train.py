@@ -304,7 +304,7 @@ def test_finetune_raises_block_size_and_stays_exact(tiny_base, tmp_path):
     blocks = []
     for row in held_out[:3]:
         prompt = row[:16].unsqueeze(0)
-        ours = loaded.generate(prompt, max_new_tokens=48)
+        ours = loaded.generate(prompt, max_new_tokens=48, tree=None)
         ref = hf_greedy(reference_base, prompt, 48)
         assert_greedy_equal(reference_base, prompt, ours.sequences, ref, what="fine-tuned base")
         blocks += ours.stats.block_sizes

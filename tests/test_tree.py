@@ -136,7 +136,7 @@ def test_what_a_tree_cannot_take_is_refused() -> None:
     with pytest.raises(ValueError, match="min-block:L forces the first proposals of a chain"):
         lm.generate(ids, 5, tree=8, acceptance="min-block:2")
     with pytest.raises(ValueError, match="2 drafters need a tree to share"):
-        lm.generate(ids, 5, drafter="heads+ngram")
+        lm.generate(ids, 5, drafter="heads+ngram", tree=None)
     with pytest.raises(ValueError, match="unknown drafter 'beam'"):
         lm.generate(ids, 5, drafter="beam", tree=4)
 

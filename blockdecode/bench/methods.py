@@ -18,7 +18,7 @@ from transformers import PreTrainedModel
 
 from blockdecode.decode import blockwise_generate
 from blockdecode.drafters import Drafter
-from blockdecode.reference import greedy_generate
+from blockdecode.reference import first_divergence, greedy_generate
 from blockdecode.timing import metered, sync
 
 
@@ -32,6 +32,7 @@ class Run:
     draft_calls: int = 0
     block_sizes: list[int] = field(default_factory=list)
     forward_seconds: float = 0.0
+    verified: list[int] = field(default_factory=list)  # tokens each call scored
 
 
 @dataclass
@@ -70,7 +71,8 @@ def blockwise_run(
         sync(ids.device)
         seconds = time.perf_counter() - start
     sequence = out.sequences[0, ids.shape[1] :].tolist()
-    return Run(sequence, seconds, meters[0].calls, 0, out.stats.block_sizes, meters[0].seconds)
+    stats = out.stats
+    return Run(sequence, seconds, meters[0].calls, 0, stats.block_sizes, meters[0].seconds, stats.verified)
 
 
 def measure(
@@ -134,8 +136,10 @@ def block_stats(runs: list[Run], k: int) -> dict:
     reached = [sum(1 for b in blocks if b >= i) / max(1, len(blocks)) for i in range(2, k + 1)]
     # Head i's own rate: accepted when heads 2..i-1 were.
     own = [reached[i] / reached[i - 1] if i and reached[i - 1] else reached[i] for i in range(len(reached))]
+    verified = [q for r in runs for q in r.verified]
     return {
         "mean_block_size": statistics.mean(blocks) if blocks else 0.0,
+        "mean_verified": statistics.mean(verified) if verified else float(k),
         "block_histogram": hist,
         "head_reached": reached,
         "head_acceptance": own,
@@ -168,16 +172,41 @@ def add_quality(results: dict[str, dict], tokenizer, base: PreTrainedModel, prom
     from sacrebleu.metrics import CHRF
 
     chrf = CHRF()
-    refs = [tokenizer.decode(t) for t in results["greedy"]["outputs"]]
+    greedy = results["greedy"]["outputs"]
+    refs = [tokenizer.decode(t) for t in greedy]
     for r in results.values():
         hyps = [tokenizer.decode(t) for t in r["outputs"]]
         r["chrf"] = chrf.corpus_score(hyps, [refs]).score
         r["loss"] = statistics.mean(continuation_loss(base, p, t) for p, t in zip(prompts, r["outputs"]))
+        if r["exact_method"] and not r["identical_to_greedy"]:
+            r["divergences"] = divergences(base, prompts, greedy, r["outputs"])
+
+
+def divergences(
+    base: PreTrainedModel, prompts: list[torch.LongTensor], greedy: list[list[int]], outputs: list[list[int]]
+) -> list[dict]:
+    """Where an exact method's output first parts from greedy's, per differing prompt, and whether
+    greedy's own top-2 logit gap there is within the dtype's rounding: a near-tie that a k-token
+    pass may resolve the other way from a 1-token pass, not a decoding error."""
+    found = []
+    for i, (prompt, ref, ours) in enumerate(zip(prompts, greedy, outputs)):
+        as_ids = [torch.cat([prompt, torch.tensor([t], device=prompt.device)], dim=1) for t in (ref, ours)]
+        d = first_divergence(base, *as_ids)
+        if d is not None:
+            found.append(
+                {"prompt": i, "position": d.position - prompt.shape[1], "top2_gap": d.top2_gap,
+                 "near_tie": d.near_tie(base.dtype)}
+            )  # fmt: skip
+    return found
 
 
 def add_ceilings(results: dict[str, dict], cost: dict[int, float]) -> None:
-    """Each blockwise row's ceiling k̂ · t(1) / t(k) and its efficiency, measured / ceiling."""
+    """Each blockwise row's ceiling k̂ · t(1) / t(q) and its efficiency, measured / ceiling: q is k
+    for a chain, and for a tree the tokens it verified per call on average."""
     for r in results.values():
-        if r.get("k") and r["k"] in cost and "mean_block_size" in r:
-            r["ceiling"] = r["mean_block_size"] * cost[1] / cost[r["k"]]
+        if not r.get("k") or "mean_block_size" not in r:
+            continue
+        q = min(round(r["mean_verified"]), max(cost)) if r["family"].endswith("tree") else r["k"]
+        if q in cost:
+            r["ceiling"] = r["mean_block_size"] * cost[1] / cost[q]
             r["efficiency"] = r["speedup"] / r["ceiling"]
