@@ -24,7 +24,7 @@ test: $(STAMP)
 lint: $(STAMP)
 	.venv/bin/ruff check blockdecode tests benchmarks && .venv/bin/ruff format --check blockdecode tests benchmarks
 
-# blockdecode against greedy, prompt lookup and assisted generation, with the approximate rules too (~10 min).
+# blockdecode against greedy, prompt lookup and assisted generation, with the approximate rules and calibrated trees too (~20 min on 2 cores).
 bench: $(STAMP)
 	.venv/bin/blockdecode --threads 2 bench --acceptance topk:2,topk:3,min-block:2,min-block:3
 
