@@ -33,7 +33,7 @@ from blockdecode.timing import forward_cost
 
 LARGEST = 64  # the largest tree tried, and the one decoded to predict every smaller one
 NEW_TOKENS = 48  # decoded per prompt and setting
-COST_POINTS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)  # t(q) is measured here and interpolated between
+COST_POINTS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 65)  # t(q) is measured here and interpolated between
 
 
 SOURCES = ("heads", "ngram", "heads+ngram")  # what drafter="auto" chooses from
@@ -114,9 +114,16 @@ def predict(
 
 
 def predict_budgets(
-    lm, prompts: list[torch.LongTensor], drafter, k: int, new_tokens: int = NEW_TOKENS, warm_up: bool = True
+    lm,
+    prompts: list[torch.LongTensor],
+    drafter,
+    k: int,
+    cost: dict[int, float],
+    new_tokens: int = NEW_TOKENS,
+    warm_up: bool = True,
 ) -> dict[int, float]:
-    """Predicted tokens/s of every tree budget, from one decode of each prompt with the largest."""
+    """Predicted tokens/s of every tree budget, from one decode of each prompt with the largest
+    and the cost curve t(q) (`cost`)."""
     settings = dict(eos_token_id=[], drafter=drafter, k=k, tree=LARGEST)
     if warm_up:
         lm.generate(prompts[0], new_tokens, **settings)
@@ -129,9 +136,7 @@ def predict_budgets(
         call_seconds += [b - a for a, b in zip(stamps, stamps[1:])]
     if not paths:
         raise ValueError("calibration needs prompts and new tokens that leave room for two calls")
-    context = prompts[0].to(next(lm.parameters()).device)
-    t = forward_cost(lm.base, context, [q for q in COST_POINTS if q < max(verified)] + [max(verified)], reps=3)
-    return predict(paths, verified, call_seconds, t)
+    return predict(paths, verified, call_seconds, cost)
 
 
 def measure_settings(
@@ -199,9 +204,10 @@ def calibrate(
     names = SOURCES if drafter == "auto" else (drafter,)
     specs = {name: drafters if drafters is not None and drafter != "auto" else name for name in names}
     bar = tqdm(total=len(names) + 1, desc="calibrating (once for this model and setting)", disable=not show)
+    cost = forward_cost(lm.base, prompts[0].to(next(lm.parameters()).device), COST_POINTS, reps=3)  # once for all
     predicted = {}
     for name in names:  # the first decode warms the model up for all
-        predicted[name] = predict_budgets(lm, prompts, specs[name], k, warm_up=not predicted)
+        predicted[name] = predict_budgets(lm, prompts, specs[name], k, cost=cost, warm_up=not predicted)
         bar.update()
     best = max(((n, b) for n in names for b in predicted[n]), key=lambda nb: predicted[nb[0]][nb[1]])
     settings = {f"{best[0]}:{best[1]}": (specs[best[0]], best[1])}
