@@ -147,7 +147,7 @@ class BlockwiseLM(nn.Module):
 
         By default (`tree="auto"`, `drafter=None`) the drafters and tree budget are the ones
         measured fastest for this model, dtype, machine and k (`blockdecode.calibrate`: measured on
-        this prompt the first time, a few seconds, then cached). `drafter`: a Drafter, a list of
+        this prompt the first time, seconds to a minute on a CPU, then cached on disk). `drafter`: a Drafter, a list of
         them (sharing a tree), or a name: "heads", "ngram" or "heads+ngram". `tree=N` verifies a
         tree of up to N candidate tokens a call, `tree=None` one chain (with the heads unless told
         otherwise: the paper's method). k defaults to the heads' block size; with the heads it may
