@@ -232,10 +232,18 @@ def calibrate(
     return result
 
 
-def resolve(lm, prompts: list[torch.LongTensor], drafter: str, tree: int | str | None, k: int | None):
-    """The drafters' name and tree budget a run uses: `tree="auto"` calibrates the budget (and,
-    for drafter "auto", the drafters); otherwise "auto" drafters are the heads."""
-    if tree == "auto":
-        found = calibrate(lm, prompts, drafter, k)
+def resolve(lm, prompts: list[torch.LongTensor], drafter, tree: int | str | None, k: int | None, rule: str = "exact"):
+    """The drafters and tree budget a run uses. `tree="auto"` calibrates the budget, and for
+    drafter "auto" (or None) the drafters too; min-block acceptance forces a chain's first
+    proposals, so it gets the chain. Otherwise "auto" drafters are the heads. Named drafters come
+    back as a name, drafter objects as given."""
+    auto = drafter is None or drafter == "auto"
+    if tree == "auto" and rule == "min-block":
+        tree = None
+    if tree != "auto":
+        return ("heads" if auto else drafter), tree
+    if auto or isinstance(drafter, str):
+        found = calibrate(lm, prompts, "auto" if auto else drafter, k)
         return found.drafter, found.tree
-    return ("heads" if drafter == "auto" else drafter), tree
+    name = "+".join(type(d).__name__ for d in lm.drafters(drafter))
+    return drafter, calibrate(lm, prompts, name, k, drafters=drafter).tree

@@ -45,10 +45,8 @@ def cmd_generate(args: argparse.Namespace) -> None:
     if not has_heads(args.model):
         print(f"note: {args.model} has no trained heads; using untrained {args.head_type} heads", file=sys.stderr)
     ids = tokenizer(args.prompt, return_tensors="pt").input_ids
-    if acceptance.rule == "min-block" and args.tree == "auto":  # min-block forces a chain's first proposals
-        args.tree = None
     check_prompt(model.base, ids, args.max_new_tokens)  # before any calibration
-    drafter, tree = resolve(model, [ids], args.drafter, args.tree, args.k)
+    drafter, tree = resolve(model, [ids], args.drafter, args.tree, args.k, acceptance.rule)
     out = model.generate(ids, args.max_new_tokens, drafter=drafter, k=args.k, acceptance=acceptance, tree=tree)
     print(tokenizer.decode(out.sequences[0]))
     s = out.stats

@@ -16,7 +16,7 @@ from transformers import AutoTokenizer, PreTrainedModel
 
 from blockdecode import builtin
 from blockdecode.acceptance import Acceptance, parse_acceptance
-from blockdecode.calibrate import Calibration, calibrate
+from blockdecode.calibrate import resolve
 from blockdecode.decode import BlockwiseOutput, blockwise_generate, check_prompt
 from blockdecode.drafters import Drafter, HeadsDrafter, NgramDrafter
 from blockdecode.heads import HeadsConfig, build_heads
@@ -165,11 +165,7 @@ class BlockwiseLM(nn.Module):
             resolve_eos(self.base, eos_token_id)
             rule = parse_acceptance(acceptance)
             rule.check(k, vocab_size(self.base))
-            if rule.rule == "min-block":  # it forces a chain's first proposals: no tree
-                tree = None
-            else:
-                found = self._calibrate(input_ids, drafter, k)
-                drafter, tree = (found.drafter if drafter is None else drafter), found.tree
+            drafter, tree = resolve(self, [input_ids], drafter, tree, k, rule.rule)
         elif isinstance(tree, str):
             raise ValueError(f"tree must be a node budget >= 1, 'auto' or None, got {tree!r}")
         drafters = self.drafters(drafter if drafter is not None else "heads")
@@ -185,13 +181,6 @@ class BlockwiseLM(nn.Module):
             acceptance,
             tree,
         )
-
-    def _calibrate(self, input_ids: torch.LongTensor, drafter, k: int) -> Calibration:
-        """The measured tree budget for these drafters (None: the drafters too), cached."""
-        if drafter is None or isinstance(drafter, str):
-            return calibrate(self, [input_ids], drafter or "auto", k)
-        name = "+".join(type(d).__name__ for d in self.drafters(drafter))
-        return calibrate(self, [input_ids], name, k, drafters=drafter)
 
     def drafters(self, spec: Drafter | Sequence[Drafter] | str) -> list[Drafter]:
         """Drafters from a name ("heads", "ngram", "heads+ngram": n-gram lookup first, the heads
