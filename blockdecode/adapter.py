@@ -9,27 +9,32 @@ The loop sees three operations, whatever the model is:
 - `keep(indices)`: keep these cache positions and drop the rest; rolling back a rejected chain
   is the contiguous case, keeping a tree's accepted path the general one.
 
-`CausalAdapter` serves decoder-only models. An encoder-decoder adapter fits the same three
-calls: `prefill` runs the encoder once and holds its outputs, `score` runs the decoder, and
-`keep` cuts the self-attention cache only (see docs/design.md)."""
+`CausalAdapter` serves decoder-only models. `Seq2seqAdapter` serves encoder-decoder models with the
+same three calls: the encoder runs once, before the decoder's prefill, and its outputs (and the
+cross-attention cache) stay as they are; `score` runs the decoder, and `keep` cuts the
+self-attention cache only (see docs/design.md)."""
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Sequence
 
 import torch
 from transformers import PreTrainedModel
 
-from blockdecode.hf import cache_argument, decoder_output, make_cache
+from blockdecode.hf import cache_argument, decoder_output, is_seq2seq, make_cache
 
 
 class CausalAdapter:
     """One sequence through a causal LM with a KV cache that can keep any subset of its positions."""
 
+    takes_positions = True  # score() can give tokens their own position ids (a tree needs it)
+
     def __init__(self, model: PreTrainedModel, cache_implementation: str = "dynamic", max_len: int = 0):
         """`max_len`: the most positions the cache will hold (a static cache allocates them)."""
         self.model = model
         self.cache = make_cache(model, cache_implementation, max_len)
+        self.layers = getattr(self.cache, "layers", None)  # the self-attention layers, which keep() edits
         self.static = cache_implementation == "static"
         self.max_len = max_len
         self.cache_arg = cache_argument(model)
@@ -76,7 +81,7 @@ class CausalAdapter:
             self.keep(range(n))
             return
         moved = torch.tensor(indices[fixed:], device=self.model.device)
-        for layer in self.cache.layers:
+        for layer in self.layers:
             if not getattr(layer, "is_initialized", True):
                 continue
             if self.static:  # written by position: move the kept entries forward, then the write position
@@ -102,7 +107,60 @@ class CausalAdapter:
     @torch.inference_mode()
     def _forward(self, ids: torch.LongTensor, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
         with decoder_output(self.model) as hidden:
-            out = self.model(input_ids=ids, use_cache=True, **{self.cache_arg: self.cache}, **kwargs)
+            out = self._run(ids, use_cache=True, **{self.cache_arg: self.cache}, **kwargs)
         self.calls += 1
         self.length += ids.shape[1]
         return out.logits, hidden[0]
+
+    def _run(self, ids: torch.LongTensor, **kwargs):
+        return self.model(input_ids=ids, **kwargs)
+
+
+class Seq2seqAdapter(CausalAdapter):
+    """The decoder of an encoder-decoder model over one source sequence, encoded once."""
+
+    def __init__(
+        self, model: PreTrainedModel, source: torch.LongTensor, cache_implementation: str = "dynamic", max_len: int = 0
+    ):
+        """`source` [1, S]: the encoder's input; the decoder's tokens go through prefill and score."""
+        super().__init__(model, cache_implementation, max_len)
+        self.source = source
+        self.encoded = None
+        self.layers = self.cache.self_attention_cache.layers
+        self.takes_positions = "decoder_position_ids" in inspect.signature(model.forward).parameters
+
+    def prefill(self, prompt: torch.LongTensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """prompt [B, T]: the decoder's first tokens (its start token); the encoder runs first."""
+        with torch.inference_mode():
+            self.encoded = self.model.get_encoder()(input_ids=self.source, attention_mask=torch.ones_like(self.source))
+        return super().prefill(prompt)
+
+    def _run(self, ids: torch.LongTensor, attention_mask=None, position_ids=None, logits_to_keep=0, **kwargs):
+        if position_ids is not None:
+            if not self.takes_positions:
+                raise ValueError(f"{type(self.model).__name__} takes no decoder position ids: it cannot score a tree")
+            kwargs["decoder_position_ids"] = position_ids
+        out = self.model(
+            encoder_outputs=self.encoded,
+            attention_mask=torch.ones_like(self.source),
+            decoder_input_ids=ids,
+            decoder_attention_mask=attention_mask,
+            **kwargs,
+        )
+        if logits_to_keep:  # seq2seq heads score every position; keep what a causal LM would
+            out.logits = out.logits[:, -logits_to_keep:]
+        return out
+
+
+def adapter_for(
+    model: PreTrainedModel,
+    source: torch.LongTensor | None,
+    cache_implementation: str = "dynamic",
+    max_len: int = 0,
+) -> CausalAdapter:
+    """The adapter for this model: `source` is an encoder-decoder's encoder input (None otherwise)."""
+    if is_seq2seq(model):
+        if source is None:
+            raise ValueError(f"{type(model).__name__} is an encoder-decoder model: it needs the source to translate")
+        return Seq2seqAdapter(model, source, cache_implementation, max_len)
+    return CausalAdapter(model, cache_implementation, max_len)

@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from blockdecode.decode import takes_tree_masks
 from blockdecode.hf import context_length, dtype_name, weights_digest
 from blockdecode.io import write_json
 from blockdecode.timing import forward_cost
@@ -203,17 +204,22 @@ def calibrate(
     prompts = [ids[:, -room:] if room else ids for ids in prompts[:2]]  # two; their newest tokens, as many as fit
     names = SOURCES if drafter == "auto" else (drafter,)
     specs = {name: drafters if drafters is not None and drafter != "auto" else name for name in names}
-    bar = tqdm(total=len(names) + 1, desc="calibrating (once for this model and setting)", disable=not show)
-    cost = forward_cost(lm.base, prompts[0].to(next(lm.parameters()).device), COST_POINTS, reps=3)  # once for all
+    trees = takes_tree_masks(lm.base)  # else only the chains are measured
+    bar = tqdm(total=len(names) * trees + 1, desc="calibrating (once for this model and setting)", disable=not show)
     predicted = {}
-    for name in names:  # the first decode warms the model up for all
-        predicted[name] = predict_budgets(lm, prompts, specs[name], k, cost=cost, warm_up=not predicted)
-        bar.update()
-    best = max(((n, b) for n in names for b in predicted[n]), key=lambda nb: predicted[nb[0]][nb[1]])
-    settings = {f"{best[0]}:{best[1]}": (specs[best[0]], best[1])}
+    settings = {}
+    if trees:
+        cost = forward_cost(lm.base, prompts[0].to(next(lm.parameters()).device), COST_POINTS, reps=3)  # once for all
+        for name in names:  # the first decode warms the model up for all
+            predicted[name] = predict_budgets(lm, prompts, specs[name], k, cost=cost, warm_up=not predicted)
+            bar.update()
+        best = max(((n, b) for n in names for b in predicted[n]), key=lambda nb: predicted[nb[0]][nb[1]])
+        settings[f"{best[0]}:{best[1]}"] = (specs[best[0]], best[1])
     for name in names:  # the chains, which no tree's statistics predict; shared drafters have none
         if len(lm.drafters(specs[name])) == 1:
             settings[f"{name}:0"] = (specs[name], 0)
+    if not settings:  # shared drafters on a model without trees: decoded as generate falls back, the first's chain
+        settings[f"{names[0]}:{LARGEST}"] = (specs[names[0]], LARGEST)
     measured = measure_settings(lm, prompts, settings, k)
     bar.update()
     bar.close()

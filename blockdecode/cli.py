@@ -13,7 +13,7 @@ import torch
 
 from blockdecode.builtin import DEFAULT_MODEL
 from blockdecode.heads import HEAD_TYPES
-from blockdecode.hf import DTYPES
+from blockdecode.hf import DTYPES, is_seq2seq
 
 
 def read_value_map(path: str) -> list[float]:
@@ -48,7 +48,8 @@ def cmd_generate(args: argparse.Namespace) -> None:
     check_prompt(model.base, ids, args.max_new_tokens)  # before any calibration
     drafter, tree = resolve(model, [ids], args.drafter, args.tree, args.k, acceptance.rule)
     out = model.generate(ids, args.max_new_tokens, drafter=drafter, k=args.k, acceptance=acceptance, tree=tree)
-    print(tokenizer.decode(out.sequences[0]))
+    seq2seq = is_seq2seq(model.base)  # the output is the decoder's: a translation, not a continuation
+    print(tokenizer.decode(out.sequences[0], skip_special_tokens=seq2seq))
     s = out.stats
     print(
         f"\nblockwise ({drafter}, k={args.k or model.k}, {'tree of ' + str(tree) if tree else 'chain'}, "
@@ -62,9 +63,9 @@ def cmd_generate(args: argparse.Namespace) -> None:
         start = time.perf_counter()
         ref = greedy_generate(model.base, ids, args.max_new_tokens)
         seconds = time.perf_counter() - start
-        new = ref.shape[1] - ids.shape[1]
+        new = ref.shape[1] - (1 if seq2seq else ids.shape[1])
         print(f"greedy (transformers): {new} tokens, {new} calls, {new / seconds:.1f} tokens/s", file=sys.stderr)
-        diverged = first_divergence(model.base, ref, out.sequences)
+        diverged = first_divergence(model.base, ref, out.sequences, source=ids if seq2seq else None)
         note = "" if s.exact else f"; expected under approximate acceptance {s.acceptance}"
         if diverged is None:
             verdict = "yes"
@@ -170,9 +171,20 @@ def add_pretrain_parser(sub) -> None:
     p.set_defaults(func=cmd_pretrain)
 
 
+def causal_only(model_dir: str | None, command: str) -> None:
+    """`demo` and `bench` continue code prompts; an encoder-decoder model is refused by name."""
+    config = Path(model_dir or "") / "config.json"
+    if model_dir and config.is_file() and json.loads(config.read_text()).get("is_encoder_decoder"):
+        raise ValueError(
+            f"`blockdecode {command}` continues code prompts with a causal LM; {model_dir} is an encoder-decoder "
+            f"model: translate with `blockdecode generate --model {model_dir} --prompt SOURCE --compare`"
+        )
+
+
 def cmd_bench(args: argparse.Namespace) -> None:
     from blockdecode.bench import PRESETS, acceptance_markdown, core_markdown, markdown, run_bench, update_readme
 
+    causal_only(args.model, "bench")
     preset = "quick" if args.quick else args.preset
     chosen = {"model": args.model, "draft": args.draft, "prompts": args.prompts}
     if args.dtype:  # the core study has no model of its own: its dtype is the scripted model's
@@ -269,6 +281,7 @@ def cmd_calibrate(args: argparse.Namespace) -> None:
 def cmd_demo(args: argparse.Namespace) -> None:
     from blockdecode.demo import run_demo
 
+    causal_only(args.model, "demo")
     run_demo(
         args.model,
         max_new_tokens=args.max_new_tokens,

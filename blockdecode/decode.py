@@ -19,9 +19,10 @@ import torch
 from transformers import PreTrainedModel
 
 from blockdecode.acceptance import Acceptance, parse_acceptance
-from blockdecode.adapter import CausalAdapter
+from blockdecode.adapter import adapter_for
 from blockdecode.drafters import Drafter, check_proposal
-from blockdecode.hf import context_length, resolve_eos, vocab_size
+from blockdecode.hf import context_length, is_seq2seq, resolve_eos, vocab_size
+from blockdecode.rules import greedy_rules
 from blockdecode.tree import Tree
 
 
@@ -90,7 +91,8 @@ class BlockwiseOutput:
 
 
 def check_prompt(model: PreTrainedModel, input_ids: torch.Tensor, max_new_tokens: int) -> torch.LongTensor:
-    """A [1, T] LongTensor on the model's device that the model can extend by max_new_tokens, or a
+    """A [1, T] LongTensor on the model's device that the model can extend by max_new_tokens (for an
+    encoder-decoder: a source it can encode, with room for max_new_tokens in its decoder), or a
     clear error."""
     if not isinstance(input_ids, torch.Tensor):
         raise TypeError(f"input_ids must be a torch.LongTensor, got {type(input_ids).__name__}")
@@ -102,22 +104,47 @@ def check_prompt(model: PreTrainedModel, input_ids: torch.Tensor, max_new_tokens
         raise ValueError(
             f"input_ids has {input_ids.shape[0]} rows; blockwise decoding takes one sequence at a time for now"
         )
+    what = "source" if is_seq2seq(model) else "prompt"
     if input_ids.shape[1] == 0:
-        raise ValueError("the prompt is empty: give at least one token")
+        raise ValueError(f"the {what} is empty: give at least one token")
     if input_ids.dtype not in (torch.int64, torch.int32):
         raise TypeError(f"input_ids must hold integer token ids, got dtype {input_ids.dtype}")
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, numbers.Integral) or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
-    vocab = vocab_size(model)
+    vocab = model.get_input_embeddings().num_embeddings if is_seq2seq(model) else vocab_size(model)
     if int(input_ids.min()) < 0 or int(input_ids.max()) >= vocab:
-        raise ValueError(f"the prompt holds token ids outside the model's vocabulary [0, {vocab})")
+        raise ValueError(f"the {what} holds token ids outside the model's vocabulary [0, {vocab})")
     limit = context_length(model)
-    if limit is not None and input_ids.shape[1] + max_new_tokens > limit:
+    if is_seq2seq(model):
+        if limit is not None and input_ids.shape[1] > limit:
+            raise ValueError(f"the source ({input_ids.shape[1]} tokens) exceeds the encoder's {limit} positions")
+        if limit is not None and 1 + max_new_tokens > limit:
+            raise ValueError(
+                f"max_new_tokens ({max_new_tokens}) + the start token exceeds the decoder's {limit} positions"
+            )
+    elif limit is not None and input_ids.shape[1] + max_new_tokens > limit:
         raise ValueError(
             f"prompt ({input_ids.shape[1]} tokens) + max_new_tokens ({max_new_tokens}) exceeds the model's "
             f"context of {limit} positions"
         )
     return input_ids.long().to(model.device)
+
+
+def decoder_prompt(
+    model: PreTrainedModel, input_ids: torch.LongTensor
+) -> tuple[torch.LongTensor | None, torch.LongTensor]:
+    """(source, the sequence the decoder extends): (None, the prompt) for a causal LM; for an
+    encoder-decoder (the prompt, its decoder start token), as `generate` starts."""
+    if not is_seq2seq(model):
+        return None, input_ids
+    start = getattr(model.generation_config, "decoder_start_token_id", None)
+    if start is None:
+        start = getattr(model.config, "decoder_start_token_id", None)
+    if isinstance(start, list | tuple):
+        start = start[0] if len(start) == 1 else None
+    if start is None:
+        raise ValueError(f"{type(model).__name__} names no decoder_start_token_id: set it in its generation config")
+    return input_ids, input_ids.new_tensor([[int(start)]])
 
 
 @torch.inference_mode()
@@ -149,16 +176,18 @@ def blockwise_generate(
         raise ValueError(f"tree must be a node budget >= 1 (or None for a chain), got {tree!r}")
     if tree is None and len(drafters) != 1:
         raise ValueError(f"{len(drafters)} drafters need a tree to share: pass tree=N")
-    input_ids = check_prompt(model, input_ids, max_new_tokens)
+    source, input_ids = decoder_prompt(model, check_prompt(model, input_ids, max_new_tokens))
     max_new_tokens = int(max_new_tokens)
     if tree is not None and not takes_tree_masks(model):
         warnings.warn(
-            f"{type(model).__name__} does not apply a custom attention mask as given (checked on its logits): "
+            f"{type(model).__name__} does not score a tree as given (custom attention mask and position ids, checked "
+            f"on its logits): "
             f"decoding with one chain from {type(drafters[0]).__name__} instead of a tree",
             stacklevel=2,
         )
         tree, drafters = None, drafters[:1]
     eos = resolve_eos(model, eos_token_id)
+    rules = greedy_rules(model, input_ids.shape[1], max_new_tokens, eos)
     vocab = vocab_size(model)
     rule = parse_acceptance(acceptance)
     rule.check(k, vocab)
@@ -176,9 +205,10 @@ def blockwise_generate(
     start = time.perf_counter()
 
     # A tree's nodes are scored in cache slots past the sequence's end before all but one path is dropped.
-    base = CausalAdapter(model, cache_implementation, total + (tree or 0))
+    base = adapter_for(model, source, cache_implementation, total + (tree or 0))
     logits, h = base.prefill(input_ids)
-    newest = logits[:, -1].float().argmax(-1, keepdim=True)  # [1, 1]; fp32: CPU argmax over bf16 is slow
+    # fp32 scores: a CPU argmax over bf16 is slow.
+    newest = rules.apply(logits[:, -1].float(), prompt_len).argmax(-1, keepdim=True)  # [1, 1]
     first = int(newest)
     seq[0, prompt_len] = first
     tokens.append(first)
@@ -197,10 +227,11 @@ def blockwise_generate(
             draft = draft.to(seq.device)
             # Verify: one pass scores the newest token and every proposal (causal masking).
             logits, h = base.score(torch.cat([newest, draft], dim=1))
-            greedy = logits[0].float().argmax(-1)  # [n+1]: the base model's token after each prefix
+            scores = rules.apply(logits[0].float(), length)  # what greedy would take the argmax of
+            greedy = scores.argmax(-1)  # [n+1]: the base model's token after each prefix
             # Accept the longest prefix the rule agrees with, plus the base model's own next token
             # (exact: the agreeing proposals equal the base model's tokens). One host sync a call.
-            accepted = rule.agree(draft[0], logits[0], greedy).long().cumprod(0).sum()
+            accepted = rule.agree(draft[0], scores, greedy).long().cumprod(0).sum()
             proposed = torch.cat([draft[0], greedy[-1:]])  # position i holds proposal i (the last has none)
             block = torch.where(torch.arange(n + 1, device=greedy.device) < accepted, proposed, greedy)
             host = torch.cat([accepted.view(1), block]).tolist()
@@ -213,11 +244,12 @@ def blockwise_generate(
             ids[:, :1] = newest
             depths = torch.tensor([0, *candidates.depths], device=seq.device)
             logits, h = base.score(ids, positions=depths + length - 1, mask=candidates.ancestry())
-            greedy = logits[0].float().argmax(-1)  # [m+1]: the base model's token after each node
+            scores = rules.apply(logits[0].float(), length, [0, *candidates.depths])
+            greedy = scores.argmax(-1)  # [m+1]: the base model's token after each node
             # Accept the deepest path of nodes the rule agrees with (each against its parent's
             # scores), plus the base model's own token after its last node. One host sync a call.
             parents = torch.tensor([*candidates.parents, 0], device=seq.device)
-            right = rule.agree(ids[0, 1:], logits[0, parents], greedy[parents])
+            right = rule.agree(ids[0, 1:], scores[parents], greedy[parents])
             host = torch.cat([right.long(), greedy]).tolist()
             m = len(candidates)
             path = candidates.accepted_path(host[:m])
@@ -258,17 +290,18 @@ def takes_tree_masks(model: PreTrainedModel) -> bool:
         vocab = vocab_size(model)
         prompt = torch.tensor([[1 % vocab, 2 % vocab, 3 % vocab]], device=model.device)
         siblings = torch.tensor([[4 % vocab, 5 % vocab, 6 % vocab]], device=model.device)
+        source = prompt if is_seq2seq(model) else None
         try:
-            together = CausalAdapter(model, "dynamic", 8)
+            together = adapter_for(model, source, "dynamic", 8)
             together.prefill(prompt)
             mask = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool)
             logits, _ = together.score(siblings, positions=torch.tensor([3, 4, 4], device=model.device), mask=mask)
-            alone = CausalAdapter(model, "dynamic", 8)
+            alone = adapter_for(model, source, "dynamic", 8)
             alone.prefill(prompt)
             reference, _ = alone.score(siblings[:, [0, 2]])
             scale = reference.float().abs().max().clamp(min=1.0)
             ok = bool(((logits[0, 2].float() - reference[0, 1].float()).abs().max() / scale) < 1e-2)
-        except Exception:  # a model that cannot take the mask at all (ALiBi) says so by failing
+        except Exception:  # a model that cannot take the mask or the positions at all says so by failing
             ok = False
         checked[key] = ok
     return checked[key]

@@ -15,7 +15,15 @@ from pathlib import Path
 import torch
 from huggingface_hub import constants
 from safetensors import SafetensorError
-from transformers import AutoModelForCausalLM, DynamicCache, PreTrainedModel, StaticCache
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoModelForSeq2SeqLM,
+    DynamicCache,
+    EncoderDecoderCache,
+    PreTrainedModel,
+    StaticCache,
+)
 
 from blockdecode.io import CheckpointError
 
@@ -28,16 +36,24 @@ def dtype_name(dtype: torch.dtype) -> str:
     return next((name for name, d in DTYPES.items() if d == dtype), str(dtype).removeprefix("torch."))
 
 
+def is_seq2seq(model: PreTrainedModel) -> bool:
+    """Whether the model is an encoder-decoder (Marian, T5, BART, ...): its input is a source to encode."""
+    return bool(getattr(model.config, "is_encoder_decoder", False))
+
+
 def load_base(path: str, dtype: torch.dtype = torch.float32, **kwargs) -> PreTrainedModel:
-    """A causal LM from a folder (or a hub name, where the hub is allowed); damaged weights (an
-    interrupted copy, say) are a CheckpointError naming the folder, not a traceback."""
+    """A causal LM, or an encoder-decoder (seq2seq) LM, from a folder (or a hub name, where the hub
+    is allowed); damaged weights (an interrupted copy, say) are a CheckpointError naming the
+    folder, not a traceback."""
     if not Path(path).is_dir() and constants.is_offline_mode():
         raise CheckpointError(
             f"{path} is not a folder here, and blockdecode stays offline: download it yourself, or set "
             f"HF_HUB_OFFLINE=0 to let it be fetched from the hub"
         )
     try:
-        return AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **kwargs)
+        seq2seq = getattr(AutoConfig.from_pretrained(path), "is_encoder_decoder", False)
+        auto = AutoModelForSeq2SeqLM if seq2seq else AutoModelForCausalLM
+        return auto.from_pretrained(path, dtype=dtype, **kwargs)
     except SafetensorError as err:
         raise CheckpointError(f"{path}: the model weights are corrupt or truncated ({err})") from err
 
@@ -116,6 +132,10 @@ def make_cache(model: PreTrainedModel, impl: str, max_len: int):
     (preallocated, written by position) only moves its write position."""
     if impl not in CACHE_IMPLEMENTATIONS:
         raise ValueError(f"unknown cache implementation {impl!r}: choose one of {', '.join(CACHE_IMPLEMENTATIONS)}")
+    if is_seq2seq(model):  # the decoder's own cache rolls back; the cross-attention one is written once
+        if impl == "static":
+            raise ValueError(f"{type(model).__name__} is an encoder-decoder model: use the dynamic cache")
+        return EncoderDecoderCache(DynamicCache(config=model.config), DynamicCache(config=model.config))
     if impl == "dynamic":
         cache = DynamicCache(config=model.config)
     else:

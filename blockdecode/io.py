@@ -150,7 +150,7 @@ def reading_folder(folder: Path, last: str) -> Iterator[None]:
 
 
 def write_text(path: Path, text: str) -> None:
-    atomic_write(path, lambda p: Path(p).write_text(text))
+    atomic_write(path, lambda p: Path(p).write_text(text, encoding="utf-8"))
 
 
 def write_json(path: Path, data: object) -> None:

@@ -4,14 +4,13 @@ Every exactness claim (tests, CLI --compare, demo, bench) is checked against thi
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
-from transformers import GenerationConfig, PreTrainedModel
+from transformers import PreTrainedModel
 
-from blockdecode.hf import resolve_eos
+from blockdecode.hf import is_seq2seq, resolve_eos
 
 
 @torch.inference_mode()
@@ -22,33 +21,22 @@ def greedy_generate(
     eos_token_id: int | Sequence[int] | None = None,
     **generate_kwargs,
 ) -> torch.LongTensor:
-    """transformers' own greedy generate [B, T], EOS resolved as blockdecode resolves it and none of
-    the checkpoint's logits processors. `generate_kwargs` reach generate as they are: num_beams
-    for distillation, prompt_lookup_num_tokens or assistant_model for the benchmark's peers."""
+    """transformers' own greedy generate [B, T] (for an encoder-decoder: the decoder's tokens, start
+    token first), EOS resolved as blockdecode resolves it, with the rules of the checkpoint's
+    generation config that greedy applies (forced BOS/EOS, banned tokens: `blockdecode.rules`).
+    `generate_kwargs` reach generate as they are: num_beams for distillation,
+    prompt_lookup_num_tokens or assistant_model for the benchmark's peers."""
     eos = sorted(resolve_eos(model, eos_token_id))
-    with plain_generation_config(model):
-        return model.generate(
-            input_ids,
-            attention_mask=torch.ones_like(input_ids),
-            do_sample=False,
-            max_new_tokens=max_new_tokens,
-            eos_token_id=eos or None,
-            pad_token_id=eos[0] if eos else 0,
-            **generate_kwargs,
-        )
-
-
-@contextmanager
-def plain_generation_config(model: PreTrainedModel) -> Iterator[None]:
-    """Decode with transformers' defaults rather than the checkpoint's generation config, whose
-    logits processors (repetition_penalty, no_repeat_ngram_size, ...) would change greedy's
-    tokens: `generate` fills every argument left unset from the model's own config."""
-    saved = model.generation_config
-    model.generation_config = GenerationConfig()
-    try:
-        yield
-    finally:
-        model.generation_config = saved
+    pad = model.generation_config.pad_token_id
+    kwargs = {"do_sample": False, "num_beams": 1, **generate_kwargs}
+    return model.generate(
+        input_ids,
+        attention_mask=torch.ones_like(input_ids),
+        max_new_tokens=max_new_tokens,
+        eos_token_id=eos or None,
+        pad_token_id=pad if pad is not None else eos[0] if eos else 0,
+        **kwargs,
+    )
 
 
 @dataclass
@@ -69,8 +57,14 @@ class Divergence:
 
 
 @torch.inference_mode()
-def first_divergence(model: PreTrainedModel, reference: torch.LongTensor, other: torch.LongTensor) -> Divergence | None:
-    """None if the sequences are equal, else where they part and the reference's top-2 gap there.
+def first_divergence(
+    model: PreTrainedModel,
+    reference: torch.LongTensor,
+    other: torch.LongTensor,
+    source: torch.LongTensor | None = None,
+) -> Divergence | None:
+    """None if the sequences are equal, else where they part and the reference's top-2 gap there
+    (`source`: an encoder-decoder's input, whose decoder tokens the sequences are).
 
     A tiny gap means float non-associativity (a k-token pass against a 1-token pass, bf16)
     can flip the argmax: a near-tie, not a decoding bug."""
@@ -80,6 +74,9 @@ def first_divergence(model: PreTrainedModel, reference: torch.LongTensor, other:
     pos = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
     if pos == 0 or pos >= len(a):
         return Divergence(pos, float("inf"))
-    logits = model(reference[:, :pos]).logits[0, -1].float()
+    if is_seq2seq(model):
+        logits = model(input_ids=source, decoder_input_ids=reference[:, :pos]).logits[0, -1].float()
+    else:
+        logits = model(reference[:, :pos]).logits[0, -1].float()
     top = logits.topk(2).values
     return Divergence(pos, float(top[0] - top[1]), float(top[0]))

@@ -9,15 +9,19 @@ from __future__ import annotations
 import torch
 from transformers import (
     AutoModelForCausalLM,
+    AutoModelForSeq2SeqLM,
+    BartConfig,
     GPT2Config,
     GPTNeoXConfig,
     LlamaConfig,
+    MarianConfig,
     MistralConfig,
     OPTConfig,
     PhiConfig,
     PretrainedConfig,
     PreTrainedModel,
     Qwen2Config,
+    T5Config,
 )
 
 
@@ -31,6 +35,21 @@ def toy_config(arch: str, vocab: int = 512, width: int = 64, layers: int = 2, he
         num_attention_heads=heads,
         max_position_embeddings=context,
         **common,
+    )
+    # Encoder-decoders start their decoders with the pad token, as Marian, BART and T5 do.
+    seq2seq = dict(common, pad_token_id=2, decoder_start_token_id=2)
+    bart_like = dict(
+        forced_eos_token_id=1,  # as the real checkpoints set it
+        tie_word_embeddings=False,  # tied, these random post-norm decoders repeat one token
+        d_model=width,
+        encoder_layers=layers,
+        decoder_layers=layers,
+        encoder_attention_heads=heads,
+        decoder_attention_heads=heads,
+        encoder_ffn_dim=2 * width,
+        decoder_ffn_dim=2 * width,
+        max_position_embeddings=context,
+        **seq2seq,
     )
     builders: dict[str, PretrainedConfig] = {
         "gpt2": lambda: GPT2Config(n_embd=width, n_layer=layers, n_head=heads, n_positions=context, **common),
@@ -48,6 +67,11 @@ def toy_config(arch: str, vocab: int = 512, width: int = 64, layers: int = 2, he
             **common,
         ),
         "phi": lambda: PhiConfig(partial_rotary_factor=0.5, **llama_like),
+        "marian": lambda: MarianConfig(**bart_like),
+        "bart": lambda: BartConfig(**bart_like),
+        "t5": lambda: T5Config(
+            d_model=width, d_kv=width // heads, d_ff=2 * width, num_layers=layers, num_heads=heads, **seq2seq
+        ),
     }
     if arch not in builders:
         raise ValueError(f"unknown toy architecture {arch!r}: choose one of {', '.join(builders)}")
@@ -55,16 +79,20 @@ def toy_config(arch: str, vocab: int = 512, width: int = 64, layers: int = 2, he
 
 
 TOY_ARCHITECTURES = ("gpt2", "llama", "qwen2", "mistral", "gpt_neox", "opt", "phi")
+TOY_SEQ2SEQ = ("marian", "bart", "t5")
 
 
-def toy_model(arch: str = "llama", seed: int = 0, std: float = 0.2, **size) -> PreTrainedModel:
-    """A random-weight causal LM in eval mode; 2-D weights ~ N(0, std) for varied greedy text."""
+def toy_model(arch: str = "llama", seed: int = 0, std: float | None = None, **size) -> PreTrainedModel:
+    """A random-weight causal LM (or, for TOY_SEQ2SEQ, encoder-decoder) in eval mode; 2-D weights
+    ~ N(0, std) for varied greedy text (std 0.2; 0.5 for T5, whose unscaled attention repeats one
+    token at 0.2)."""
+    std = std if std is not None else 0.5 if arch == "t5" else 0.2
     torch.manual_seed(seed)
     config = toy_config(arch, **size)
     config._attn_implementation = "eager" if arch == "opt" else "sdpa"
-    model = AutoModelForCausalLM.from_config(config)
+    model = (AutoModelForSeq2SeqLM if arch in TOY_SEQ2SEQ else AutoModelForCausalLM).from_config(config)
     with torch.no_grad():
         for p in model.parameters():
-            if p.dim() == 2:
+            if p.dim() == 2 and p.requires_grad:  # frozen ones (Marian's sinusoidal positions) are fixed tables
                 p.normal_(0.0, std)
     return model.eval()

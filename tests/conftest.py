@@ -71,9 +71,11 @@ def assert_greedy_equal(
     `tol` and our token is one of the tied ones (it trails the top logit by less than `tol`), the
     difference is accepted and the rest, being a different context, is not compared. Anything else
     fails: a token with a clear margin, or a length difference on identical tokens (an EOS or budget
-    bug), with a message giving the position and the gap."""
+    bug), with a message giving the position and the gap. For an encoder-decoder, `ids` is the source
+    and the sequences are the decoder's, from its start token."""
     ours, ref = ours.reshape(-1).cpu(), ref.reshape(-1).cpu()
-    start = ids.shape[-1]
+    seq2seq = model.config.is_encoder_decoder
+    start = 1 if seq2seq else ids.shape[-1]
     prefix = f"{what}: " if what else ""
     assert torch.equal(ours[:start], ref[:start]), f"{prefix}the output does not begin with the prompt"
     n = min(len(ours), len(ref))
@@ -85,7 +87,11 @@ def assert_greedy_equal(
         return
     pos = int(diff[0])
     device = next(model.parameters()).device
-    logits = model(ref[None, :pos].to(device), use_cache=False).logits[0, -1].float().cpu()
+    if seq2seq:
+        out = model(input_ids=ids.to(device), decoder_input_ids=ref[None, :pos].to(device), use_cache=False)
+    else:
+        out = model(ref[None, :pos].to(device), use_cache=False)
+    logits = out.logits[0, -1].float().cpu()
     top2 = logits.topk(2).values
     gap = float(top2[0] - top2[1])
     trail = float(logits.max() - logits[ours[pos]])

@@ -8,7 +8,7 @@ import pytest
 import torch
 from conftest import make_prompt, tiny, vocab_size
 
-from blockdecode.adapter import CausalAdapter
+from blockdecode.adapter import CausalAdapter, Seq2seqAdapter
 
 ARCHS = ("llama", "gpt2", "qwen2", "gpt_neox", "opt", "phi")
 TOL = 1e-5
@@ -128,3 +128,30 @@ def test_keep_refuses_what_is_not_ascending_cache_positions(bad: list[int]) -> N
         adapter.keep(bad)
     with pytest.raises(ValueError, match="cannot keep 11 positions of a cache holding 10"):
         adapter.keep(range(11))
+
+
+@pytest.mark.parametrize("arch", ["marian", "bart", "t5"])
+def test_seq2seq_scores_rolls_back_and_keeps_the_source(arch: str) -> None:
+    """The encoder runs once; the decoder's chain, a rollback and a rescoring give a full forward's
+    logits, and the cross-attention cache is never cut."""
+    model = tiny(arch)
+    source = make_prompt(9, vocab_size(model), seed=5)
+    target = make_prompt(12, vocab_size(model), seed=6)
+    with torch.inference_mode():
+        full = model(input_ids=source, decoder_input_ids=target, use_cache=False).logits[0]
+    adapter = Seq2seqAdapter(model, source, "dynamic", 16)
+    logits, _ = adapter.prefill(target[:, :5])
+    torch.testing.assert_close(logits[0, -1], full[4], atol=TOL, rtol=0)
+    wrong = (target[:, 5:] + 1) % vocab_size(model)  # a rejected block, scored then dropped
+    adapter.score(wrong)
+    adapter.keep(range(5))
+    logits, hidden = adapter.score(target[:, 5:])
+    torch.testing.assert_close(logits[0], full[5:], atol=TOL, rtol=0)
+    with torch.inference_mode():
+        torch.testing.assert_close(model.get_output_embeddings()(hidden), logits, atol=TOL, rtol=0)
+    cross = adapter.cache.cross_attention_cache
+    assert cross.get_seq_length() == 9 and adapter.cache.self_attention_cache.get_seq_length() == 12
+    assert adapter.calls == 3 and not adapter.takes_positions
+    with pytest.raises(ValueError, match="takes no decoder position ids"):
+        adapter.score(target[:, :2], positions=torch.tensor([12, 12]), mask=torch.ones(2, 2, dtype=torch.bool))
+    assert_no_hooks(model)

@@ -70,6 +70,25 @@ def test_generate_with_ngram_drafter_on_a_plain_model_dir(tmp_path: Path, capsys
     assert "no trained heads" in err and "ngram" in err
 
 
+def test_generate_translates_with_an_encoder_decoder(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """A seq2seq folder: the prompt is the source, the output the decoder's text, exact by default."""
+    tokenizer = train_tokenizer(["the cat sat on the mat and the dog sat on the log " * 40], vocab_size=280)
+    toy_model("marian", vocab=len(tokenizer), context=128).save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    main(["generate", "--model", str(tmp_path), "--prompt", "the cat sat", "--max-new-tokens", "16", "--compare",
+          "--k", "4"])  # fmt: skip
+    out, err = capsys.readouterr()
+    assert not out.startswith("the cat sat")  # a translation, not a continuation of the source
+    assert "identical: yes" in err and "greedy (transformers): 16 tokens" in err
+
+
+@pytest.mark.parametrize("command", ["demo", "bench"])
+def test_demo_and_bench_refuse_an_encoder_decoder_by_name(command: str, tmp_path: Path) -> None:
+    toy_model("t5", vocab=64, context=32).save_pretrained(tmp_path)
+    with pytest.raises(SystemExit, match="is an encoder-decoder model: translate with `blockdecode generate"):
+        main([command, "--model", str(tmp_path)])
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
@@ -233,7 +252,10 @@ def test_ctrl_c_is_one_line_and_exit_130(tmp_path: Path) -> None:
     """SIGINT to a running demo: exit code 130, a single line on stderr, nothing written."""
     import signal
 
-    proc = run_cli(["demo", "--dtype", "fp32", "--max-new-tokens", "400", "--tree", "off"], cwd=tmp_path)
+    # SIGINT handled as a terminal would, even when the tests themselves run as a background job (ignored there).
+    restore = lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)  # noqa: E731
+    proc = run_cli(["demo", "--dtype", "fp32", "--max-new-tokens", "400", "--tree", "off"], cwd=tmp_path,
+                   preexec_fn=restore)  # fmt: skip
     line = proc.stdout.readline()  # the demo's header: the model is loaded and decoding
     assert line.startswith("blockdecode demo:"), line
     proc.send_signal(signal.SIGINT)

@@ -14,7 +14,7 @@ from conftest import NO_EOS, assert_greedy_equal, hf_greedy, make_prompt, pertur
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from blockdecode import BlockwiseLM, NgramDrafter, ScriptedDrafter, blockwise_generate
-from blockdecode.toy import TOY_ARCHITECTURES, toy_config, toy_model
+from blockdecode.toy import TOY_ARCHITECTURES, TOY_SEQ2SEQ, toy_config, toy_model
 
 # k=1 paper heads are zero-width Linear layers; torch warns that initialising them is a no-op (see report).
 pytestmark = pytest.mark.filterwarnings("ignore:Initializing zero-element tensors:UserWarning")
@@ -466,3 +466,93 @@ def test_integer_likes_are_taken_and_strings_and_bools_refused() -> None:
         lm.generate(ids, 5, eos_token_id=[True], tree=None)
     with pytest.raises(ValueError, match="max_new_tokens must be a positive integer, got True"):
         lm.generate(ids, True, tree=None)
+
+
+# Encoder-decoder models: the encoder runs once, the decoder verifies blocks over its own cache.
+
+
+@functools.cache
+def seq2seq_case(arch: str, seed: int = 0) -> tuple[PreTrainedModel, torch.LongTensor, torch.LongTensor]:
+    """(model, source, transformers' greedy decoder output with the checkpoint's own rules)."""
+    model = tiny(arch, seed=1)
+    source = make_prompt(9, vocab_size(model), seed=seed)
+    return model, source, hf_greedy(model, source, NEW)
+
+
+@pytest.mark.parametrize("k", [2, 4, 8])
+@pytest.mark.parametrize("arch", TOY_SEQ2SEQ)
+def test_seq2seq_matches_transformers_generate(arch: str, k: int) -> None:
+    """Heads (untrained and random), n-gram lookup and scripted drafters of every quality all give
+    `generate`'s decoder tokens, start token first and, where the config forces it, EOS last."""
+    model, source, ref = seq2seq_case(arch)
+    assert int(ref[0, 0]) == model.generation_config.decoder_start_token_id
+    vocab = vocab_size(model)
+    drafters: dict[str, object] = {"ngram": NgramDrafter()}
+    drafters |= {f"scripted {a}": ScriptedDrafter(ref, vocab, a, seed=k) for a in (1.0, 0.7, 0.3, 0.0)}
+    for name, drafter in drafters.items():
+        out = blockwise_generate(model, source, NEW, drafter, k)
+        assert_greedy_equal(model, source, out.sequences, ref, what=f"{arch} {name}")
+    lm = perturb_heads(BlockwiseLM.from_base(model, k=k), seed=k)
+    assert_greedy_equal(model, source, lm.generate(source, NEW, tree=None).sequences, ref, what=f"{arch} heads")
+    perfect = blockwise_generate(model, source, NEW, ScriptedDrafter(ref, vocab), k)
+    assert perfect.stats.calls == 1 + math.ceil((ref.shape[1] - 2) / k)  # every block full
+    if model.generation_config.forced_eos_token_id is not None and ref.shape[1] == NEW + 1:
+        assert int(ref[0, -1]) == model.generation_config.forced_eos_token_id  # the rule mattered
+
+
+@pytest.mark.parametrize("arch", TOY_SEQ2SEQ)
+def test_seq2seq_forced_first_token_and_banned_tokens(arch: str) -> None:
+    """mBART forces the target language first; Marian bans its pad token: applied as greedy does."""
+    model = toy_model(arch, seed=1)
+    source = make_prompt(7, vocab_size(model), seed=4)
+    plain = hf_greedy(model, source, NEW)
+    model.generation_config.forced_bos_token_id = 11
+    model.generation_config.bad_words_ids = [[int(plain[0, 2])], [model.generation_config.pad_token_id]]
+    ref = hf_greedy(model, source, NEW)
+    assert int(ref[0, 1]) == 11 and int(plain[0, 2]) not in ref[0].tolist()
+    for accuracy in (1.0, 0.5):
+        out = blockwise_generate(model, source, NEW, ScriptedDrafter(ref, vocab_size(model), accuracy), 6)
+        assert_greedy_equal(model, source, out.sequences, ref, what=f"{arch} at accuracy {accuracy}")
+
+
+def test_seq2seq_stops_at_eos_inside_a_block() -> None:
+    model, source, ref = seq2seq_case("t5")
+    eos = int(ref[0, 9])
+    stopped = hf_greedy(model, source, NEW, eos_token_id=eos)
+    out = blockwise_generate(model, source, NEW, ScriptedDrafter(ref, vocab_size(model)), 8, eos_token_id=eos)
+    assert out.sequences.tolist() == stopped.tolist() and int(out.sequences[0, -1]) == eos
+
+
+def test_seq2seq_tree_falls_back_to_a_chain_when_positions_cannot_be_given() -> None:
+    """These decoders compute their own position ids, so a tree would score wrongly: the logits
+    check finds it and the chain runs, exact, with one warning."""
+    model, source, ref = seq2seq_case("marian")
+    with pytest.warns(UserWarning, match="does not score a tree"):
+        out = blockwise_generate(model, source, NEW, [NgramDrafter(), NgramDrafter(max_paths=2)], 4, tree=8)
+    assert_greedy_equal(model, source, out.sequences, ref, what="fallback chain")
+
+
+@pytest.mark.parametrize(
+    ("change", "match"),
+    [
+        (lambda m, s: (m, s[:, :0]), "the source is empty"),
+        (lambda m, s: (m, torch.randint(3, 50, (1, 600))), "exceeds the encoder's 512 positions"),
+        (lambda m, s: (m, s.clone().fill_(10_000)), "the source holds token ids outside"),
+    ],
+)
+def test_seq2seq_bad_sources_are_named(change: Callable, match: str) -> None:
+    model, source, _ = seq2seq_case("marian")
+    model, source = change(model, source)
+    with pytest.raises(ValueError, match=match):
+        blockwise_generate(model, source, NEW, NgramDrafter(), 4)
+
+
+def test_seq2seq_refuses_what_does_not_apply() -> None:
+    model = toy_model("bart", seed=1)
+    source = make_prompt(5, vocab_size(model))
+    with pytest.raises(ValueError, match="encoder-decoder model: use the dynamic cache"):
+        blockwise_generate(model, source, 8, NgramDrafter(), 4, cache_implementation="static")
+    model.generation_config.decoder_start_token_id = None
+    model.config.decoder_start_token_id = None
+    with pytest.raises(ValueError, match="names no decoder_start_token_id"):
+        blockwise_generate(model, source, 8, NgramDrafter(), 4)

@@ -66,6 +66,17 @@ def test_round_trip_with_base(tmp_path: Path, head_type: str) -> None:
     assert_same_generation(lm, loaded)
 
 
+@pytest.mark.parametrize("arch", ["marian", "t5"])
+def test_round_trip_of_an_encoder_decoder(tmp_path: Path, arch: str) -> None:
+    """Heads on a seq2seq decoder save and load like any others, and decode the same source alike."""
+    lm = trained(arch=arch)
+    lm.save_pretrained(tmp_path)
+    loaded = BlockwiseLM.from_pretrained(tmp_path)
+    assert loaded.base.config.is_encoder_decoder
+    assert_same_heads(lm, loaded)
+    assert_same_generation(lm, loaded)
+
+
 @pytest.mark.parametrize("k", [1, 3, 8])
 @pytest.mark.parametrize("head_type", ["paper", "medusa"])
 def test_round_trip_heads_only(tmp_path: Path, head_type: str, k: int) -> None:

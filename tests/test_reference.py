@@ -13,17 +13,21 @@ from blockdecode.reference import first_divergence, greedy_generate
 from blockdecode.toy import toy_model
 
 
-def test_reference_ignores_the_checkpoints_logits_processors() -> None:
-    """Exact means plain argmax: a generation config asking for a repetition penalty or n-gram
-    blocking must change neither blockdecode nor the reference it is compared with."""
+def test_reference_is_greedy_whatever_the_checkpoint_searches_with() -> None:
+    """Checkpoints ship beam search (Marian: num_beams=4) or sampling settings; the reference, like
+    blockdecode, is greedy all the same, and keeps the rules greedy obeys (here a forced EOS)."""
     model = toy_model("llama", seed=3)
-    model.generation_config.repetition_penalty = 1.3
-    model.generation_config.no_repeat_ngram_size = 2
     ids = make_prompt(8, 512)
-    ours = blockwise_generate(model, ids, 30, NgramDrafter(), 4, eos_token_id=NO_EOS)
+    plain = greedy_generate(model, ids, 30, NO_EOS)
+    model.generation_config.num_beams = 4
+    model.generation_config.do_sample = True
+    model.generation_config.top_k = 5
+    assert torch.equal(greedy_generate(model, ids, 30, NO_EOS), plain)
+    model.generation_config.forced_eos_token_id = 7
     ref = greedy_generate(model, ids, 30, NO_EOS)
+    assert int(ref[0, -1]) == 7 and torch.equal(ref[:, :-1], plain[:, :-1])
+    ours = blockwise_generate(model, ids, 30, NgramDrafter(), 4, eos_token_id=NO_EOS)
     assert first_divergence(model, ref, ours.sequences) is None
-    assert model.generation_config.repetition_penalty == 1.3  # restored afterwards
 
 
 def test_first_divergence_names_the_position_and_the_gap() -> None:

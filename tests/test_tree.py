@@ -170,7 +170,7 @@ def test_a_model_that_ignores_the_mask_falls_back_to_the_chain(monkeypatch: pyte
     ids = make_prompt(6, 512, seed=7)
     ref = hf_greedy(model, ids, 20, eos_token_id=NO_EOS)
     lm = perturb_heads(BlockwiseLM.from_base(model, k=4))
-    with pytest.warns(UserWarning, match="does not apply a custom attention mask .* one chain from NgramDrafter"):
+    with pytest.warns(UserWarning, match="does not score a tree as given .* one chain from NgramDrafter"):
         out = lm.generate(ids, 20, eos_token_id=NO_EOS, drafter="heads+ngram", tree=16)
     assert_greedy_equal(model, ids, out.sequences, ref)
     assert max(out.stats.verified) <= 4  # chains of k-1 proposals, not trees
