@@ -171,6 +171,39 @@ def add_pretrain_parser(sub) -> None:
     p.set_defaults(func=cmd_pretrain)
 
 
+def cmd_pretrain_translation(args: argparse.Namespace) -> None:
+    from blockdecode.translation import TranslationConfig, train_translation
+
+    fields = set(TranslationConfig.__dataclass_fields__)
+    cfg = TranslationConfig(**{k: v for k, v in vars(args).items() if k in fields and v is not None})
+    train_translation(cfg)
+    print(f"saved the translation model and its tokenizer to {Path(cfg.out) / 'model'}", file=sys.stderr)
+
+
+def add_pretrain_translation_parser(sub) -> None:
+    from blockdecode.translation import TranslationConfig
+
+    d = TranslationConfig(corpus="", out="")
+    p = sub.add_parser(
+        "pretrain-translation",
+        help="train an English-Spanish Marian from scratch on the Bible verse pairs",
+        description="Trains a shared BPE on the training verses (`blockdecode bible` writes them), then a "
+        "MarianMTModel with label smoothing, evaluating held-out loss and greedy BLEU on the validation "
+        "verses. --resume continues a stopped run.",
+    )
+    p.add_argument("--corpus", required=True, help="folder holding train.tsv and valid.tsv")
+    p.add_argument("--out", required=True, help="tokenizer/, checkpoints, metrics.jsonl, translation.png, model/")
+    ints = ("vocab_size", "hidden_size", "encoder_layers", "decoder_layers", "heads", "intermediate_size", "context")
+    ints += ("steps", "batch_tokens", "warmup_steps", "eval_every", "eval_verses", "checkpoint_every", "seed")
+    for name in ints:
+        p.add_argument(f"--{name.replace('_', '-')}", type=int, default=getattr(d, name))
+    for name in ("lr", "min_lr", "weight_decay", "label_smoothing"):
+        p.add_argument(f"--{name.replace('_', '-')}", type=float, default=getattr(d, name))
+    p.add_argument("--mixed-precision", choices=("no", "bf16", "fp16"), default=d.mixed_precision)
+    p.add_argument("--resume", action="store_true", help="continue from the checkpoint in --out")
+    p.set_defaults(func=cmd_pretrain_translation)
+
+
 def causal_only(model_dir: str | None, command: str) -> None:
     """`demo` and `bench` continue code prompts; an encoder-decoder model is refused by name."""
     config = Path(model_dir or "") / "config.json"
@@ -278,6 +311,14 @@ def cmd_calibrate(args: argparse.Namespace) -> None:
     print(f"cached in {cache_file()}", file=sys.stderr)
 
 
+def cmd_bible(args: argparse.Namespace) -> None:
+    from blockdecode.bible import read_pairs, write_corpus
+
+    counts = write_corpus(read_pairs(args.modules), args.out)
+    split = ", ".join(f"{name} {n:,}" for name, n in counts.items())
+    print(f"{sum(counts.values()):,} verse pairs in {args.out}: {split}")
+
+
 def cmd_demo(args: argparse.Namespace) -> None:
     from blockdecode.demo import run_demo
 
@@ -339,6 +380,7 @@ def main(argv: list[str] | None = None) -> None:
 
     add_train_parser(sub)
     add_pretrain_parser(sub)
+    add_pretrain_translation_parser(sub)
     add_bench_parser(sub)
 
     cal = sub.add_parser(
@@ -354,6 +396,18 @@ def main(argv: list[str] | None = None) -> None:
     cal.add_argument("--dtype", choices=tuple(DTYPES), default="bf16")
     cal.add_argument("--refresh", action="store_true", help="measure again even if cached")
     cal.set_defaults(func=cmd_calibrate)
+
+    bible = sub.add_parser(
+        "bible",
+        help="write the English-Spanish verse pairs (KJV, Reina-Valera 1909) for translation",
+        description="Reads the engKJV2006eb and spaRV1909eb SWORD modules with pysword and writes train.tsv, "
+        "valid.tsv and test.tsv (reference, English, Spanish), split by a hash of book and chapter. Get the "
+        "modules with: apt-get download sword-text-kjv sword-text-sparv; dpkg-deb -x each .deb into DIR; then "
+        "--modules DIR/usr/share/sword.",
+    )
+    bible.add_argument("--modules", required=True, help="SWORD module folder (the one holding mods.d/)")
+    bible.add_argument("--out", default="runs/bible", help="where the .tsv files go")
+    bible.set_defaults(func=cmd_bible)
 
     demo = sub.add_parser("demo", help="show blockwise decoding against greedy on the built-in model")
     demo.add_argument("--model", default=None, help="a saved BlockwiseLM (default: the built-in model)")
@@ -383,7 +437,7 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"error: {err}") from err
 
 
-TRAINING = ("train", "pretrain")
+TRAINING = ("train", "pretrain", "pretrain-translation")
 
 
 def is_text(value: str) -> bool:

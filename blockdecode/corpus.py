@@ -33,16 +33,19 @@ def is_heldout(path: Path, root: Path, fraction: float = 0.05) -> bool:
     return int.from_bytes(digest[:8], "big") / 2**64 < fraction
 
 
-def train_tokenizer(texts: Iterable[str], vocab_size: int = 8192) -> PreTrainedTokenizerFast:
-    """A byte-level BPE (GPT-2 style) trained on `texts`: every string round-trips."""
+def train_tokenizer(
+    texts: Iterable[str], vocab_size: int = 8192, special_tokens: tuple[str, ...] = SPECIAL_TOKENS
+) -> PreTrainedTokenizerFast:
+    """A byte-level BPE (GPT-2 style) trained on `texts`: every string round-trips. The first
+    special token is its EOS, the last its pad token."""
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
-        special_tokens=list(SPECIAL_TOKENS),
+        special_tokens=list(special_tokens),
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
     tok.train_from_iterator(texts, trainer=trainer)
-    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=SPECIAL_TOKENS[0], pad_token=SPECIAL_TOKENS[0])
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=special_tokens[0], pad_token=special_tokens[-1])
