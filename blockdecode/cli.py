@@ -101,7 +101,13 @@ def add_train_parser(sub) -> None:
     p.add_argument(
         "--base", default=DEFAULT_MODEL, help="transformers causal-LM directory, with its tokenizer (default: built-in)"
     )
-    p.add_argument("--data", nargs="+", required=True, help="text files, folders of them, or .npy token-id arrays")
+    p.add_argument(
+        "--data",
+        nargs="+",
+        required=True,
+        help="text files, folders of them, or .npy token-id arrays; for an encoder-decoder base, pairs: one .tsv "
+        "(source and target in its last two columns) or two aligned text files",
+    )
     p.add_argument("--out", required=True, help="where checkpoints, metrics.jsonl, training.png and the model go")
     p.add_argument("--k", type=int, default=d.k, help="block size: heads p2..pk are trained")
     p.add_argument("--mode", choices=tuple(MODES), default=d.mode)

@@ -1,9 +1,11 @@
-"""Training data for the heads: text or token arrays, packed into fixed-length sequences."""
+"""Training data for the heads: text or token arrays packed into fixed-length sequences, or, for an
+encoder-decoder, source/target pairs."""
 
 from __future__ import annotations
 
 import hashlib
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -73,7 +75,7 @@ def pack(tokens: torch.LongTensor, seq_len: int) -> torch.LongTensor:
     return tokens[: n * seq_len].view(n, seq_len)
 
 
-def split(sequences: torch.LongTensor, holdout: float) -> tuple[torch.LongTensor, torch.LongTensor]:
+def split(sequences: torch.LongTensor | Pairs, holdout: float) -> tuple:
     """Deterministic split: the last `holdout` fraction of sequences (at least one) is held out,
     a contiguous tail so no held-out text sits between training sequences."""
     if not 0 < holdout < 1:
@@ -82,3 +84,84 @@ def split(sequences: torch.LongTensor, holdout: float) -> tuple[torch.LongTensor
         raise ValueError(f"need at least 2 sequences to hold some out, got {len(sequences)}")
     n_held = min(len(sequences) - 1, max(1, round(len(sequences) * holdout)))
     return sequences[:-n_held], sequences[-n_held:]
+
+
+@dataclass
+class Pairs:
+    """An encoder-decoder's training pairs: sources and decoder sequences (its start token, then the
+    target and EOS), each padded with -1. Indexed like a tensor of rows."""
+
+    source: torch.LongTensor  # [N, S]
+    decoder: torch.LongTensor  # [N, T]
+
+    def __len__(self) -> int:
+        return len(self.source)
+
+    def __getitem__(self, rows) -> Pairs:
+        """The rows chosen, cut to the longest of them."""
+        return Pairs(_trim(self.source[rows]), _trim(self.decoder[rows]))
+
+    def to(self, device) -> Pairs:
+        return Pairs(self.source.to(device), self.decoder.to(device))
+
+    def numel(self) -> int:
+        return self.decoder.numel()
+
+    def content(self) -> torch.LongTensor:
+        """Both sides in one stream, for `fingerprint`."""
+        return torch.cat([self.source.flatten(), torch.tensor([-2]), self.decoder.flatten()])
+
+
+def _trim(rows: torch.LongTensor) -> torch.LongTensor:
+    used = (rows >= 0).any(0).nonzero()
+    return rows[:, : int(used.max()) + 1 if len(used) else 0]
+
+
+def padded(rows: list[list[int]]) -> torch.LongTensor:
+    """Rows of ids as one tensor, -1 after each row's end."""
+    out = torch.full((len(rows), max(map(len, rows), default=0)), -1, dtype=torch.long)
+    for r, row in enumerate(rows):
+        out[r, : len(row)] = torch.tensor(row, dtype=torch.long)
+    return out
+
+
+def read_parallel(paths: list[str | Path]) -> list[tuple[str, str]]:
+    """(source, target) texts from one TSV (its last two columns, as `blockdecode bible` writes
+    them) or from two aligned text files, one sentence a line."""
+    files = [Path(p) for p in paths]
+    for f in files:
+        if not f.is_file():
+            raise FileNotFoundError(f"training data {f} does not exist (pairs come as one .tsv or two aligned files)")
+    if len(files) == 1:
+        pairs = []
+        for n, line in enumerate(files[0].read_text(encoding="utf-8").splitlines(), start=1):
+            fields = line.split("\t")
+            if len(fields) < 2:
+                raise ValueError(f"{files[0]}:{n}: expected tab-separated source and target")
+            pairs.append((fields[-2], fields[-1]))
+        return pairs
+    if len(files) == 2:
+        sources, targets = (f.read_text(encoding="utf-8").splitlines() for f in files)
+        if len(sources) != len(targets):
+            raise ValueError(f"{files[0]} has {len(sources)} lines, {files[1]} {len(targets)}: they must align")
+        return list(zip(sources, targets))
+    raise ValueError(f"pairs come as one .tsv or two aligned files, got {len(files)} paths")
+
+
+def load_pairs(paths: list[str | Path], tokenizer, start: int, eos: int | None, max_len: int) -> Pairs:
+    """Tokenised pairs; a target gets EOS if the tokenizer did not add it; pairs longer than
+    `max_len` tokens on either side are left out, with a warning."""
+    if tokenizer is None:
+        raise ValueError("the base model has no tokenizer to read the parallel text with")
+    texts = read_parallel(paths)
+    if not texts:
+        raise ValueError("the training data holds no pairs")
+    sources = tokenizer([s for s, _ in texts]).input_ids
+    targets = tokenizer([t for _, t in texts]).input_ids
+    decoder = [[start, *t] if eos is None or (t and t[-1] == eos) else [start, *t, eos] for t in targets]
+    keep = [i for i in range(len(texts)) if len(sources[i]) <= max_len and len(decoder[i]) <= max_len]
+    if len(keep) < len(texts):
+        warnings.warn(f"left out {len(texts) - len(keep)} pair(s) longer than {max_len} tokens", stacklevel=2)
+    if not keep:
+        raise ValueError(f"every pair is longer than {max_len} tokens (--seq-len)")
+    return Pairs(padded([sources[i] for i in keep]), padded([decoder[i] for i in keep]))

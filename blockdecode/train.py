@@ -27,9 +27,17 @@ from tqdm.auto import tqdm
 from transformers import AutoTokenizer, PreTrainedModel
 
 from blockdecode import training
-from blockdecode.data import fingerprint, load_tokens, pack, split
-from blockdecode.decode import decode_prompts
-from blockdecode.hf import context_length, decoder_output, load_base, resolve_eos, vocab_size, weights_digest
+from blockdecode.data import Pairs, fingerprint, load_pairs, load_tokens, pack, padded, split
+from blockdecode.decode import decode_prompts, decoder_prompt
+from blockdecode.hf import (
+    context_length,
+    decoder_output,
+    is_seq2seq,
+    load_base,
+    resolve_eos,
+    vocab_size,
+    weights_digest,
+)
 from blockdecode.io import (
     atomic_write,
     load_checkpoint,
@@ -182,19 +190,30 @@ class Objective(nn.Module):
         self.model.base.train(mode and self.cfg.finetune)
         return self
 
-    def forward(self, input_ids: torch.LongTensor, heads: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, batch: torch.LongTensor | Pairs, heads: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
         """Summed cross-entropy per head [k] (head 1 is the base's own; heads 2..k not listed
-        stay 0) and per-head [k, 2] (correct, count) tallies. Sums, not means, so the loss can
+        stay 0) and per-head [k, 2] (correct, count) tallies. `batch`: token rows of a causal LM,
+        or an encoder-decoder's pairs, whose decoder sequences the heads learn. Sums, not means, so the loss can
         be normalised by the token count over all processes (`combine_loss`).
 
         A frozen base runs in inference mode, once per batch, with no autograd graph; the heads'
         k-1 projections through the vocabulary go chunk by chunk (`linear_cross_entropy`), so
         their [B, T, k-1, V] logits never exist at once."""
         base, k = self.model.base, self.cfg.k
+        if isinstance(batch, Pairs):
+            input_ids = batch.decoder
+            inputs = {
+                "input_ids": batch.source.clamp(min=0),
+                "attention_mask": (batch.source >= 0).long(),
+                "decoder_input_ids": input_ids.clamp(min=0),
+            }
+        else:
+            input_ids = batch
+            inputs = {"input_ids": input_ids.clamp(min=0)}
         labels = head_targets(input_ids, k)
         trains_base = self.cfg.finetune and self.training
         with decoder_output(base) as hidden, torch.enable_grad() if trains_base else torch.inference_mode():
-            logits = base(input_ids=input_ids.clamp(min=0), use_cache=False).logits
+            logits = base(**inputs, use_cache=False).logits
         h = hidden[0] if trains_base else hidden[0].clone()  # an inference tensor cannot enter the graph
         counts = (labels != IGNORE).sum(dim=(0, 1)).float()  # [k]: target tokens per head
         target = labels[..., 0].flatten()
@@ -252,39 +271,84 @@ def distill_sequences(
     base: PreTrainedModel, sequences: torch.LongTensor, cfg: TrainConfig, show: bool = True
 ) -> torch.LongTensor:
     """The base model's own continuations (greedy, or beam search) of prompts drawn evenly
-    from `sequences`: [N, prompt_len + new_tokens], -1 after an EOS (padding the loss ignores).
-
-    Batches of prompts are generated together and each batch is saved as it is done, so a
-    killed run resumes where it stopped; the whole set is cached on disk by content hash and
-    reused by later runs, with its generation throughput beside it (`.json`)."""
+    from `sequences`: [N, prompt_len + new_tokens], -1 after an EOS (padding the loss ignores)."""
     n = min(cfg.distill_prompts, len(sequences))
-    picks = torch.linspace(0, len(sequences) - 1, n).long()
-    prompts = sequences[picks, : cfg.distill_prompt_len]
-    key = hashlib.sha256()
-    key.update(prompts.numpy().tobytes())
+    prompts = sequences[torch.linspace(0, len(sequences) - 1, n).long(), : cfg.distill_prompt_len]
+    eos = resolve_eos(base, None)
+
+    def generate(rows: slice) -> torch.LongTensor:
+        # the model's own argmax (or beam search), as decoding will verify it
+        batch = prompts[rows].to(base.device)
+        out = greedy_generate(base, batch, cfg.distill_new_tokens, num_beams=cfg.distill_beams).cpu()
+        return _cut_at_eos(out, cfg.distill_prompt_len, eos, cfg.distill_prompt_len + cfg.distill_new_tokens)
+
+    return _cached_generation(base, prompts.numpy().tobytes(), n, generate, cfg.distill_prompt_len, cfg, show)
+
+
+@torch.inference_mode()
+def distill_pairs(base: PreTrainedModel, pairs: Pairs, cfg: TrainConfig, show: bool = True) -> Pairs:
+    """Sequence-level distillation for an encoder-decoder (the paper's): the base's own
+    translations (greedy, or beam search) of every training source replace the targets."""
+    eos = resolve_eos(base, None)
+    pad = base.generation_config.pad_token_id
+    pad = pad if pad is not None else 0
+    start = int(decoder_prompt(base, pairs.source[:1, :1].clamp(min=0))[1])
+
+    def generate(rows: slice) -> torch.LongTensor:
+        batch = pairs[rows].source
+        out = base.generate(
+            batch.masked_fill(batch < 0, pad).to(base.device),
+            attention_mask=(batch >= 0).long().to(base.device),
+            do_sample=False,
+            num_beams=cfg.distill_beams,
+            max_new_tokens=cfg.distill_new_tokens,
+            decoder_start_token_id=start,
+        ).cpu()
+        return _cut_at_eos(out, 1, eos, 1 + cfg.distill_new_tokens)
+
+    decoder = _cached_generation(base, pairs.source.numpy().tobytes(), len(pairs), generate, 1, cfg, show)
+    return Pairs(pairs.source, decoder)
+
+
+def _cut_at_eos(out: torch.LongTensor, first_new: int, eos: set[int], width: int) -> torch.LongTensor:
+    """Generated rows [B, width], -1 after each row's first EOS among its new tokens."""
+    rows = []
+    for row in out.tolist():
+        stop = next((i + 1 for i in range(first_new, len(row)) if row[i] in eos), len(row))
+        rows.append(row[:stop])
+    result = padded(rows)
+    return torch.cat([result, result.new_full((len(rows), width - result.shape[1]), -1)], dim=1)
+
+
+def _cached_generation(
+    base: PreTrainedModel,
+    inputs: bytes,
+    n: int,
+    generate: Callable[[slice], torch.LongTensor],
+    first_new: int,
+    cfg: TrainConfig,
+    show: bool,
+) -> torch.LongTensor:
+    """Distilled rows, generated in batches of cfg.distill_batch_size, each batch saved as it is
+    done, so a killed run resumes where it stopped; the whole set is cached on disk by content
+    hash (inputs, settings, base weights) and reused by later runs, with its generation throughput
+    beside it (`.json`)."""
+    key = hashlib.sha256(inputs)
     key.update(json.dumps([cfg.distill_new_tokens, cfg.distill_beams, weights_digest(base)]).encode())
     cache_dir = Path(cfg.distill_cache or Path(cfg.out) / "distill-cache")
     path = cache_dir / f"distill-{key.hexdigest()[:16]}.npy"
     if path.is_file():
         return torch.from_numpy(np.load(path))
     parts = path.with_suffix(".parts")  # one file per finished batch
-    eos = resolve_eos(base, None)
-    width = cfg.distill_prompt_len + cfg.distill_new_tokens
     starts = range(0, n, cfg.distill_batch_size)
     done = [s for s in starts if (parts / f"{s:09d}.npy").is_file()]
     bar = tqdm(starts, desc="distilling", unit="batch", initial=len(done), disable=not show)
     generated, began = 0, time.perf_counter()
     for start in sorted(set(starts) - set(done)):
-        batch = prompts[start : start + cfg.distill_batch_size].to(base.device)
-        # the model's own argmax (or beam search), as decoding will verify it
-        out = greedy_generate(base, batch, cfg.distill_new_tokens, num_beams=cfg.distill_beams).cpu()
-        padded = out.new_full((len(out), width), -1)
-        for r, row in enumerate(out.tolist()):
-            stop = next((i + 1 for i in range(cfg.distill_prompt_len, len(row)) if row[i] in eos), len(row))
-            padded[r, :stop] = torch.tensor(row[:stop])
-        array = padded.numpy()
+        rows = generate(slice(start, start + cfg.distill_batch_size))
+        array = rows.numpy()
         atomic_write(parts / f"{start:09d}.npy", lambda p, a=array: save_npy(p, a))
-        generated += int((padded[:, cfg.distill_prompt_len :] >= 0).sum())
+        generated += int((rows[:, first_new:] >= 0).sum())
         bar.update(1)
         bar.set_postfix(tok_s=f"{generated / (time.perf_counter() - began):.0f}")
     bar.close()
@@ -295,7 +359,7 @@ def distill_sequences(
         path.with_suffix(".json"),
         {
             "rows": n,
-            "new_tokens": int((data[:, cfg.distill_prompt_len :] >= 0).sum()),
+            "new_tokens": int((data[:, first_new:] >= 0).sum()),
             "beams": cfg.distill_beams,
             "batch_size": cfg.distill_batch_size,
             "generated_this_run": generated,
@@ -322,9 +386,15 @@ def evaluate(objective: Objective, held_out: torch.LongTensor, cfg: TrainConfig,
         sums += s.float().cpu()
         tallies += t.cpu()
     limit = context_length(model.base)
-    budget = cfg.eval_new_tokens if limit is None else min(cfg.eval_new_tokens, limit - cfg.eval_prompt_len)
-    prompts = [row[: cfg.eval_prompt_len].unsqueeze(0) for row in held_out[: cfg.eval_prompts]]
-    _, stats = decode_prompts(model.base, prompts, budget, model.drafter(), cfg.k, eos_token_id=[])
+    if isinstance(held_out, Pairs):  # translate held-out sources, stopping at EOS as real use does
+        prompts = [held_out[i : i + 1].source for i in range(min(cfg.eval_prompts, len(held_out)))]
+        budget = cfg.eval_new_tokens if limit is None else min(cfg.eval_new_tokens, limit - 1)
+        eos = None
+    else:
+        prompts = [row[: cfg.eval_prompt_len].unsqueeze(0) for row in held_out[: cfg.eval_prompts]]
+        budget = cfg.eval_new_tokens if limit is None else min(cfg.eval_new_tokens, limit - cfg.eval_prompt_len)
+        eos = []
+    _, stats = decode_prompts(model.base, prompts, budget, model.drafter(), cfg.k, eos_token_id=eos)
     objective.train(was_training)
     return {
         "eval_base_loss": float(sums[0] / tallies[0, 1].clamp(min=1)),
@@ -366,20 +436,30 @@ def train(cfg: TrainConfig, callback: Callable[[int, dict], None] | None = None)
     if limit is not None and cfg.seq_len > limit:
         raise ValueError(f"seq_len {cfg.seq_len} exceeds the base model's context of {limit} positions")
     eos = sorted(resolve_eos(base, None))
-    sequences = pack(load_tokens(cfg.data, tokenizer, eos[0] if eos else None), cfg.seq_len)
     vocab = vocab_size(base)
-    if int(sequences.max()) >= vocab or int(sequences.min()) < 0:
+    if is_seq2seq(base):  # source/target pairs; the heads learn the decoder's side
+        start = int(decoder_prompt(base, torch.zeros(1, 1, dtype=torch.long))[1])
+        sequences = load_pairs(cfg.data, tokenizer, start, eos[0] if eos else None, cfg.seq_len)
+        decoded = sequences.decoder
+    else:
+        sequences = decoded = pack(load_tokens(cfg.data, tokenizer, eos[0] if eos else None), cfg.seq_len)
+        if int(sequences.min()) < 0:
+            raise ValueError(f"the training data holds token ids outside the base model's vocabulary [0, {vocab})")
+    if int(decoded.max()) >= vocab:
         raise ValueError(f"the training data holds token ids outside the base model's vocabulary [0, {vocab})")
     train_seqs, held_out = split(sequences, cfg.holdout)
 
-    data_digest = fingerprint(sequences)
+    data_digest = fingerprint(sequences.content() if isinstance(sequences, Pairs) else sequences)
     state = _load_checkpoint(ckpt_path, cfg, data_digest) if cfg.resume else None
     torch.manual_seed(cfg.seed)
     model = BlockwiseLM.from_base(base, k=cfg.k, head_type=cfg.head_type, head_hidden_size=cfg.head_hidden_size)
     if cfg.distill:
+        distill = distill_pairs if isinstance(train_seqs, Pairs) else distill_sequences
         with accelerator.main_process_first():
-            train_seqs = distill_sequences(base.to(accelerator.device), train_seqs, cfg, show=main)
+            train_seqs = distill(base.to(accelerator.device), train_seqs, cfg, show=main)
 
+    pairs = isinstance(train_seqs, Pairs)
+    row_tokens = float((train_seqs.decoder >= 0).sum()) / len(train_seqs) if pairs else None
     model.base.requires_grad_(cfg.finetune)
     groups = [{"params": list(model.heads.parameters()), "lr": cfg.lr}]
     if cfg.finetune:
@@ -459,7 +539,7 @@ def train(cfg: TrainConfig, callback: Callable[[int, dict], None] | None = None)
     if main:
         model.eval()
         model.save_pretrained(
-            out, save_base=cfg.finetune, training=run_record(metrics.records(), cfg), tokenizer=tokenizer
+            out, save_base=cfg.finetune, training=run_record(metrics.records(), cfg, row_tokens), tokenizer=tokenizer
         )
         _plot(metrics.records(), out / "training.png")
     # Drop the DDP wrapper while every process is still here, then end the process group: left
@@ -492,9 +572,10 @@ def plateaued(records: list[dict], patience: int, min_delta: float) -> bool:
     return since >= patience
 
 
-def run_record(records: list[dict], cfg: TrainConfig) -> dict:
+def run_record(records: list[dict], cfg: TrainConfig, row_tokens: float | None = None) -> dict:
     """What blockdecode.json keeps of a training run: mode, size, how much it saw, and where it
-    ended against where it began (held-out base loss on the --holdout split, decoded block size)."""
+    ended against where it began (held-out base loss on the --holdout split, decoded block size).
+    `row_tokens`: the mean tokens of a training row (default seq_len; pairs are shorter)."""
     evals = [r for r in records if "eval_base_loss" in r]
     steps = max((r["step"] for r in records), default=0)
     return {
@@ -502,7 +583,7 @@ def run_record(records: list[dict], cfg: TrainConfig) -> dict:
         "k": cfg.k,
         "head_hidden_size": cfg.head_hidden_size,
         "steps": steps,
-        "tokens_seen": steps * cfg.batch_size * cfg.seq_len,
+        "tokens_seen": round(steps * cfg.batch_size * (row_tokens or cfg.seq_len)),
         "original_base_heldout_loss": evals[0]["eval_base_loss"] if evals else None,
         "base_heldout_loss": evals[-1]["eval_base_loss"] if evals else None,
         "mean_block_size": evals[-1]["eval_mean_block_size"] if evals else None,

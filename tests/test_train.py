@@ -28,7 +28,7 @@ import torch  # noqa: E402
 import transformers  # noqa: E402
 from conftest import assert_greedy_equal, hf_greedy  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
-from transformers import AutoModelForCausalLM  # noqa: E402
+from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM  # noqa: E402
 
 from blockdecode import BlockwiseLM  # noqa: E402
 from blockdecode.cli import main as cli_main  # noqa: E402
@@ -936,3 +936,106 @@ def test_an_unwritable_out_fails_before_anything_loads(tiny_base, tmp_path):
     cfg = make_cfg(tiny_base, blocker / "out", base=str(tmp_path / "no-base-here"))
     with pytest.raises(OSError, match="--out .* cannot be written"):
         train(cfg)  # the missing base would fail later: the output folder is checked first
+
+
+# ----------------------------------------------------------------------------- encoder-decoder bases
+
+
+@pytest.fixture(scope="module")
+def tiny_marian(tmp_path_factory) -> SimpleNamespace:
+    """A toy Marian with a shared BPE trained on the committed verse sample, saved as a folder."""
+    from blockdecode.bible import read_tsv
+    from blockdecode.translation import marian_generation_config, translation_tokenizer
+
+    root = tmp_path_factory.mktemp("tiny-marian")
+    verses = Path(__file__).parent / "data" / "bible" / "train.tsv"
+    tok = translation_tokenizer([t for p in read_tsv(verses) for t in (p.source, p.target)], 400)
+    model = toy_model("marian", vocab=len(tok), width=64, layers=2, context=128)
+    eos, pad = tok.eos_token_id, tok.pad_token_id
+    for c in (model.config,):
+        c.eos_token_id, c.pad_token_id, c.decoder_start_token_id, c.forced_eos_token_id = eos, pad, pad, eos
+    model.generation_config = marian_generation_config(tok, 128)
+    model.save_pretrained(root / "base")
+    tok.save_pretrained(root / "base")
+    return SimpleNamespace(dir=root / "base", data=verses, tokenizer=tok)
+
+
+def pairs_cfg(tiny_marian: SimpleNamespace, out: Path, **overrides) -> TrainConfig:
+    kw = dict(base=str(tiny_marian.dir), data=[str(tiny_marian.data)], out=str(out), k=4, steps=6, batch_size=8,
+              seq_len=128, lr=3e-3, base_lr=1e-3, eval_every=3, checkpoint_every=3, log_every=1, eval_batches=1,
+              eval_prompts=2, eval_new_tokens=24, distill_batch_size=16, distill_new_tokens=40)  # fmt: skip
+    return TrainConfig(**{**kw, **overrides})
+
+
+def test_pairs_load_from_a_tsv_or_two_aligned_files(tiny_marian, tmp_path):
+    from blockdecode.data import load_pairs, read_parallel
+
+    texts = read_parallel([tiny_marian.data])
+    (tmp_path / "en.txt").write_text("\n".join(s for s, _ in texts))
+    (tmp_path / "es.txt").write_text("\n".join(t for _, t in texts))
+    assert read_parallel([tmp_path / "en.txt", tmp_path / "es.txt"]) == texts
+    tok, eos = tiny_marian.tokenizer, tiny_marian.tokenizer.eos_token_id
+    pairs = load_pairs([tiny_marian.data], tok, start=5, eos=eos, max_len=1000)
+    first = pairs[0:1]
+    assert first.decoder[0].tolist() == [5, *tok(texts[0][1]).input_ids]  # start token first, one EOS last
+    assert first.source[0].tolist() == tok(texts[0][0]).input_ids and first.decoder[0, -1] == eos
+    with pytest.warns(UserWarning, match="left out .* longer than 60 tokens"):
+        assert len(load_pairs([tiny_marian.data], tok, start=5, eos=eos, max_len=60)) < len(texts)
+    (tmp_path / "short.txt").write_text("one line\n")
+    with pytest.raises(ValueError, match="must align"):
+        read_parallel([tmp_path / "en.txt", tmp_path / "short.txt"])
+
+
+@pytest.mark.filterwarnings("ignore:left out")
+@pytest.mark.parametrize("mode", ["frozen", "finetune", "distill", "finetune+distill"])
+def test_heads_train_on_pairs_in_every_mode_and_decode_exactly(tiny_marian, tmp_path, mode):
+    model = train(pairs_cfg(tiny_marian, tmp_path, mode=mode, head_loss="random" if mode == "distill" else "all"))
+    rows = read_metrics(tmp_path)
+    assert all(math.isfinite(r["loss"]) for r in rows if "loss" in r)
+    assert rows[-1]["eval_mean_block_size"] >= 1.0
+    saved = json.loads((tmp_path / "blockdecode.json").read_text())["training"]
+    assert saved["mode"] == mode and 0 < saved["tokens_seen"] < 6 * 8 * 128
+    loaded = BlockwiseLM.from_pretrained(tmp_path)
+    assert loaded.base.config.is_encoder_decoder
+    source = tiny_marian.tokenizer("In the beginning was the Word.", return_tensors="pt").input_ids
+    ref = hf_greedy(loaded.base, source, 30)
+    assert_greedy_equal(loaded.base, source, loaded.generate(source, 30, tree=None).sequences, ref, what=mode)
+    if mode.startswith("finetune"):
+        assert not torch.equal(model.base.get_input_embeddings().weight, toy_marian_weights(tiny_marian))
+
+
+def toy_marian_weights(tiny_marian) -> torch.Tensor:
+    return AutoModelForSeq2SeqLM.from_pretrained(tiny_marian.dir).get_input_embeddings().weight
+
+
+@pytest.mark.filterwarnings("ignore:left out")
+@torch.inference_mode()
+def test_distilled_targets_are_the_bases_own_translations(tiny_marian, tmp_path):
+    """Batched with padding, each row is exactly what generate gives for that source alone."""
+    from blockdecode.data import load_pairs
+    from blockdecode.train import distill_pairs
+
+    base = AutoModelForSeq2SeqLM.from_pretrained(tiny_marian.dir).eval()
+    tok = tiny_marian.tokenizer
+    pairs = load_pairs([tiny_marian.data], tok, tok.pad_token_id, tok.eos_token_id, 128)[:9]
+    cfg = pairs_cfg(tiny_marian, tmp_path, mode="distill", distill_batch_size=4, distill_new_tokens=30)
+    distilled = distill_pairs(base, pairs, cfg, show=False)
+    assert torch.equal(distilled.source, pairs.source) and distilled.decoder.shape == (9, 31)
+    for r in range(9):
+        source = pairs[r : r + 1].source
+        ref = hf_greedy(base, source, 30)[0]
+        assert torch.equal(distilled.decoder[r, : len(ref)], ref), f"row {r}"
+        assert (distilled.decoder[r, len(ref) :] == -1).all()
+
+
+@pytest.mark.filterwarnings("ignore:left out")
+def test_training_on_pairs_resumes_exactly(tiny_marian, tmp_path):
+    kw = dict(mode="finetune+distill", steps=6, checkpoint_every=3, eval_every=100)
+    torch.manual_seed(0)
+    train(pairs_cfg(tiny_marian, tmp_path / "a", **kw))
+    torch.manual_seed(0)
+    with pytest.raises(Killed):
+        train(pairs_cfg(tiny_marian, tmp_path / "b", **kw), callback=kill_at(4))
+    train(pairs_cfg(tiny_marian, tmp_path / "b", resume=True, **kw))
+    for name in (HEADS_WEIGHTS, "model.safetensors"):
+        assert_same_tensors(load_file(tmp_path / "b" / name), load_file(tmp_path / "a" / name), 1e-6, name)
