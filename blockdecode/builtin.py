@@ -6,3 +6,5 @@ DEFAULT_MODEL = str(Path(__file__).parent / "default_model")
 """The built-in model: a small Llama trained on the standard library's source, with trained heads."""
 DEFAULT_DRAFT_MODEL = str(Path(__file__).parent / "draft_model")
 """A much smaller Llama on the same corpus and tokenizer: the draft model for assisted generation."""
+DEFAULT_TRANSLATION_MODEL = str(Path(__file__).parent / "translation_model")
+"""The built-in English-Spanish Marian (`recipes/translation.sh`), with trained heads, once shipped."""

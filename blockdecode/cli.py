@@ -145,8 +145,7 @@ def cmd_pretrain(args: argparse.Namespace) -> None:
     from blockdecode.pretrain import CorpusConfig, PretrainConfig, prepare_corpus, pretrain
 
     prepare_corpus(CorpusConfig(out=args.corpus, root=args.root, vocab_size=args.vocab_size, max_files=args.max_files))
-    fields = set(PretrainConfig.__dataclass_fields__)
-    cfg = PretrainConfig(**{name: value for name, value in vars(args).items() if name in fields and value is not None})
+    cfg = config_from(PretrainConfig, args)
     pretrain(cfg)
     print(f"saved the base model and its tokenizer to {Path(cfg.out) / 'model'}", file=sys.stderr)
 
@@ -166,22 +165,32 @@ def add_pretrain_parser(sub) -> None:
     p.add_argument("--root", default=None, help="a folder of .py files instead of the standard library")
     p.add_argument("--vocab-size", type=int, default=8192)
     p.add_argument("--max-files", type=int, default=None, help="use only the first N files (quick trials)")
-    for name in ("hidden_size", "layers", "heads", "kv_heads", "intermediate_size", "context", "steps"):
-        p.add_argument(f"--{name.replace('_', '-')}", type=int, default=getattr(d, name))
-    for name in ("batch_size", "seq_len", "warmup_steps", "eval_every", "eval_batches", "checkpoint_every", "seed"):
-        p.add_argument(f"--{name.replace('_', '-')}", type=int, default=getattr(d, name))
-    for name in ("lr", "min_lr", "weight_decay"):
-        p.add_argument(f"--{name.replace('_', '-')}", type=float, default=getattr(d, name))
-    p.add_argument("--mixed-precision", choices=("no", "bf16", "fp16"), default=d.mixed_precision)
-    p.add_argument("--resume", action="store_true", help="continue from the checkpoint in --out")
+    ints = ("hidden_size", "layers", "heads", "kv_heads", "intermediate_size", "context", "steps", "batch_size")
+    ints += ("seq_len", "warmup_steps", "eval_every", "eval_batches", "checkpoint_every", "seed")
+    add_run_arguments(p, d, ints, ("lr", "min_lr", "weight_decay"))
     p.set_defaults(func=cmd_pretrain)
+
+
+def add_run_arguments(p, defaults, ints: tuple[str, ...], floats: tuple[str, ...]) -> None:
+    """--flags for a from-scratch run's config fields, defaulting to the dataclass's values; then
+    --mixed-precision and --resume."""
+    for names, kind in ((ints, int), (floats, float)):
+        for name in names:
+            p.add_argument(f"--{name.replace('_', '-')}", type=kind, default=getattr(defaults, name))
+    p.add_argument("--mixed-precision", choices=("no", "bf16", "fp16"), default=defaults.mixed_precision)
+    p.add_argument("--resume", action="store_true", help="continue from the checkpoint in --out")
+
+
+def config_from(cls, args: argparse.Namespace):
+    """The dataclass `cls` from the parsed arguments that name its fields."""
+    fields = set(cls.__dataclass_fields__)
+    return cls(**{name: value for name, value in vars(args).items() if name in fields and value is not None})
 
 
 def cmd_pretrain_translation(args: argparse.Namespace) -> None:
     from blockdecode.translation import TranslationConfig, train_translation
 
-    fields = set(TranslationConfig.__dataclass_fields__)
-    cfg = TranslationConfig(**{k: v for k, v in vars(args).items() if k in fields and v is not None})
+    cfg = config_from(TranslationConfig, args)
     train_translation(cfg)
     print(f"saved the translation model and its tokenizer to {Path(cfg.out) / 'model'}", file=sys.stderr)
 
@@ -201,12 +210,7 @@ def add_pretrain_translation_parser(sub) -> None:
     p.add_argument("--out", required=True, help="tokenizer/, checkpoints, metrics.jsonl, translation.png, model/")
     ints = ("vocab_size", "hidden_size", "encoder_layers", "decoder_layers", "heads", "intermediate_size", "context")
     ints += ("steps", "batch_tokens", "warmup_steps", "eval_every", "eval_verses", "checkpoint_every", "seed")
-    for name in ints:
-        p.add_argument(f"--{name.replace('_', '-')}", type=int, default=getattr(d, name))
-    for name in ("lr", "min_lr", "weight_decay", "label_smoothing"):
-        p.add_argument(f"--{name.replace('_', '-')}", type=float, default=getattr(d, name))
-    p.add_argument("--mixed-precision", choices=("no", "bf16", "fp16"), default=d.mixed_precision)
-    p.add_argument("--resume", action="store_true", help="continue from the checkpoint in --out")
+    add_run_arguments(p, d, ints, ("lr", "min_lr", "weight_decay", "label_smoothing"))
     p.set_defaults(func=cmd_pretrain_translation)
 
 
@@ -216,7 +220,8 @@ def causal_only(model_dir: str | None, command: str) -> None:
     if model_dir and config.is_file() and json.loads(config.read_text()).get("is_encoder_decoder"):
         raise ValueError(
             f"`blockdecode {command}` continues code prompts with a causal LM; {model_dir} is an encoder-decoder "
-            f"model: translate with `blockdecode generate --model {model_dir} --prompt SOURCE --compare`"
+            f"model: translate with `blockdecode demo --task translate --model {model_dir}` or `blockdecode generate "
+            f"--model {model_dir} --prompt SOURCE --compare`"
         )
 
 
@@ -328,7 +333,8 @@ def cmd_bible(args: argparse.Namespace) -> None:
 def cmd_demo(args: argparse.Namespace) -> None:
     from blockdecode.demo import run_demo
 
-    causal_only(args.model, "demo")
+    if args.task == "code":
+        causal_only(args.model, "demo")
     run_demo(
         args.model,
         max_new_tokens=args.max_new_tokens,
@@ -336,6 +342,7 @@ def cmd_demo(args: argparse.Namespace) -> None:
         dtype=DTYPES[args.dtype],
         drafter=args.drafter,
         tree=args.tree,
+        task=args.task,
     )
 
 
@@ -417,6 +424,9 @@ def main(argv: list[str] | None = None) -> None:
 
     demo = sub.add_parser("demo", help="show blockwise decoding against greedy on the built-in model")
     demo.add_argument("--model", default=None, help="a saved BlockwiseLM (default: the built-in model)")
+    demo.add_argument(
+        "--task", choices=("code", "translate"), default="code", help="translate: an encoder-decoder, Bible verses"
+    )
     demo.add_argument("--max-new-tokens", type=positive_int, default=128)
     demo.add_argument("--k", type=positive_int, default=None, help="block size (default: the heads' k)")
     demo.add_argument("--dtype", choices=tuple(DTYPES), default="bf16")

@@ -1,4 +1,5 @@
-"""`blockdecode demo`: the built-in model completes real code, blockwise beside plain greedy.
+"""`blockdecode demo`: the built-in model completes real code (or, with `--task translate`, an
+encoder-decoder translates held-out verses), blockwise beside plain greedy.
 
 Each prompt is first decoded blockwise while the text streams, one colour per accepted block;
 then greedy `generate` and blockwise decoding are timed side by side (interleaved repeats, the
@@ -15,9 +16,10 @@ from dataclasses import dataclass
 import torch
 
 from blockdecode.bench.methods import Method, blockwise_run, measure, transformers_run
-from blockdecode.builtin import DEFAULT_MODEL
+from blockdecode.builtin import DEFAULT_MODEL, DEFAULT_TRANSLATION_MODEL
 from blockdecode.calibrate import resolve
-from blockdecode.hf import dtype_name
+from blockdecode.decode import decoder_prompt
+from blockdecode.hf import dtype_name, is_seq2seq
 from blockdecode.model import BlockwiseLM, load
 from blockdecode.reference import first_divergence
 
@@ -26,6 +28,13 @@ PROMPTS = (
     "class LRUCache:\n    def __init__(self, capacity):\n",
     "import os\n\n\ndef walk_files(root):\n    for dirpath, dirnames, filenames in os.walk(root):\n",
     "    def test_append(self):\n        a = array.array('i')\n",
+)
+# Held-out verses (test split: chapters the translation model never saw), King James Bible.
+VERSES = (
+    "And Moses said, Thou hast spoken well, I will see thy face again no more.",
+    "And Joshua discomfited Amalek and his people with the edge of the sword.",
+    "And thou shalt take no gift: for the gift blindeth the wise, and perverteth the words of the righteous.",
+    "Three times in the year all thy males shall appear before the Lord GOD.",
 )
 DRAFTER_NAMES = {"heads": "{head_type} heads", "ngram": "n-gram drafter", "heads+ngram": "{head_type} heads + n-gram"}
 COLOURS = ("\x1b[48;5;24m", "\x1b[48;5;58m")
@@ -36,15 +45,15 @@ class BlockPrinter:
     """Streams decoded text, each accepted block in alternating colour when the terminal has it
     (and between | marks when it has not)."""
 
-    def __init__(self, tokenizer, colour: bool):
-        self.tokenizer, self.colour = tokenizer, colour
+    def __init__(self, tokenizer, colour: bool, skip_special_tokens: bool = False):
+        self.tokenizer, self.colour, self.skip = tokenizer, colour, skip_special_tokens
         self.tokens: list[int] = []
         self.shown = ""
         self.blocks = 0
 
     def __call__(self, block: list[int]) -> None:
         self.tokens += block
-        text = self.tokenizer.decode(self.tokens)
+        text = self.tokenizer.decode(self.tokens, skip_special_tokens=self.skip)
         new, self.shown = text[len(self.shown) :], text
         new = f"{COLOURS[self.blocks % 2]}{new}{RESET}" if self.colour else f"{new}|"
         self.blocks += 1
@@ -78,18 +87,25 @@ def compare(
     tree: int | None = None,
 ) -> DemoRow:
     """Greedy and blockwise, both timed from outside, in turn `repeats` times (the benchmark's
-    rounds, so drift hits both alike); the median speedup kept."""
+    rounds, so drift hits both alike); the median speedup kept. A translation stops at its EOS."""
     base, drafters = model.base, model.drafters(drafter)
     drafter = drafters if len(drafters) > 1 else drafters[0]
+    eos = is_seq2seq(base)
     methods = [
-        Method("greedy", "greedy", lambda x: transformers_run(base, x, max_new_tokens)),
-        Method("blockwise", "heads", lambda x: blockwise_run(base, x, max_new_tokens, drafter, k, tree=tree), k=k),
+        Method("greedy", "greedy", lambda x: transformers_run(base, x, max_new_tokens, stop_at_eos=eos)),
+        Method(
+            "blockwise",
+            "heads",
+            lambda x: blockwise_run(base, x, max_new_tokens, drafter, k, stop_at_eos=eos, tree=tree),
+            k=k,
+        ),
     ]
     results = measure(methods, [ids] * repeats, 1, show=False, warmup=False)
     greedy, ours = results["greedy"], results["blockwise"]
-    prompt_ids = ids[0].tolist()
+    source, start = decoder_prompt(base, ids)
+    prompt_ids = start[0].tolist()
     reference, output = (torch.tensor([prompt_ids + r["outputs"][0]], device=ids.device) for r in (greedy, ours))
-    diverged = first_divergence(base, reference, output)
+    diverged = first_divergence(base, reference, output, source=source)
     new = len(ours["outputs"][0])
     return DemoRow(
         prompt=prompt,
@@ -115,22 +131,33 @@ def run_demo(
     repeats: int = 3,
     drafter: str = "auto",
     tree: int | str | None = "auto",
+    task: str = "code",
 ) -> list[DemoRow]:
-    """Stream, time and compare every prompt; print the table; return its rows."""
+    """Stream, time and compare every prompt; print the table; return its rows. `task`: "code"
+    (a causal LM continues code) or "translate" (an encoder-decoder translates verses)."""
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # the demo's own output is the point
 
-    model_dir = model_dir or DEFAULT_MODEL
+    if task not in ("code", "translate"):
+        raise ValueError(f"unknown demo task {task!r}: choose code or translate")
+    translate = task == "translate"
+    prompts = VERSES if translate and prompts == PROMPTS else prompts
+    model_dir = model_dir or (DEFAULT_TRANSLATION_MODEL if translate else DEFAULT_MODEL)
     model, tokenizer = load(model_dir, dtype)
+    if translate != is_seq2seq(model.base):
+        need = "an encoder-decoder (translation) model" if translate else "a causal LM"
+        raise ValueError(f"demo --task {task} needs {need}; {model_dir} holds a {type(model.base).__name__}")
     k = model.k if k is None else k
     # "auto": measured once on these prompts, then cached (blockdecode.calibrate)
     drafter, tree = resolve(model, [tokenizer(p, return_tensors="pt").input_ids for p in prompts], drafter, tree, k)
     colour = sys.stdout.isatty() and "NO_COLOR" not in os.environ
     params = sum(p.numel() for p in model.base.parameters()) / 1e6
+    kind = type(model.base).__name__.removesuffix("ForCausalLM")
+    origin = {DEFAULT_MODEL: " trained on the Python standard library, ", DEFAULT_TRANSLATION_MODEL: " En-Es, "}
     print(
-        f"blockdecode demo: {params:.1f}M-parameter {type(model.base).__name__.removesuffix('ForCausalLM')}"
-        + (" trained on the Python standard library, " if model_dir == DEFAULT_MODEL else f" from {model_dir}, ")
+        f"blockdecode demo: {params:.1f}M-parameter {kind}"
+        + origin.get(model_dir, f" from {model_dir}, ")
         + f"{DRAFTER_NAMES[drafter].format(head_type=model.config.head_type)}, k={k}, "
         + (f"trees of {tree} candidates, " if tree else "")
         + f"{dtype_name(dtype)}, "
@@ -140,9 +167,10 @@ def run_demo(
     rows = []
     for prompt in prompts:
         ids = tokenizer(prompt, return_tensors="pt").input_ids
-        sys.stdout.write(prompt)
-        printer = BlockPrinter(tokenizer, colour)
-        model.generate(ids, max_new_tokens, eos_token_id=[], k=k, drafter=drafter, on_block=printer, tree=tree)
+        sys.stdout.write(f"{prompt}\n  -> " if translate else prompt)
+        printer = BlockPrinter(tokenizer, colour, skip_special_tokens=translate)
+        eos = None if translate else []  # a translation ends at its EOS; code runs the whole budget
+        model.generate(ids, max_new_tokens, eos_token_id=eos, k=k, drafter=drafter, on_block=printer, tree=tree)
         print("\n")
         rows.append(compare(model, prompt, ids, max_new_tokens, k, repeats, drafter, tree))
     print_table(rows)

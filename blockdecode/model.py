@@ -35,9 +35,12 @@ def _location(name: str) -> str | None:
 
 
 def _missing(path: Path) -> CheckpointError:
-    built_in = str(path) == builtin.DEFAULT_MODEL
-    hint = ": the built-in model is not installed; `make default-model` builds it" if built_in else ""
-    return CheckpointError(f"no such directory: {path} does not exist{hint}")
+    hints = {
+        builtin.DEFAULT_MODEL: ": the built-in model is not installed; `make default-model` builds it",
+        builtin.DEFAULT_TRANSLATION_MODEL: ": the built-in translation model is not shipped yet; "
+        "`bash recipes/translation.sh` builds one (then pass its folder with --model)",
+    }
+    return CheckpointError(f"no such directory: {path} does not exist{hints.get(str(path), '')}")
 
 
 def has_heads(directory: str | os.PathLike) -> bool:

@@ -11,7 +11,7 @@ import contextlib
 import shutil
 import sysconfig
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -191,26 +191,14 @@ def pretrain(cfg: PretrainConfig, show: bool = True) -> LlamaForCausalLM:
     precision = training.Precision(cfg.mixed_precision, accelerator.device)
     torch.manual_seed(cfg.seed)
     model = LlamaForCausalLM(llama_config(cfg, len(tokenizer), eos))
-    decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
-    no_decay = [p for n, p in model.named_parameters() if p.ndim < 2]
-    optimizer = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=cfg.lr,
-        betas=(0.9, 0.95),
-    )
-
+    optimizer = training.adamw(model, cfg.lr, cfg.weight_decay, betas=(0.9, 0.95))
     scheduler = training.scheduler(optimizer, cfg.warmup_steps, cfg.steps, floor=cfg.min_lr / cfg.lr)
     ckpt_path = out / "checkpoint" / "state.pt"
     remove_temporaries(ckpt_path.parent)  # what a killed checkpoint write left
     start = 0
     if cfg.resume and ckpt_path.is_file():
         state = _load_state(ckpt_path, cfg, len(tokenizer), data_digest)
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        scheduler.load_state_dict(state["scheduler"])
-        if state.get("scaler"):  # absent from checkpoints written before fp16 scaling was saved
-            precision.scaler.load_state_dict(state["scaler"])
-        start = state["step"]
+        start = training.restore_run(state, model, optimizer, scheduler, precision)
     model, optimizer = accelerator.prepare(model, optimizer)
     held = heldout_batches(held_tokens, cfg)
     metrics = training.MetricsLog(out / "metrics.jsonl", start)
@@ -241,16 +229,10 @@ def pretrain(cfg: PretrainConfig, show: bool = True) -> LlamaForCausalLM:
             metrics.append(record)
             t0, tokens_seen = time.perf_counter(), 0
         if done % cfg.checkpoint_every == 0 and done < cfg.steps:
-            state = {
-                "step": done,
-                "config": asdict(cfg),
-                "vocab_size": len(tokenizer),
-                "data_digest": data_digest,
-                "model": accelerator.unwrap_model(model).state_dict(),
-                "optimizer": optimizer.state_dict(),
-                "scheduler": scheduler.state_dict(),
-                "scaler": precision.scaler.state_dict(),
-            }
+            unwrapped = accelerator.unwrap_model(model)
+            state = training.run_state(
+                done, cfg, data_digest, unwrapped, optimizer, scheduler, precision, vocab_size=len(tokenizer)
+            )
             save_checkpoint(ckpt_path, state)
 
     model = accelerator.unwrap_model(model).eval()

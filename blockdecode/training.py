@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterable
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -30,6 +31,45 @@ def warmup_cosine(step: int, warmup: int, total: int, floor: float) -> float:
 
 def scheduler(optimizer: torch.optim.Optimizer, warmup: int, total: int, floor: float):
     return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: warmup_cosine(step, warmup, total, floor))
+
+
+def adamw(model: torch.nn.Module, lr: float, weight_decay: float, betas: tuple[float, float]) -> torch.optim.AdamW:
+    """AdamW with weight decay on the matrices only (not on biases and norms), over the trainable parameters."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    groups = [
+        {"params": [p for p in params if p.ndim >= 2], "weight_decay": weight_decay},
+        {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0},
+    ]
+    return torch.optim.AdamW(groups, lr=lr, betas=betas)
+
+
+def run_state(step: int, cfg: object, data_digest: str, model, optimizer, scheduler, precision, **extra) -> dict:
+    """What a from-scratch run's checkpoint holds: enough to continue as if never stopped (the RNG
+    too, which dropout draws on)."""
+    return {
+        "step": step,
+        "config": asdict(cfg),
+        "data_digest": data_digest,
+        "model": model.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "scheduler": scheduler.state_dict(),
+        "scaler": precision.scaler.state_dict(),
+        "rng": torch.get_rng_state(),
+        **extra,
+    }
+
+
+def restore_run(state: dict, model, optimizer, scheduler, precision) -> int:
+    """Load what `run_state` saved; the step to continue from. Older checkpoints lack the scaler
+    (written before fp16 scaling was saved) and the RNG (models without dropout)."""
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    scheduler.load_state_dict(state["scheduler"])
+    if state.get("scaler"):
+        precision.scaler.load_state_dict(state["scaler"])
+    if state.get("rng") is not None:
+        torch.set_rng_state(state["rng"])
+    return state["step"]
 
 
 def accelerator(**kwargs) -> Accelerator:

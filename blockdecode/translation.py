@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -249,25 +249,14 @@ def train_translation(cfg: TranslationConfig, show: bool = True) -> MarianMTMode
     torch.manual_seed(cfg.seed)
     model = MarianMTModel(marian_config(cfg, tokenizer))
     model.generation_config = marian_generation_config(tokenizer, cfg.context)
-    decay = [p for p in model.parameters() if p.ndim >= 2 and p.requires_grad]
-    no_decay = [p for p in model.parameters() if p.ndim < 2 and p.requires_grad]
-    optimizer = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=cfg.lr,
-        betas=(0.9, 0.98),
-    )
+    optimizer = training.adamw(model, cfg.lr, cfg.weight_decay, betas=(0.9, 0.98))
     scheduler = training.scheduler(optimizer, cfg.warmup_steps, cfg.steps, floor=cfg.min_lr / cfg.lr)
     ckpt_path = out / "checkpoint" / "state.pt"
     remove_temporaries(ckpt_path.parent)
     start = 0
     if cfg.resume and ckpt_path.is_file():
         state = load_checkpoint(ckpt_path, cfg, RESUME_MUST_MATCH, data_digest)
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        scheduler.load_state_dict(state["scheduler"])
-        precision.scaler.load_state_dict(state["scaler"])
-        torch.set_rng_state(state["rng"])  # dropout draws on: the resumed steps are the same steps
-        start = state["step"]
+        start = training.restore_run(state, model, optimizer, scheduler, precision)  # dropout's RNG too
     model, optimizer = accelerator.prepare(model, optimizer)
     metrics = training.MetricsLog(out / "metrics.jsonl", start)
     model.train()
@@ -304,16 +293,9 @@ def train_translation(cfg: TranslationConfig, show: bool = True) -> MarianMTMode
             metrics.append(record)
             t0, tokens_seen = time.perf_counter(), 0
         if done % cfg.checkpoint_every == 0 and done < cfg.steps:
-            state = {
-                "step": done,
-                "config": asdict(cfg),
-                "data_digest": data_digest,
-                "model": accelerator.unwrap_model(model).state_dict(),
-                "optimizer": optimizer.state_dict(),
-                "scheduler": scheduler.state_dict(),
-                "scaler": precision.scaler.state_dict(),
-                "rng": torch.get_rng_state(),
-            }
+            state = training.run_state(
+                done, cfg, data_digest, accelerator.unwrap_model(model), optimizer, scheduler, precision
+            )
             save_checkpoint(ckpt_path, state)
 
     model = accelerator.unwrap_model(model).eval()

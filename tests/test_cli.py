@@ -6,6 +6,7 @@ import re
 from pathlib import Path
 
 import pytest
+import torch
 
 from blockdecode import BlockwiseLM, demo
 from blockdecode.cli import main
@@ -85,8 +86,33 @@ def test_generate_translates_with_an_encoder_decoder(tmp_path: Path, capsys: pyt
 @pytest.mark.parametrize("command", ["demo", "bench"])
 def test_demo_and_bench_refuse_an_encoder_decoder_by_name(command: str, tmp_path: Path) -> None:
     toy_model("t5", vocab=64, context=32).save_pretrained(tmp_path)
-    with pytest.raises(SystemExit, match="is an encoder-decoder model: translate with `blockdecode generate"):
+    with pytest.raises(SystemExit, match="is an encoder-decoder model: translate with `blockdecode demo --task transl"):
         main([command, "--model", str(tmp_path)])
+
+
+def test_demo_translates_verses_with_an_encoder_decoder(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """`demo --task translate`: each held-out verse, its translation streamed, then the table."""
+    from blockdecode.bible import read_tsv
+    from blockdecode.translation import marian_generation_config, translation_tokenizer
+
+    verses = read_tsv(Path(__file__).parent / "data" / "bible" / "train.tsv")
+    tokenizer = translation_tokenizer([t for p in verses for t in (p.source, p.target)], 400)
+    model = toy_model("marian", vocab=len(tokenizer), context=128)
+    model.config.decoder_start_token_id = tokenizer.pad_token_id
+    model.generation_config = marian_generation_config(tokenizer, 128)
+    model.save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    rows = demo.run_demo(str(tmp_path), max_new_tokens=24, dtype=torch.float32, repeats=1, task="translate", k=4)
+    out = capsys.readouterr().out
+    assert demo.VERSES[0] in out and "\n  -> " in out and "identical: yes" in out
+    assert len(rows) == len(demo.VERSES) and all(r.identical for r in rows)
+    with pytest.raises(ValueError, match="--task code needs a causal LM"):
+        demo.run_demo(str(tmp_path), task="code", dtype=torch.float32)
+
+
+def test_demo_translate_without_a_model_says_how_to_build_one() -> None:
+    with pytest.raises(SystemExit, match="translation model is not shipped yet; `bash recipes/translation.sh`"):
+        main(["demo", "--task", "translate"])
 
 
 @pytest.mark.parametrize(
@@ -110,7 +136,7 @@ def test_generate_missing_model_dir(tmp_path: Path) -> None:
 class Letters:
     """A tokenizer stand-in: token i is the i-th letter."""
 
-    def decode(self, ids: list[int]) -> str:
+    def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
         return "".join(chr(ord("a") + i) for i in ids)
 
 

@@ -18,6 +18,7 @@ from transformers import PreTrainedModel
 
 from blockdecode.decode import blockwise_generate
 from blockdecode.drafters import Drafter
+from blockdecode.hf import is_seq2seq
 from blockdecode.reference import first_divergence, greedy_generate
 from blockdecode.timing import metered, sync
 
@@ -48,29 +49,44 @@ class Method:
         return self.acceptance == "exact"
 
 
-def transformers_run(model: PreTrainedModel, ids: torch.LongTensor, new_tokens: int, **generate_kwargs) -> Run:
+def transformers_run(
+    model: PreTrainedModel, ids: torch.LongTensor, new_tokens: int, stop_at_eos: bool = False, **generate_kwargs
+) -> Run:
     """transformers' generate (greedy, or with prompt_lookup_num_tokens / assistant_model), EOS off
-    so that every method makes the same number of tokens."""
+    so that every method makes the same number of tokens, or (`stop_at_eos`, as a translation
+    ends) the model's own EOS."""
     assistant = generate_kwargs.get("assistant_model")
+    eos = {} if stop_at_eos else {"eos_token_id": [], "min_new_tokens": new_tokens}
     with metered(model, *([assistant] if assistant else [])) as meters:
         start = time.perf_counter()
-        out = greedy_generate(model, ids, new_tokens, [], min_new_tokens=new_tokens, **generate_kwargs)
+        out = greedy_generate(model, ids, new_tokens, **eos, **generate_kwargs)
         sync(ids.device)
         seconds = time.perf_counter() - start
     draft_calls = meters[1].calls if assistant else 0
-    return Run(out[0, ids.shape[1] :].tolist(), seconds, meters[0].calls, draft_calls, [], meters[0].seconds)
+    return Run(new_part(model, ids, out), seconds, meters[0].calls, draft_calls, [], meters[0].seconds)
+
+
+def new_part(model: PreTrainedModel, ids: torch.LongTensor, out: torch.LongTensor) -> list[int]:
+    """The generated tokens of `out`: after the prompt, or after an encoder-decoder's start token."""
+    return out[0, 1 if is_seq2seq(model) else ids.shape[1] :].tolist()
 
 
 def blockwise_run(
-    model: PreTrainedModel, ids: torch.LongTensor, new_tokens: int, drafter: Drafter, k: int, **kwargs
+    model: PreTrainedModel,
+    ids: torch.LongTensor,
+    new_tokens: int,
+    drafter: Drafter,
+    k: int,
+    stop_at_eos: bool = False,
+    **kwargs,
 ) -> Run:
     """blockdecode, timed and counted from outside exactly as `transformers_run` is."""
     with metered(model) as meters:
         start = time.perf_counter()
-        out = blockwise_generate(model, ids, new_tokens, drafter, k, eos_token_id=[], **kwargs)
+        out = blockwise_generate(model, ids, new_tokens, drafter, k, eos_token_id=None if stop_at_eos else [], **kwargs)
         sync(ids.device)
         seconds = time.perf_counter() - start
-    sequence = out.sequences[0, ids.shape[1] :].tolist()
+    sequence = new_part(model, ids, out.sequences)
     stats = out.stats
     return Run(sequence, seconds, meters[0].calls, 0, stats.block_sizes, meters[0].seconds, stats.verified)
 
