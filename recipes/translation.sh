@@ -22,3 +22,17 @@ fi
 
 # 2. The translation model: 4 + 4 layers of width 256, a shared BPE of 8,000, about 21 epochs.
 $BD pretrain-translation --corpus "$RUNS/bible" --out "$RUNS/translation" --steps 5000 --resume
+
+# 3. Heads for k = 10 in the paper's four modes, on the training verses; the distilled modes learn
+#    the model's own beam-search translations (4 beams, the paper's sequence-level distillation).
+COMMON=(--base "$RUNS/translation/model" --data "$RUNS/bible/train.tsv" --k 10 --batch-size 32 --seq-len 256
+  --lr 2e-3 --base-lr 1e-4 --warmup-steps 50 --eval-every 200 --eval-prompts 16 --checkpoint-every 50 --patience 4
+  --distill-beams 4 --distill-batch-size 32 --distill-new-tokens 200 --distill-cache "$RUNS/distill-cache" --resume)
+for mode in finetune+distill distill frozen finetune; do
+  [ -f "$RUNS/translation-$mode/blockdecode.json" ] && continue
+  $BD train "${COMMON[@]}" --mode "$mode" --steps 3000 --out "$RUNS/translation-$mode"
+done
+
+# 4. The paper's Table 1 on held-out verses: BLEU and mean accepted block at k = 1, 2, 4, 6, 8, 10.
+.venv/bin/python benchmarks/translation_table.py --corpus "$RUNS/bible" --readme --runs "$RUNS/translation-frozen" \
+  "$RUNS/translation-distill" "$RUNS/translation-finetune" "$RUNS/translation-finetune+distill"

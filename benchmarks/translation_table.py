@@ -1,0 +1,112 @@
+"""The paper's Table 1 on translation, its own task: for heads trained frozen ("Regular"), on
+distilled data, fine-tuned, and both, the BLEU of the exact (greedy) translations of held-out
+Bible verses against the Spanish reference, and the mean accepted block k̂ at each k, with the
+paper's figures (WMT En-De) beside ours.
+
+Every run's heads were trained at the largest k; a smaller k decodes with heads 2..k of them. k=1
+is plain greedy decoding, and every k's tokens are checked against it.
+
+    python benchmarks/translation_table.py --corpus runs/bible \\
+        --runs runs/translation-frozen runs/translation-distill runs/translation-finetune runs/translation-both
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+from transformers import AutoTokenizer
+
+from blockdecode.bench.report import cpu_name, update_readme
+from blockdecode.bible import read_tsv
+from blockdecode.io import atomic_write, write_json
+from blockdecode.model import BlockwiseLM
+from blockdecode.translation import table_row
+
+RESULTS = Path(__file__).parent / "results"
+README = Path(__file__).parents[1] / "README.md"
+PAPER = {"frozen": {8: 1.76}, "distill": {8: 1.91}, "finetune+distill": {8: 4.69, 10: 4.95}}
+"""Stern et al. (2018), Table 1, WMT En-De: k̂ of Regular, Distillation and Both, as cited here."""
+
+
+def markdown(rows: list[dict], ks: list[int]) -> str:
+    lines = ["| heads trained | BLEU | " + " | ".join(f"k̂ at k={k}" for k in ks) + " |"]
+    lines.append("|---|---|" + "---|" * len(ks))
+    for r in rows:
+        cells = [f"{r['by_k'][str(k)]['mean_block_size']:.2f}" if str(k) in r["by_k"] else "" for k in ks]
+        lines.append(f"| {r['mode']} | {r['bleu']:.1f} | " + " | ".join(cells) + " |")
+    for mode, figures in PAPER.items():
+        lines.append(f"| paper, {mode} (WMT En-De) | | " + " | ".join(str(figures.get(k, "")) for k in ks) + " |")
+    return "\n".join(lines)
+
+
+def plot(rows: list[dict], ks: list[int], png: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for r in rows:
+        shown = [k for k in ks if str(k) in r["by_k"]]
+        ax.plot(
+            shown,
+            [r["by_k"][str(k)]["mean_block_size"] for k in shown],
+            "o-",
+            label=f"{r['mode']} ({r['bleu']:.1f} BLEU)",
+        )
+    ax.set_xlabel("k (block size)")
+    ax.set_ylabel("mean accepted block k̂")
+    ax.legend(fontsize="small")
+    fig.tight_layout()
+    atomic_write(png, lambda p: fig.savefig(p, format="png", dpi=100))
+    plt.close(fig)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--runs", nargs="+", required=True, help="saved BlockwiseLM folders, one per training mode")
+    parser.add_argument("--corpus", required=True, help="the folder `blockdecode bible` wrote (its test.tsv is used)")
+    parser.add_argument("--ks", default="1,2,4,6,8,10")
+    parser.add_argument("--verses", type=int, default=300, help="held-out verses, spread evenly over test.tsv")
+    parser.add_argument("--out", default=str(RESULTS / "translation_table.json"))
+    parser.add_argument("--readme", action="store_true", help="write the table into README.md")
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    ks = [int(k) for k in args.ks.split(",")]
+    pairs = read_tsv(Path(args.corpus) / "test.tsv")
+    pairs = [pairs[round(i * (len(pairs) - 1) / max(1, args.verses - 1))] for i in range(min(args.verses, len(pairs)))]
+    start, rows = time.perf_counter(), []
+    for run in tqdm(args.runs, desc="runs"):
+        lm = BlockwiseLM.from_pretrained(run, dtype=torch.float32).eval()
+        mode = json.loads((Path(run) / "blockdecode.json").read_text()).get("training", {}).get("mode", Path(run).name)
+        row = table_row(lm, AutoTokenizer.from_pretrained(run), pairs, [k for k in ks if k <= lm.k])
+        rows.append(
+            {"run": run, "mode": mode, "trained_k": lm.k, **row, "by_k": {str(k): v for k, v in row["by_k"].items()}}
+        )
+    result = {
+        "what": "BLEU of exact greedy translations (sacrebleu) and mean accepted block at each k, fp32",
+        "verses": len(pairs),
+        "ks": ks,
+        "paper": PAPER,
+        "rows": rows,
+        "seconds": time.perf_counter() - start,
+        "torch": torch.__version__,
+        "machine": cpu_name(),
+    }
+    out = Path(args.out)
+    write_json(out, result)
+    plot(rows, ks, out.with_suffix(".png"))
+    table = markdown(rows, ks)
+    print(table)
+    if args.readme:
+        update_readme(README, "translation-table", table)
+
+
+if __name__ == "__main__":
+    main()
