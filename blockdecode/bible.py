@@ -128,7 +128,9 @@ def write_corpus(pairs: list[VersePair], out: str | Path) -> dict[str, int]:
 def read_tsv(path: str | Path) -> list[VersePair]:
     """Pairs from a file `write_corpus` wrote (or any TSV of reference, source, target)."""
     pairs = []
-    for n, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), start=1):
+    for n, line in enumerate(Path(path).read_text(encoding="utf-8").split("\n"), start=1):
+        if not line:
+            continue
         fields = line.split("\t")
         if len(fields) != 3:
             raise ValueError(f"{path}:{n}: expected 3 tab-separated fields (reference, source, target)")

@@ -134,18 +134,25 @@ def read_parallel(paths: list[str | Path]) -> list[tuple[str, str]]:
             raise FileNotFoundError(f"training data {f} does not exist (pairs come as one .tsv or two aligned files)")
     if len(files) == 1:
         pairs = []
-        for n, line in enumerate(files[0].read_text(encoding="utf-8").splitlines(), start=1):
+        for n, line in enumerate(_lines(files[0]), start=1):
             fields = line.split("\t")
             if len(fields) < 2:
                 raise ValueError(f"{files[0]}:{n}: expected tab-separated source and target")
             pairs.append((fields[-2], fields[-1]))
         return pairs
     if len(files) == 2:
-        sources, targets = (f.read_text(encoding="utf-8").splitlines() for f in files)
+        sources, targets = (_lines(f) for f in files)
         if len(sources) != len(targets):
             raise ValueError(f"{files[0]} has {len(sources)} lines, {files[1]} {len(targets)}: they must align")
         return list(zip(sources, targets))
     raise ValueError(f"pairs come as one .tsv or two aligned files, got {len(files)} paths")
+
+
+def _lines(path: Path) -> list[str]:
+    """A file's lines, split at newlines only (str.splitlines would also split at form feeds and
+    Unicode separators inside a sentence)."""
+    text = path.read_text(encoding="utf-8")
+    return [line.removesuffix("\r") for line in text.removesuffix("\n").split("\n")] if text else []
 
 
 def load_pairs(paths: list[str | Path], tokenizer, start: int, eos: int | None, max_len: int) -> Pairs:
@@ -157,7 +164,7 @@ def load_pairs(paths: list[str | Path], tokenizer, start: int, eos: int | None, 
     if not texts:
         raise ValueError("the training data holds no pairs")
     sources = tokenizer([s for s, _ in texts]).input_ids
-    targets = tokenizer([t for _, t in texts]).input_ids
+    targets = tokenizer(text_target=[t for _, t in texts]).input_ids  # a target-side tokenizer, where there is one
     decoder = [[start, *t] if eos is None or (t and t[-1] == eos) else [start, *t, eos] for t in targets]
     keep = [i for i in range(len(texts)) if len(sources[i]) <= max_len and len(decoder[i]) <= max_len]
     if len(keep) < len(texts):

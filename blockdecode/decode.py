@@ -137,13 +137,14 @@ def decoder_prompt(
     encoder-decoder (the prompt, its decoder start token), as `generate` starts."""
     if not is_seq2seq(model):
         return None, input_ids
-    start = getattr(model.generation_config, "decoder_start_token_id", None)
-    if start is None:
-        start = getattr(model.config, "decoder_start_token_id", None)
+    cfg = model.generation_config  # as generate resolves it: the start token, else BOS
+    start = cfg.decoder_start_token_id if cfg.decoder_start_token_id is not None else cfg.bos_token_id
     if isinstance(start, list | tuple):
         start = start[0] if len(start) == 1 else None
     if start is None:
-        raise ValueError(f"{type(model).__name__} names no decoder_start_token_id: set it in its generation config")
+        raise ValueError(
+            f"{type(model).__name__} names neither a decoder_start_token_id nor a bos_token_id in its generation config"
+        )
     return input_ids, input_ids.new_tensor([[int(start)]])
 
 

@@ -16,16 +16,17 @@ from dataclasses import dataclass, field
 import torch
 from transformers import PreTrainedModel
 
-# Settings that change greedy's tokens in ways these rules do not model, with their neutral value.
+# Settings that change greedy's tokens in ways these rules do not model, with the values at which
+# greedy leaves them out (None always is).
 REFUSED = {
-    "repetition_penalty": 1.0,
-    "encoder_repetition_penalty": 1.0,
-    "no_repeat_ngram_size": 0,
-    "encoder_no_repeat_ngram_size": 0,
-    "sequence_bias": None,
-    "exponential_decay_length_penalty": None,
-    "guidance_scale": None,
-    "watermarking_config": None,
+    "repetition_penalty": (1.0,),
+    "encoder_repetition_penalty": (1.0,),
+    "no_repeat_ngram_size": (0,),
+    "encoder_no_repeat_ngram_size": (0,),
+    "sequence_bias": (),
+    "exponential_decay_length_penalty": (),
+    "guidance_scale": (1, 1.0),
+    "watermarking_config": (),
 }
 
 
@@ -53,6 +54,7 @@ class GreedyRules:
     max_length: int = 0
     begin_suppress: list[int] = field(default_factory=list)  # banned at cur_len == begin_index
     begin_index: int = -1
+    remove_invalid: bool = False  # NaN to 0 and infinities to the dtype's extremes, as greedy's option does
 
     @property
     def active(self) -> bool:
@@ -63,6 +65,7 @@ class GreedyRules:
             or self.forced_bos is not None
             or self.forced_eos
             or self.begin_suppress
+            or self.remove_invalid
         )
 
     def apply(self, logits: torch.Tensor, cur_len: int, depths: Sequence[int] | None = None) -> torch.Tensor:
@@ -80,6 +83,9 @@ class GreedyRules:
                 self._only(logits[row], [self.forced_bos])
             if self.forced_eos and n == self.max_length - 1:
                 self._only(logits[row], self.forced_eos)
+        if self.remove_invalid:
+            limits = torch.finfo(logits.dtype)
+            logits.nan_to_num_(nan=0.0, posinf=limits.max, neginf=limits.min)
         if self.suppress:
             logits[:, self.suppress] = -torch.inf
         for row, n in enumerate(lengths):
@@ -101,31 +107,39 @@ def greedy_rules(model: PreTrainedModel, prompt_len: int, max_new_tokens: int, e
     encoder-decoder)."""
     cfg = model.generation_config
     for name, neutral in REFUSED.items():
-        value = getattr(cfg, name, neutral)
-        if value is not None and value != neutral:
+        value = getattr(cfg, name, None)
+        if value is not None and value not in neutral:
             raise ValueError(
                 f"the model's generation config sets {name}={value!r}, which greedy applies and blockwise decoding "
-                f"cannot apply exactly: set model.generation_config.{name} = {neutral!r} to decode without it"
+                f"cannot apply exactly: set model.generation_config.{name} = None to decode without it"
             )
     eos_ids = sorted(eos)
+    vocab = model.get_output_embeddings().weight.shape[0]
     bad = [list(w) for w in (getattr(cfg, "bad_words_ids", None) or []) if list(w) not in ([e] for e in eos_ids)]
     if any(len(w) != 1 for w in bad):
         raise ValueError(
             "the model's generation config bans token sequences longer than one token (bad_words_ids); blockwise "
             "decoding applies single-token bans only: set model.generation_config.bad_words_ids to single tokens"
         )
+    if any(not 0 <= w[0] < vocab for w in bad):
+        raise ValueError(f"the model's generation config bans token ids outside its vocabulary [0, {vocab})")
     forced_bos = getattr(cfg, "forced_bos_token_id", None)
     begin_index = prompt_len + (1 if prompt_len == 1 and forced_bos is not None else 0)
+    min_new = getattr(cfg, "min_new_tokens", None)
+    # As generate does: a min_new_tokens setting replaces min_length, even 0.
+    min_length = prompt_len + min_new if min_new is not None else int(getattr(cfg, "min_length", 0) or 0)
+    in_vocabulary = lambda ids: [t for t in _ids(ids) if 0 <= t < vocab]  # noqa: E731  (ids beyond: no effect)
     return GreedyRules(
         bad=sorted({w[0] for w in bad}),
-        suppress=_ids(getattr(cfg, "suppress_tokens", None)),
+        suppress=in_vocabulary(getattr(cfg, "suppress_tokens", None)),
         eos=eos_ids,
-        min_length=int(getattr(cfg, "min_length", 0) or 0),
-        min_new_tokens=int(getattr(cfg, "min_new_tokens", 0) or 0),
+        min_length=min_length,
+        min_new_tokens=int(min_new or 0),
         prompt_len=prompt_len,
         forced_bos=forced_bos,
         forced_eos=_ids(getattr(cfg, "forced_eos_token_id", None)),
         max_length=prompt_len + max_new_tokens,
-        begin_suppress=_ids(getattr(cfg, "begin_suppress_tokens", None)),
+        begin_suppress=in_vocabulary(getattr(cfg, "begin_suppress_tokens", None)),
         begin_index=begin_index,
+        remove_invalid=bool(getattr(cfg, "remove_invalid_values", False)),
     )

@@ -50,6 +50,7 @@ from blockdecode.io import (
 from blockdecode.loss import IGNORE, linear_cross_entropy
 from blockdecode.model import BlockwiseLM
 from blockdecode.reference import greedy_generate
+from blockdecode.rules import greedy_rules
 
 MODES = {
     "frozen": "base frozen (inference mode), heads trained on the data; decoding stays the original model's",
@@ -306,7 +307,8 @@ def distill_pairs(base: PreTrainedModel, pairs: Pairs, cfg: TrainConfig, show: b
         ).cpu()
         return _cut_at_eos(out, 1, eos, 1 + cfg.distill_new_tokens)
 
-    decoder = _cached_generation(base, pairs.source.numpy().tobytes(), len(pairs), generate, 1, cfg, show)
+    inputs = pairs.source.numpy().tobytes() + start.to_bytes(8, "little")
+    decoder = _cached_generation(base, inputs, len(pairs), generate, 1, cfg, show)
     return Pairs(pairs.source, decoder)
 
 
@@ -335,6 +337,9 @@ def _cached_generation(
     beside it (`.json`)."""
     key = hashlib.sha256(inputs)
     key.update(json.dumps([cfg.distill_new_tokens, cfg.distill_beams, weights_digest(base)]).encode())
+    rules = greedy_rules(base, first_new, cfg.distill_new_tokens, resolve_eos(base, None))
+    if rules.active:  # what the generation config makes generate do (none: the key is as it always was)
+        key.update(repr(rules).encode())
     cache_dir = Path(cfg.distill_cache or Path(cfg.out) / "distill-cache")
     path = cache_dir / f"distill-{key.hexdigest()[:16]}.npy"
     if path.is_file():
@@ -436,6 +441,7 @@ def train(cfg: TrainConfig, callback: Callable[[int, dict], None] | None = None)
     if limit is not None and cfg.seq_len > limit:
         raise ValueError(f"seq_len {cfg.seq_len} exceeds the base model's context of {limit} positions")
     eos = sorted(resolve_eos(base, None))
+    greedy_rules(base, 1, 1, set(eos))  # a generation config blockwise decoding cannot follow fails now, not later
     vocab = vocab_size(base)
     if is_seq2seq(base):  # source/target pairs; the heads learn the decoder's side
         start = int(decoder_prompt(base, torch.zeros(1, 1, dtype=torch.long))[1])

@@ -55,6 +55,7 @@ def run_state(step: int, cfg: object, data_digest: str, model, optimizer, schedu
         "scheduler": scheduler.state_dict(),
         "scaler": precision.scaler.state_dict(),
         "rng": torch.get_rng_state(),
+        "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
         **extra,
     }
 
@@ -69,6 +70,8 @@ def restore_run(state: dict, model, optimizer, scheduler, precision) -> int:
         precision.scaler.load_state_dict(state["scaler"])
     if state.get("rng") is not None:
         torch.set_rng_state(state["rng"])
+    if state.get("cuda_rng") is not None and torch.cuda.is_available():  # dropout on a GPU draws from these
+        torch.cuda.set_rng_state_all(state["cuda_rng"])
     return state["step"]
 
 

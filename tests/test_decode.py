@@ -553,6 +553,17 @@ def test_seq2seq_refuses_what_does_not_apply() -> None:
     with pytest.raises(ValueError, match="encoder-decoder model: use the dynamic cache"):
         blockwise_generate(model, source, 8, NgramDrafter(), 4, cache_implementation="static")
     model.generation_config.decoder_start_token_id = None
-    model.config.decoder_start_token_id = None
-    with pytest.raises(ValueError, match="names no decoder_start_token_id"):
+    model.generation_config.bos_token_id = None
+    with pytest.raises(ValueError, match="names neither a decoder_start_token_id nor a bos_token_id"):
         blockwise_generate(model, source, 8, NgramDrafter(), 4)
+
+
+def test_seq2seq_start_token_falls_back_to_bos_as_generate_does() -> None:
+    model = toy_model("bart", seed=1)
+    model.generation_config.decoder_start_token_id = None
+    model.generation_config.bos_token_id = 7
+    source = make_prompt(6, vocab_size(model), seed=3)
+    ref = hf_greedy(model, source, 12)
+    assert int(ref[0, 0]) == 7
+    out = blockwise_generate(model, source, 12, ScriptedDrafter(ref, vocab_size(model), 0.5), 4)
+    assert_greedy_equal(model, source, out.sequences, ref, what="BOS as the start token")

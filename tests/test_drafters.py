@@ -8,6 +8,7 @@ from conftest import perturb_heads, tiny
 
 from blockdecode import BlockwiseLM, Drafter, HeadsDrafter, NgramDrafter, ScriptedDrafter
 from blockdecode.drafters import check_proposal
+from blockdecode.toy import toy_model
 
 NO_HIDDEN = torch.zeros(1, 8)  # n-gram and scripted drafters ignore the hidden state
 
@@ -157,3 +158,28 @@ def test_check_proposal_accepts_good_drafts(draft: torch.Tensor, n: int) -> None
 def test_check_proposal_rejects_bad_drafts(draft: object, error: type, match: str) -> None:
     with pytest.raises(error, match=match):
         check_proposal(draft, 3, 100)
+
+
+def test_half_precision_heads_propose_through_fp32_copies_when_those_are_faster(monkeypatch) -> None:
+    """On a CPU, bf16 heads may run as fp32 copies (timed once); a weight changed in place is
+    copied again, fp32 weights are used as they are, and the proposals are the heads' own."""
+    from blockdecode import drafters
+
+    lm = perturb_heads(BlockwiseLM.from_base(toy_model("llama", seed=2), k=5), seed=1)
+    hidden = torch.randn(1, lm.config.hidden_size)
+    fp32 = lm.drafter()
+    assert fp32._run == (lm.heads, lm.base.get_output_embeddings())  # nothing to copy or time
+    reference = fp32.propose(None, hidden, 4)
+    lm.to(torch.bfloat16)
+    monkeypatch.setattr(drafters, "_seconds", lambda pair, rows: float(pair[1].weight.dtype != torch.float32))
+    drafter = lm.drafter()
+    heads, project = drafter._run
+    assert project.weight.dtype == torch.float32 and heads is not lm.heads and drafter.heads is lm.heads
+    assert torch.equal(project.weight, lm.base.get_output_embeddings().weight.float())
+    proposed = drafter.propose(None, hidden.bfloat16(), 4)
+    assert (proposed == reference).float().mean() >= 0.75  # bf16 weights: the same guesses, but for near ties
+    assert lm.drafter()._run[0] is heads  # cached
+    with torch.no_grad():
+        lm.heads.up.weight.mul_(2)
+    again = lm.drafter()._run[0]
+    assert again is not heads and torch.equal(again.up.weight, lm.heads.up.weight.float())

@@ -106,3 +106,31 @@ def test_an_eos_ban_is_not_a_bad_word() -> None:
     model = toy_model("llama", seed=5)
     model.generation_config.bad_words_ids = [[1], [9]]
     assert greedy_rules(model, 4, 8, {1}).bad == [9]
+
+
+def test_min_new_tokens_takes_precedence_over_min_length_as_in_generate() -> None:
+    """generate replaces min_length by prompt + min_new_tokens whenever the latter is set (even 0)."""
+    model = toy_model("llama", seed=5)
+    ids = make_prompt(6, 512, seed=2)
+    plain = decoded(model, ids, eos_token_id=[])
+    model.generation_config.eos_token_id = int(plain[0, 8])  # greedy's third new token
+    model.generation_config.min_length = 16
+    for min_new in (1, 0):
+        model.generation_config.min_new_tokens = min_new
+        ref = decoded(model, ids)
+        assert ref.shape[1] == 9  # stopped at the EOS: min_length did not hold it back
+        assert_every_loop_matches(model, ids, ref, f"min_new_tokens={min_new}")
+
+
+def test_suppressed_ids_outside_the_vocabulary_have_no_effect_as_in_generate() -> None:
+    model = toy_model("llama", seed=5)
+    model.generation_config.suppress_tokens = [600, -1]
+    model.generation_config.begin_suppress_tokens = [9999]
+    ids = make_prompt(6, 512, seed=2)
+    assert_every_loop_matches(model, ids, decoded(model, ids), "ids beyond the vocabulary")
+
+
+def test_guidance_scale_of_one_is_no_guidance() -> None:
+    model = toy_model("llama", seed=5)
+    model.generation_config.guidance_scale = 1.0
+    assert not greedy_rules(model, 4, 8, {1}).active
