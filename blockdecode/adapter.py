@@ -127,7 +127,13 @@ class Seq2seqAdapter(CausalAdapter):
         self.source = source
         self.encoded = None
         self.layers = self.cache.self_attention_cache.layers
-        self.takes_positions = "decoder_position_ids" in inspect.signature(model.forward).parameters
+        self.position_arg = "decoder_position_ids" in inspect.signature(model.forward).parameters
+        # Marian, BART, mBART and Pegasus take no position ids, but their decoders hand their own to
+        # the positional embedding, by keyword: a tree's replace them there for one call.
+        embed = getattr(model.get_decoder(), "embed_positions", None)
+        takes = embed is not None and "position_ids" in inspect.signature(embed.forward).parameters
+        self.embed_positions = embed if takes and not self.position_arg else None
+        self.takes_positions = self.position_arg or self.embed_positions is not None
 
     def prefill(self, prompt: torch.LongTensor) -> tuple[torch.Tensor, torch.Tensor]:
         """prompt [B, T]: the decoder's first tokens (its start token); the encoder runs first."""
@@ -136,17 +142,28 @@ class Seq2seqAdapter(CausalAdapter):
         return super().prefill(prompt)
 
     def _run(self, ids: torch.LongTensor, attention_mask=None, position_ids=None, logits_to_keep=0, **kwargs):
-        if position_ids is not None:
-            if not self.takes_positions:
-                raise ValueError(f"{type(self.model).__name__} takes no decoder position ids: it cannot score a tree")
+        if position_ids is not None and not self.takes_positions:
+            raise ValueError(f"{type(self.model).__name__} takes no decoder position ids: it cannot score a tree")
+        if position_ids is not None and self.position_arg:
             kwargs["decoder_position_ids"] = position_ids
-        out = self.model(
-            encoder_outputs=self.encoded,
-            attention_mask=torch.ones_like(self.source),
-            decoder_input_ids=ids,
-            decoder_attention_mask=attention_mask,
-            **kwargs,
-        )
+        hook = None
+        if position_ids is not None and self.embed_positions is not None:
+
+            def given_positions(_module, args, module_kwargs):
+                return args, {**module_kwargs, "position_ids": position_ids[0]}  # the decoder's own are 1-D
+
+            hook = self.embed_positions.register_forward_pre_hook(given_positions, with_kwargs=True)
+        try:
+            out = self.model(
+                encoder_outputs=self.encoded,
+                attention_mask=torch.ones_like(self.source),
+                decoder_input_ids=ids,
+                decoder_attention_mask=attention_mask,
+                **kwargs,
+            )
+        finally:
+            if hook is not None:
+                hook.remove()
         if logits_to_keep:  # seq2seq heads score every position; keep what a causal LM would
             out.logits = out.logits[:, -logits_to_keep:]
         return out

@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 import torch
 from transformers import PreTrainedModel
 
-from blockdecode.hf import cache_argument, make_cache, vocab_size
+from blockdecode.adapter import adapter_for
+from blockdecode.hf import is_seq2seq, vocab_size
 
 
 def sync(device: torch.device) -> None:
@@ -69,9 +70,9 @@ def forward_cost(
     for each q in `qs` (an int: 1..qs), the cache cropped back after each pass so every pass sees
     the same context."""
     qs = range(1, qs + 1) if isinstance(qs, int) else sorted(qs)
-    cache = make_cache(model, cache_implementation, context.shape[1] + max(qs))
-    arg = {cache_argument(model): cache, "use_cache": True}
-    model(input_ids=context, **arg)
+    # An encoder-decoder encodes `context` and its decoder holds as many tokens of cache.
+    base = adapter_for(model, context if is_seq2seq(model) else None, cache_implementation, context.shape[1] + max(qs))
+    base.prefill(context)
     gen = torch.Generator().manual_seed(0)
     times: dict[int, float] = {}
     for q in qs:
@@ -80,10 +81,10 @@ def forward_cost(
         for rep in range(reps + 1):  # the first pass of each q warms up
             sync(ids.device)
             start = time.perf_counter()
-            model(input_ids=ids, **arg)
+            base.score(ids)
             sync(ids.device)
             elapsed = time.perf_counter() - start
-            cache.crop(-q)
+            base.keep(range(context.shape[1]))
             if rep:
                 samples.append(elapsed)
         times[q] = statistics.median(samples)

@@ -151,7 +151,31 @@ def test_seq2seq_scores_rolls_back_and_keeps_the_source(arch: str) -> None:
         torch.testing.assert_close(model.get_output_embeddings()(hidden), logits, atol=TOL, rtol=0)
     cross = adapter.cache.cross_attention_cache
     assert cross.get_seq_length() == 9 and adapter.cache.self_attention_cache.get_seq_length() == 12
-    assert adapter.calls == 3 and not adapter.takes_positions
-    with pytest.raises(ValueError, match="takes no decoder position ids"):
-        adapter.score(target[:, :2], positions=torch.tensor([12, 12]), mask=torch.ones(2, 2, dtype=torch.bool))
+    assert adapter.calls == 3 and adapter.takes_positions == (arch != "t5")
+    if arch == "t5":  # relative position biases: no position ids to give
+        with pytest.raises(ValueError, match="takes no decoder position ids"):
+            adapter.score(target[:, :2], positions=torch.tensor([12, 12]), mask=torch.ones(2, 2, dtype=torch.bool))
+    assert_no_hooks(model)
+
+
+@pytest.mark.parametrize("arch", ["marian", "bart"])
+def test_seq2seq_tree_then_keep_its_path_equals_a_sequential_run(arch: str) -> None:
+    """Decoders that take no position ids get a tree's through their positional embedding, for
+    that call only: the path's logits, the kept cache and the next call match a sequential run."""
+    model = tiny(arch)
+    vocab = vocab_size(model)
+    source, prompt = make_prompt(7, vocab, seed=3), make_prompt(5, vocab, seed=4)
+    nodes = make_prompt(len(PARENTS), vocab, seed=5)
+    adapter = Seq2seqAdapter(model, source, "dynamic", 24)
+    adapter.prefill(prompt)
+    logits, _ = adapter.score(nodes, torch.tensor(depths(PARENTS)) + prompt.shape[1], ancestors(PARENTS))
+    path = torch.cat([prompt, nodes[:, list(PATH)]], dim=1)
+    ref = Seq2seqAdapter(model, source, "dynamic", 24)
+    ref.prefill(path[:, :1])
+    ref_logits = torch.cat([ref.score(path[:, t : t + 1])[0][0] for t in range(1, path.shape[1])])
+    torch.testing.assert_close(logits[0, list(PATH)], ref_logits[prompt.shape[1] - 1 :], atol=TOL, rtol=0)
+    adapter.keep([*range(prompt.shape[1]), *(prompt.shape[1] + i for i in PATH)])
+    after = make_prompt(3, vocab, seed=6)
+    torch.testing.assert_close(adapter.score(after)[0], ref.score(after)[0], atol=TOL, rtol=0)
+    assert not adapter.embed_positions._forward_pre_hooks  # the positions were given for that call only
     assert_no_hooks(model)

@@ -523,10 +523,22 @@ def test_seq2seq_stops_at_eos_inside_a_block() -> None:
     assert out.sequences.tolist() == stopped.tolist() and int(out.sequences[0, -1]) == eos
 
 
+@pytest.mark.parametrize("arch", ["marian", "bart"])
+def test_seq2seq_trees_match_transformers_generate(arch: str) -> None:
+    model, source, ref = seq2seq_case(arch)
+    vocab = vocab_size(model)
+    for accuracy in (1.0, 0.6, 0.0):
+        drafters = [ScriptedDrafter(ref, vocab, accuracy, seed=3), NgramDrafter()]
+        out = blockwise_generate(model, source, NEW, drafters, 6, tree=12)
+        assert_greedy_equal(model, source, out.sequences, ref, what=f"{arch} tree at accuracy {accuracy}")
+        if accuracy == 0.6:  # the scripted guesses and the n-gram's part: more candidates than a chain's
+            assert max(out.stats.verified) > 6
+
+
 def test_seq2seq_tree_falls_back_to_a_chain_when_positions_cannot_be_given() -> None:
-    """These decoders compute their own position ids, so a tree would score wrongly: the logits
-    check finds it and the chain runs, exact, with one warning."""
-    model, source, ref = seq2seq_case("marian")
+    """T5's decoder places tokens by relative position biases, so a tree would score wrongly: the
+    logits check finds it and the chain runs, exact, with one warning."""
+    model, source, ref = seq2seq_case("t5")
     with pytest.warns(UserWarning, match="does not score a tree"):
         out = blockwise_generate(model, source, NEW, [NgramDrafter(), NgramDrafter(max_paths=2)], 4, tree=8)
     assert_greedy_equal(model, source, out.sequences, ref, what="fallback chain")
