@@ -32,9 +32,11 @@ class DecodeStats:
     `block_sizes` holds the tokens gained by each call after the prefill, `verified` the tokens
     that call scored (the newest token and the proposals), `accepted_nodes` the proposals it
     accepted, as node indices (a chain's 1..a; a tree's in insertion order, so what a smaller
-    budget would have gained is the part of the path within it)."""
+    budget would have gained is the part of the path within it). An encoder-decoder's `calls`
+    are its decoder's; its encoder's one pass is `encoder_calls`."""
 
     calls: int = 0
+    encoder_calls: int = 0
     block_sizes: list[int] = field(default_factory=list)
     verified: list[int] = field(default_factory=list)
     accepted_nodes: list[list[int]] = field(default_factory=list)
@@ -60,6 +62,7 @@ class DecodeStats:
         total = cls()
         for s in stats:
             total.calls += s.calls
+            total.encoder_calls += s.encoder_calls
             total.block_sizes += s.block_sizes
             total.verified += s.verified
             total.accepted_nodes += s.accepted_nodes
@@ -71,6 +74,7 @@ class DecodeStats:
     def to_dict(self) -> dict:
         return {
             "calls": self.calls,
+            "encoder_calls": self.encoder_calls,
             "new_tokens": self.new_tokens,
             "mean_block_size": self.mean_block_size,
             "block_sizes": list(self.block_sizes),
@@ -272,6 +276,7 @@ def blockwise_generate(
         h_last = h[0, last : last + 1]
 
     stats.calls = base.calls
+    stats.encoder_calls = int(source is not None)
     stats.new_tokens = len(tokens) - prompt_len
     stats.seconds = time.perf_counter() - start
     return BlockwiseOutput(sequences=torch.tensor([tokens], device=seq.device), stats=stats)

@@ -31,6 +31,7 @@ VERSES = {
     ),
     ("Genesis", 1, 2): ("\u00b6 And the earth was without form,  and void.", "Y la tierra estaba desordenada y vacía."),
     ("Genesis", 1, 3): ("And God said, Let there be light.", ""),  # empty on one side: dropped
+    ("Genesis", 1, 4): ("And God saw the light, that it was good.", '<milestone type="x"/> \u00b6'),  # markup only
     ("Genesis", 2, 1): ("Thus the heavens and the earth were finished.", "Y FUERON acabados los cielos y la tierra."),
     ("Matthew", 1, 1): ("The book of the generation of Jesus Christ.", "LIBRO de la generación de Jesucristo."),
 }  # fmt: skip

@@ -110,6 +110,11 @@ def test_demo_translates_verses_with_an_encoder_decoder(tmp_path: Path, capsys: 
         demo.run_demo(str(tmp_path), task="code", dtype=torch.float32)
 
 
+def test_demo_translate_refuses_a_causal_model(model_dir: Path) -> None:
+    with pytest.raises(ValueError, match="--task translate needs an encoder-decoder"):
+        demo.run_demo(str(model_dir), task="translate", dtype=torch.float32)
+
+
 def test_demo_translate_without_a_model_says_how_to_build_one() -> None:
     with pytest.raises(SystemExit, match="translation model is not shipped yet; `bash recipes/translation.sh`"):
         main(["demo", "--task", "translate"])

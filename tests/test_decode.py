@@ -472,19 +472,22 @@ def test_integer_likes_are_taken_and_strings_and_bools_refused() -> None:
 
 
 @functools.cache
-def seq2seq_case(arch: str, seed: int = 0) -> tuple[PreTrainedModel, torch.LongTensor, torch.LongTensor]:
+def seq2seq_case(
+    arch: str, seed: int = 0, source_len: int = 9
+) -> tuple[PreTrainedModel, torch.LongTensor, torch.LongTensor]:
     """(model, source, transformers' greedy decoder output with the checkpoint's own rules)."""
     model = tiny(arch, seed=1)
-    source = make_prompt(9, vocab_size(model), seed=seed)
+    source = make_prompt(source_len, vocab_size(model), seed=seed)
     return model, source, hf_greedy(model, source, NEW)
 
 
-@pytest.mark.parametrize("k", [2, 4, 8])
+@pytest.mark.parametrize("source_len", [1, 9, 60])
+@pytest.mark.parametrize("k", [1, 2, 4, 8])
 @pytest.mark.parametrize("arch", TOY_SEQ2SEQ)
-def test_seq2seq_matches_transformers_generate(arch: str, k: int) -> None:
+def test_seq2seq_matches_transformers_generate(arch: str, k: int, source_len: int) -> None:
     """Heads (untrained and random), n-gram lookup and scripted drafters of every quality all give
     `generate`'s decoder tokens, start token first and, where the config forces it, EOS last."""
-    model, source, ref = seq2seq_case(arch)
+    model, source, ref = seq2seq_case(arch, source_len=source_len)
     assert int(ref[0, 0]) == model.generation_config.decoder_start_token_id
     vocab = vocab_size(model)
     drafters: dict[str, object] = {"ngram": NgramDrafter()}
@@ -492,10 +495,13 @@ def test_seq2seq_matches_transformers_generate(arch: str, k: int) -> None:
     for name, drafter in drafters.items():
         out = blockwise_generate(model, source, NEW, drafter, k)
         assert_greedy_equal(model, source, out.sequences, ref, what=f"{arch} {name}")
-    lm = perturb_heads(BlockwiseLM.from_base(model, k=k), seed=k)
+    lm = BlockwiseLM.from_base(model, k=k)
+    assert_greedy_equal(model, source, lm.generate(source, NEW, tree=None).sequences, ref, what=f"{arch} untrained")
+    perturb_heads(lm, seed=k)
     assert_greedy_equal(model, source, lm.generate(source, NEW, tree=None).sequences, ref, what=f"{arch} heads")
     perfect = blockwise_generate(model, source, NEW, ScriptedDrafter(ref, vocab), k)
-    assert perfect.stats.calls == 1 + math.ceil((ref.shape[1] - 2) / k)  # every block full
+    # Every block full: the decoder's calls, the encoder's one pass counted apart.
+    assert perfect.stats.calls == 1 + math.ceil((ref.shape[1] - 2) / k) and perfect.stats.encoder_calls == 1
     if model.generation_config.forced_eos_token_id is not None and ref.shape[1] == NEW + 1:
         assert int(ref[0, -1]) == model.generation_config.forced_eos_token_id  # the rule mattered
 

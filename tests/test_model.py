@@ -77,6 +77,12 @@ def test_round_trip_of_an_encoder_decoder(tmp_path: Path, arch: str) -> None:
     assert_same_generation(lm, loaded)
 
 
+def test_heads_of_one_encoder_decoder_are_refused_on_another(tmp_path: Path) -> None:
+    trained(arch="marian").save_pretrained(tmp_path, save_base=False)
+    with pytest.raises(CheckpointError, match="hidden size 64, the base model's is 32"):
+        BlockwiseLM.from_pretrained(tmp_path, base=toy_model("bart", width=32))
+
+
 @pytest.mark.parametrize("k", [1, 3, 8])
 @pytest.mark.parametrize("head_type", ["paper", "medusa"])
 def test_round_trip_heads_only(tmp_path: Path, head_type: str, k: int) -> None:
