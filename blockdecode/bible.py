@@ -26,6 +26,12 @@ from tqdm.auto import tqdm
 from blockdecode.io import write_text
 
 ENGLISH, SPANISH = "engKJV2006eb", "spaRV1909eb"
+HELD_OUT_VERSES = (  # from the test split (chapters a model trained on the training verses never saw)
+    "And Moses said, Thou hast spoken well, I will see thy face again no more.",
+    "And Joshua discomfited Amalek and his people with the edge of the sword.",
+    "And thou shalt take no gift: for the gift blindeth the wise, and perverteth the words of the righteous.",
+    "Three times in the year all thy males shall appear before the Lord GOD.",
+)
 SPLITS = {"valid": 2, "test": 5}  # percent of chapters; the rest is "train"
 
 

@@ -215,7 +215,7 @@ def add_pretrain_translation_parser(sub) -> None:
 
 
 def causal_only(model_dir: str | None, command: str) -> None:
-    """`demo` and `bench` continue code prompts; an encoder-decoder model is refused by name."""
+    """`demo` (code) continues code prompts; an encoder-decoder model is refused by name."""
     config = Path(model_dir or "") / "config.json"
     if model_dir and config.is_file() and json.loads(config.read_text()).get("is_encoder_decoder"):
         raise ValueError(
@@ -228,7 +228,6 @@ def causal_only(model_dir: str | None, command: str) -> None:
 def cmd_bench(args: argparse.Namespace) -> None:
     from blockdecode.bench import PRESETS, acceptance_markdown, core_markdown, markdown, run_bench, update_readme
 
-    causal_only(args.model, "bench")
     preset = "quick" if args.quick else args.preset
     chosen = {"model": args.model, "draft": args.draft, "prompts": args.prompts}
     if args.dtype:  # the core study has no model of its own: its dtype is the scripted model's

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from blockdecode.bench.methods import Method, blockwise_run, measure, transformers_run
+from blockdecode.bible import HELD_OUT_VERSES
 from blockdecode.builtin import DEFAULT_MODEL, DEFAULT_TRANSLATION_MODEL
 from blockdecode.calibrate import resolve
 from blockdecode.decode import decoder_prompt
@@ -28,13 +29,6 @@ PROMPTS = (
     "class LRUCache:\n    def __init__(self, capacity):\n",
     "import os\n\n\ndef walk_files(root):\n    for dirpath, dirnames, filenames in os.walk(root):\n",
     "    def test_append(self):\n        a = array.array('i')\n",
-)
-# Held-out verses (test split: chapters the translation model never saw), King James Bible.
-VERSES = (
-    "And Moses said, Thou hast spoken well, I will see thy face again no more.",
-    "And Joshua discomfited Amalek and his people with the edge of the sword.",
-    "And thou shalt take no gift: for the gift blindeth the wise, and perverteth the words of the righteous.",
-    "Three times in the year all thy males shall appear before the Lord GOD.",
 )
 DRAFTER_NAMES = {"heads": "{head_type} heads", "ngram": "n-gram drafter", "heads+ngram": "{head_type} heads + n-gram"}
 COLOURS = ("\x1b[48;5;24m", "\x1b[48;5;58m")
@@ -142,7 +136,7 @@ def run_demo(
     if task not in ("code", "translate"):
         raise ValueError(f"unknown demo task {task!r}: choose code or translate")
     translate = task == "translate"
-    prompts = VERSES if translate and prompts == PROMPTS else prompts
+    prompts = HELD_OUT_VERSES if translate and prompts == PROMPTS else prompts
     model_dir = model_dir or (DEFAULT_TRANSLATION_MODEL if translate else DEFAULT_MODEL)
     model, tokenizer = load(model_dir, dtype)
     if translate != is_seq2seq(model.base):

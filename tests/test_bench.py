@@ -176,3 +176,28 @@ def test_core_preset_measures_the_loop_with_both_caches(
     text = readme.read_text()
     assert "old" not in text and "| scripted p=1 static |" in text
     assert "Scripted drafters" in capsys.readouterr().out
+
+
+def test_bench_on_an_encoder_decoder_translates_to_eos_and_stays_exact(tmp_path: Path) -> None:
+    """Table 4's harness: greedy, prompt lookup, assisted generation with a smaller Marian, heads,
+    n-gram and trees on a translation model, every method stopping at the translation's EOS."""
+    from blockdecode.bible import read_tsv
+    from blockdecode.translation import marian_generation_config, translation_tokenizer
+
+    verses = read_tsv(Path(__file__).parent / "data" / "bible" / "train.tsv")
+    tokenizer = translation_tokenizer([t for p in verses for t in (p.source, p.target)], 400)
+    for name, size in (("model", {}), ("draft", dict(width=32, layers=1))):
+        model = toy_model("marian", seed=len(name), vocab=len(tokenizer), context=128, **size)
+        model.config.decoder_start_token_id = tokenizer.pad_token_id
+        model.generation_config = marian_generation_config(tokenizer, 128)
+        model.save_pretrained(tmp_path / name)
+        tokenizer.save_pretrained(tmp_path / name)
+    cfg = BenchConfig.quick(model=str(tmp_path / "model"), draft=str(tmp_path / "draft"), ks=[2, 4], dtype="fp32",
+                            new_tokens=40, n_prompts=2, max_q=4, trees=[8], out=str(tmp_path / "out"))  # fmt: skip
+    report = run_bench(cfg, show=False)
+    methods = report["methods"]
+    assert {"greedy", "prompt lookup", "assisted", "heads k=4", "n-gram k=2", "heads+ngram tree 8 k=4"} <= set(methods)
+    for name, r in methods.items():
+        assert r["identical_to_greedy"], name
+    eos = tokenizer.eos_token_id
+    assert all(out[-1] == eos for out in methods["greedy"]["outputs"])  # each translation ended at its EOS

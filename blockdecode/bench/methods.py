@@ -16,7 +16,7 @@ import torch
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel
 
-from blockdecode.decode import blockwise_generate
+from blockdecode.decode import blockwise_generate, decoder_prompt
 from blockdecode.drafters import Drafter
 from blockdecode.hf import is_seq2seq
 from blockdecode.reference import first_divergence, greedy_generate
@@ -177,10 +177,13 @@ def _prefix_agreement(ours: list[int], greedy: list[int]) -> float:
 
 @torch.inference_mode()
 def continuation_loss(base: PreTrainedModel, prompt: torch.LongTensor, tokens: list[int]) -> float:
-    """The base model's mean cross-entropy (nats/token) of a generated continuation."""
-    ids = torch.cat([prompt, torch.tensor([tokens], device=prompt.device)], dim=1)
-    logits = base(input_ids=ids, use_cache=False).logits[0, prompt.shape[1] - 1 : -1].float()
-    return float(torch.nn.functional.cross_entropy(logits, ids[0, prompt.shape[1] :]))
+    """The base model's mean cross-entropy (nats/token) of a generated continuation (for an
+    encoder-decoder, of the decoder's tokens given the source)."""
+    source, start = decoder_prompt(base, prompt)
+    ids = torch.cat([start, torch.tensor([tokens], device=prompt.device)], dim=1)
+    inputs = {"input_ids": source, "decoder_input_ids": ids} if source is not None else {"input_ids": ids}
+    logits = base(**inputs, use_cache=False).logits[0, start.shape[1] - 1 : -1].float()
+    return float(torch.nn.functional.cross_entropy(logits, ids[0, start.shape[1] :]))
 
 
 def add_quality(results: dict[str, dict], tokenizer, base: PreTrainedModel, prompts: list[torch.LongTensor]) -> None:
@@ -206,11 +209,12 @@ def divergences(
     pass may resolve the other way from a 1-token pass, not a decoding error."""
     found = []
     for i, (prompt, ref, ours) in enumerate(zip(prompts, greedy, outputs)):
-        as_ids = [torch.cat([prompt, torch.tensor([t], device=prompt.device)], dim=1) for t in (ref, ours)]
-        d = first_divergence(base, *as_ids)
+        source, start = decoder_prompt(base, prompt)
+        as_ids = [torch.cat([start, torch.tensor([t], device=prompt.device)], dim=1) for t in (ref, ours)]
+        d = first_divergence(base, *as_ids, source=source)
         if d is not None:
             found.append(
-                {"prompt": i, "position": d.position - prompt.shape[1], "top2_gap": d.top2_gap,
+                {"prompt": i, "position": d.position - start.shape[1], "top2_gap": d.top2_gap,
                  "near_tie": d.near_tie(base.dtype)}
             )  # fmt: skip
     return found

@@ -30,11 +30,12 @@ from blockdecode.bench.methods import (
     transformers_run,
 )
 from blockdecode.bench.report import environment, write_report
+from blockdecode.bible import HELD_OUT_VERSES
 from blockdecode.builtin import DEFAULT_DRAFT_MODEL, DEFAULT_MODEL
 from blockdecode.calibrate import calibrate
 from blockdecode.decode import blockwise_generate
 from blockdecode.drafters import NgramDrafter, ScriptedDrafter
-from blockdecode.hf import CACHE_IMPLEMENTATIONS, DTYPES, load_base, vocab_size
+from blockdecode.hf import CACHE_IMPLEMENTATIONS, DTYPES, is_seq2seq, load_base, vocab_size
 from blockdecode.model import BlockwiseLM, load
 from blockdecode.timing import forward_cost
 from blockdecode.toy import toy_model
@@ -103,11 +104,14 @@ class BenchConfig:
 PRESETS = {"default": BenchConfig, "quick": BenchConfig.quick, "core": BenchConfig.core}
 
 
-def default_prompts(model_dir: Path, n: int) -> list[str]:
-    """The held-out prompts shipped beside a model (prompts.json), else a few code openings."""
+def default_prompts(model_dir: Path, n: int, translate: bool = False) -> list[str]:
+    """The held-out prompts shipped beside a model (prompts.json), else a few code openings (held-out
+    Bible verses for a translation model)."""
     path = model_dir / "prompts.json"
     if path.is_file():
         prompts = json.loads(path.read_text())
+    elif translate:
+        prompts = list(HELD_OUT_VERSES)
     else:
         prompts = ["def main():\n", "class Parser:\n    def __init__(self, text):\n", "import os\nimport sys\n\n"]
     return [prompts[i % len(prompts)] for i in range(n)]
@@ -115,19 +119,27 @@ def default_prompts(model_dir: Path, n: int) -> list[str]:
 
 def methods_for(cfg: BenchConfig, lm: BlockwiseLM, draft, prompts: list[torch.LongTensor]) -> list[Method]:
     """Every method to measure; a tree of "auto" nodes is calibrated here on the first prompts,
-    and named by the budget it chose."""
-    base, n = lm.base, cfg.new_tokens
+    and named by the budget it chose. A translation (an encoder-decoder's output) ends at its EOS
+    for every method alike; a code continuation runs the whole budget."""
+    n, eos = cfg.new_tokens, is_seq2seq(lm.base)
+
+    def transformers(ids: torch.LongTensor, **kwargs) -> Run:
+        return transformers_run(lm.base, ids, n, stop_at_eos=eos, **kwargs)
+
+    def blockwise(ids: torch.LongTensor, drafter, k: int, **kwargs) -> Run:
+        return blockwise_run(lm.base, ids, n, drafter, k, stop_at_eos=eos, **kwargs)
+
     ms = [
-        Method("greedy", "greedy", lambda ids: transformers_run(base, ids, n)),
-        Method("prompt lookup", "prompt_lookup", lambda x: transformers_run(base, x, n, prompt_lookup_num_tokens=10)),
+        Method("greedy", "greedy", transformers),
+        Method("prompt lookup", "prompt_lookup", lambda x: transformers(x, prompt_lookup_num_tokens=10)),
     ]
     if draft is not None:
-        ms.append(Method("assisted", "assisted", lambda ids: transformers_run(base, ids, n, assistant_model=draft)))
+        ms.append(Method("assisted", "assisted", lambda ids: transformers(ids, assistant_model=draft)))
     heads, ngram = lm.drafter(), NgramDrafter()  # stateless: one serves every k and tree
     for k in cfg.ks:
         if k <= lm.k:
-            ms.append(Method(f"heads k={k}", "heads", lambda ids, k=k: blockwise_run(base, ids, n, heads, k), k=k))
-        ms.append(Method(f"n-gram k={k}", "ngram", lambda ids, k=k: blockwise_run(base, ids, n, ngram, k), k=k))
+            ms.append(Method(f"heads k={k}", "heads", lambda ids, k=k: blockwise(ids, heads, k), k=k))
+        ms.append(Method(f"n-gram k={k}", "ngram", lambda ids, k=k: blockwise(ids, ngram, k), k=k))
         for spec in cfg.acceptance:
             if k > lm.k or (spec.startswith("min-block") and parse_acceptance(spec).min_block > k):
                 continue
@@ -135,7 +147,7 @@ def methods_for(cfg: BenchConfig, lm: BlockwiseLM, draft, prompts: list[torch.Lo
                 Method(
                     f"heads k={k} {spec}",
                     "heads",
-                    lambda ids, k=k, spec=spec: blockwise_run(base, ids, n, heads, k, acceptance=spec),
+                    lambda ids, k=k, spec=spec: blockwise(ids, heads, k, acceptance=spec),
                     k=k,
                     acceptance=spec,
                 )
@@ -147,7 +159,7 @@ def methods_for(cfg: BenchConfig, lm: BlockwiseLM, draft, prompts: list[torch.Lo
             if budget == "auto":
                 nodes = calibrate(lm, prompts[:2], family, k, drafters=drafter).budget
                 name = f"{family} tree auto ({nodes or 'chain'}) k={k}"
-            run = lambda ids, d=drafter, b=nodes or None: blockwise_run(base, ids, n, d, k, tree=b)  # noqa: E731
+            run = lambda ids, d=drafter, b=nodes or None: blockwise(ids, d, k, tree=b)  # noqa: E731
             ms.append(Method(name, f"{family} tree", run, k=k))
     return ms
 
@@ -158,12 +170,14 @@ def model_methods(cfg: BenchConfig, show: bool) -> dict:
     model_dir = Path(cfg.model or DEFAULT_MODEL)
     lm, tokenizer = load(model_dir, dtype)
     lm.to(cfg.device)
+    seq2seq = is_seq2seq(lm.base)
     draft_dir = cfg.draft or (DEFAULT_DRAFT_MODEL if cfg.model is None else None)
     draft = load_base(draft_dir, dtype).to(cfg.device).eval() if draft_dir else None
     if draft is not None and vocab_size(draft) != lm.config.vocab_size:
         raise ValueError(f"the draft model {draft_dir} has another vocabulary than {model_dir}")
     try:
-        texts = json.loads(Path(cfg.prompts).read_text()) if cfg.prompts else default_prompts(model_dir, cfg.n_prompts)
+        shipped = default_prompts(model_dir, cfg.n_prompts, translate=seq2seq) if not cfg.prompts else None
+        texts = json.loads(Path(cfg.prompts).read_text()) if cfg.prompts else shipped
     except json.JSONDecodeError as err:
         raise ValueError(f"{cfg.prompts}: not JSON ({err})") from err
     if not isinstance(texts, list) or not texts or not all(isinstance(t, str) and t for t in texts):
@@ -176,7 +190,8 @@ def model_methods(cfg: BenchConfig, show: bool) -> dict:
     results = measure(methods_for(cfg, lm, draft, prompts), prompts, cfg.repeats, show)
     add_quality(results, tokenizer, lm.base, prompts)
     greedy_text = results["greedy"]["outputs"][0][: cfg.new_tokens // 2]
-    context = torch.tensor([prompts[0][0].tolist() + greedy_text], device=cfg.device)
+    # t(q) over a prompt and half a continuation (an encoder-decoder: its source, as decoder context too)
+    context = torch.tensor([prompts[0][0].tolist() + ([] if seq2seq else greedy_text)], device=cfg.device)
     cost = forward_cost(lm.base, context, max(cfg.max_q, *cfg.ks), cfg.fwd_reps)
     add_ceilings(results, cost)
     return {
