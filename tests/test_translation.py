@@ -78,6 +78,7 @@ def test_trained_from_scratch_saved_like_a_marian_and_decoded_exactly(tmp_path: 
     assert (tmp_path / "translation.png").stat().st_size > 0
     model = AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "model").eval()
     tokenizer = PreTrainedTokenizerFast.from_pretrained(tmp_path / "model")
+    assert model.config.scale_embedding  # tokens must not drown under the sinusoidal positions
     rules = model.generation_config
     pad, eos = tokenizer.pad_token_id, tokenizer.eos_token_id
     assert (rules.decoder_start_token_id, rules.forced_eos_token_id, rules.bad_words_ids) == (pad, eos, [[pad]])
