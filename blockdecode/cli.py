@@ -137,6 +137,7 @@ def add_train_parser(sub) -> None:
     p.add_argument("--distill-beams", type=int, default=d.distill_beams, help="1: greedy; more: beam search")
     p.add_argument("--distill-cache", default=None, help="folder for distilled data, reused across runs")
     p.add_argument("--patience", type=int, default=d.patience, help="stop after N evals with no longer block; 0: off")
+    p.add_argument("--init-heads", default=None, help="a saved BlockwiseLM whose heads start this run")
     p.add_argument("--min-delta", type=float, default=d.min_delta, help="the block growth that counts (--patience)")
     p.set_defaults(func=cmd_train)
 
@@ -208,6 +209,10 @@ def add_pretrain_translation_parser(sub) -> None:
     )
     p.add_argument("--corpus", required=True, help="folder holding train.tsv and valid.tsv")
     p.add_argument("--out", required=True, help="tokenizer/, checkpoints, metrics.jsonl, translation.png, model/")
+    p.add_argument(
+        "--tokenizer",
+        help="a folder whose tokenizer to use instead of training one (a draft model shares its target's)",
+    )
     ints = ("vocab_size", "hidden_size", "encoder_layers", "decoder_layers", "heads", "intermediate_size", "context")
     ints += ("steps", "batch_tokens", "warmup_steps", "eval_every", "eval_verses", "checkpoint_every", "seed")
     add_run_arguments(p, d, ints, ("lr", "min_lr", "weight_decay", "label_smoothing"))
@@ -254,8 +259,9 @@ def cmd_bench(args: argparse.Namespace) -> None:
     print(f"\nresults, plots and tables in {cfg.out} ({report['seconds']:.0f} s)", file=sys.stderr)
     if args.readme:
         readme = Path(args.readme)
-        if report["methods"]:
-            update_readme(readme, "bench-table", markdown(report))
+        if report["methods"]:  # an encoder-decoder's run is the paper's Table 4, with its own table
+            table = "translation-speed-table" if report.get("task") == "translation" else "bench-table"
+            update_readme(readme, table, markdown(report))
         if cfg.acceptance:
             update_readme(readme, "acceptance-table", acceptance_markdown(report))
         if "system_ceiling" in report and not cfg.methods:
@@ -345,7 +351,7 @@ def cmd_demo(args: argparse.Namespace) -> None:
     )
 
 
-DRAFTERS = ("auto", "heads", "ngram", "heads+ngram")
+DRAFTERS = ("auto", "heads", "heads-rescored", "ngram", "heads+ngram")
 
 
 def tree_budget(text: str) -> int | str | None:

@@ -30,7 +30,12 @@ PROMPTS = (
     "import os\n\n\ndef walk_files(root):\n    for dirpath, dirnames, filenames in os.walk(root):\n",
     "    def test_append(self):\n        a = array.array('i')\n",
 )
-DRAFTER_NAMES = {"heads": "{head_type} heads", "ngram": "n-gram drafter", "heads+ngram": "{head_type} heads + n-gram"}
+DRAFTER_NAMES = {
+    "heads": "{head_type} heads",
+    "heads-rescored": "{head_type} heads rescored by an n-gram model of the context",
+    "ngram": "n-gram drafter",
+    "heads+ngram": "{head_type} heads + n-gram",
+}
 COLOURS = ("\x1b[48;5;24m", "\x1b[48;5;58m")
 RESET = "\x1b[0m"
 

@@ -126,9 +126,9 @@ class BlockwiseLM(nn.Module):
     def k(self) -> int:
         return self.config.k
 
-    def drafter(self) -> HeadsDrafter:
-        """The paper's proposals from these heads."""
-        return HeadsDrafter(self.heads, self.base.get_output_embeddings())
+    def drafter(self, rescore: float = 0.0) -> HeadsDrafter:
+        """The paper's proposals from these heads (`rescore`: see HeadsDrafter)."""
+        return HeadsDrafter(self.heads, self.base.get_output_embeddings(), rescore=rescore)
 
     def head_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Decoder outputs [..., D] -> logits of heads p2..pk [..., k-1, V]."""
@@ -187,12 +187,13 @@ class BlockwiseLM(nn.Module):
 
     def drafters(self, spec: Drafter | Sequence[Drafter] | str) -> list[Drafter]:
         """Drafters from a name ("heads", "ngram", "heads+ngram": n-gram lookup first, the heads
-        filling the rest of a tree), a drafter, or a list of them."""
+        filling the rest of a tree; "heads-rescored": the heads' paths ranked with an n-gram model
+        of the context), a drafter, or a list of them."""
         if isinstance(spec, str):
-            named = {"heads": self.drafter, "ngram": NgramDrafter}
+            named = {"heads": self.drafter, "heads-rescored": lambda: self.drafter(1.0), "ngram": NgramDrafter}
             names = spec.split("+")
             if not spec or any(name not in named for name in names):
-                raise ValueError(f"unknown drafter {spec!r}: choose heads, ngram or heads+ngram")
+                raise ValueError(f"unknown drafter {spec!r}: choose heads, heads-rescored, ngram or heads+ngram")
             return [named[name]() for name in sorted(names, key=lambda n: n != "ngram")]
         return list(spec) if isinstance(spec, Sequence) else [spec]
 

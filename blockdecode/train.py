@@ -39,6 +39,7 @@ from blockdecode.hf import (
     weights_digest,
 )
 from blockdecode.io import (
+    CheckpointError,
     atomic_write,
     load_checkpoint,
     read_jsonl,
@@ -118,6 +119,7 @@ class TrainConfig:
     distill_cache: str | None = None
     loss_chunk: int = 2048  # rows of head logits held at once (memory only: the loss is the same)
     patience: int = 0  # stop after this many evaluations without a longer held-out block; 0: never
+    init_heads: str | None = None  # a saved BlockwiseLM whose heads start the run (its base is not used)
     min_delta: float = 0.01  # what counts as longer
 
     def __post_init__(self) -> None:
@@ -459,6 +461,8 @@ def train(cfg: TrainConfig, callback: Callable[[int, dict], None] | None = None)
     state = _load_checkpoint(ckpt_path, cfg, data_digest) if cfg.resume else None
     torch.manual_seed(cfg.seed)
     model = BlockwiseLM.from_base(base, k=cfg.k, head_type=cfg.head_type, head_hidden_size=cfg.head_hidden_size)
+    if cfg.init_heads and state is None:
+        model.heads.load_state_dict(trained_heads(cfg.init_heads, model))
     if cfg.distill:
         distill = distill_pairs if isinstance(train_seqs, Pairs) else distill_sequences
         with accelerator.main_process_first():
@@ -558,6 +562,21 @@ def train(cfg: TrainConfig, callback: Callable[[int, dict], None] | None = None)
     return model
 
 
+def trained_heads(directory: str, model: BlockwiseLM) -> dict[str, torch.Tensor]:
+    """The heads saved in `directory`, checked to fit `model`'s: a fine-tuning run that starts from
+    trained heads (Medusa-2's recipe) spares the base the large gradients of random ones."""
+    saved = BlockwiseLM.from_pretrained(directory, base=model.base)
+    fields = ("k", "head_type", "head_hidden_size", "hidden_size", "vocab_size")
+    wrong = [
+        f"{f} {getattr(saved.config, f)} (this run: {getattr(model.config, f)})"
+        for f in fields
+        if getattr(saved.config, f) != getattr(model.config, f)
+    ]
+    if wrong:
+        raise CheckpointError(f"--init-heads {directory} holds heads that do not fit this run: {', '.join(wrong)}")
+    return saved.heads.state_dict()
+
+
 def check_writable(out: Path) -> None:
     """Refuse an output folder that cannot be made or written, without making it: a run that fails
     later leaves nothing behind."""
@@ -614,7 +633,17 @@ def training_summary(out: str | Path) -> str:
     )
 
 
-RESUME_MUST_MATCH = ("k", "mode", "head_type", "head_hidden_size", "seed", "batch_size", "seq_len", "steps")
+RESUME_MUST_MATCH = (
+    "k",
+    "mode",
+    "head_type",
+    "head_hidden_size",
+    "seed",
+    "batch_size",
+    "seq_len",
+    "steps",
+    "init_heads",
+)
 
 
 def _load_checkpoint(path: Path, cfg: TrainConfig, data_digest: str) -> dict | None:

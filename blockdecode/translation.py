@@ -49,6 +49,7 @@ class TranslationConfig:
 
     corpus: str  # a folder of train.tsv / valid.tsv from `blockdecode bible`
     out: str
+    tokenizer: str | None = None  # a folder whose tokenizer to use (a draft model shares its target's)
     vocab_size: int = 8000
     hidden_size: int = 256
     encoder_layers: int = 4
@@ -89,14 +90,23 @@ RESUME_MUST_MATCH = (
 
 
 def prepare(cfg: TranslationConfig, show: bool = True) -> tuple[PreTrainedTokenizerFast, dict[str, list]]:
-    """The tokenizer (trained on the training verses, or the one a resumed run saved) and each
-    split's (source ids, target ids) pairs."""
+    """The tokenizer (the one a resumed run saved, else cfg.tokenizer's, else one trained on the
+    training verses) and each split's (source ids, target ids) pairs."""
     corpus, data = Path(cfg.corpus), Path(cfg.out) / "tokenizer"
     pairs = {name: read_tsv(corpus / f"{name}.tsv") for name in ("train", "valid")}
     if not pairs["train"] or not pairs["valid"]:
         raise ValueError(f"{corpus} needs verse pairs in both train.tsv and valid.tsv")
     if (data / "tokenizer.json").is_file():
         tokenizer = PreTrainedTokenizerFast.from_pretrained(data)
+    elif cfg.tokenizer:
+        tokenizer = PreTrainedTokenizerFast.from_pretrained(cfg.tokenizer)
+        missing = [t for t in (EOS, PAD) if t not in tokenizer.get_vocab()]
+        if missing:
+            raise ValueError(
+                f"--tokenizer {cfg.tokenizer} has no {' or '.join(missing)} token: not a translation tokenizer"
+            )
+        with saving_folder(data, "tokenizer.json") as staging:
+            tokenizer.save_pretrained(staging)
     else:
         texts = [text for p in pairs["train"] for text in (p.source, p.target)]
         tokenizer = translation_tokenizer(texts, cfg.vocab_size)

@@ -11,7 +11,7 @@ prefixes are merged, so each is scored once."""
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -71,21 +71,50 @@ class Tree:
         return [0, *reversed(path)]
 
 
-def lattice_paths(probs: torch.Tensor, tokens: torch.Tensor, budget: int) -> Iterable[tuple[list[int], float]]:
+def lattice_paths(
+    probs: torch.Tensor,
+    tokens: torch.Tensor,
+    budget: int,
+    factor: Callable[[tuple[int, ...], int], float] | None = None,
+) -> Iterable[tuple[list[int], float]]:
     """The most probable paths through a lattice of per-position candidates, best first: position
     d offers tokens[d, :] with probabilities probs[d, :], independently of each other (the heads'
-    top-N guesses); a path's score is the product of its tokens' probabilities. Yields at most
-    `budget` paths, each one node longer than a path already yielded or of length 1, so that
-    inserting them in order builds the `budget` most probable nodes of the tree."""
+    top-N guesses); a path's score is the product of its tokens' probabilities, each times
+    `factor(tokens before it on the path, token)` if given (a language model's rescoring, Kim et
+    al. 2024; at most 1, so a path never outscores its prefix). Yields at most `budget` paths, each
+    one node longer than a path already yielded or of length 1, so that inserting them in order
+    builds the `budget` most probable nodes of the tree."""
     depth, width = probs.shape
     p, t = probs.tolist(), tokens.tolist()
-    heap = [(-p[0][j], (j,)) for j in range(width)]
+
+    def extend(score: float, path: tuple[int, ...], d: int, j: int) -> float:
+        return score * p[d][j] * (factor(path, t[d][j]) if factor else 1.0)
+
+    heap = [(-extend(1.0, (), 0, j), (j,)) for j in range(width)]
     heapq.heapify(heap)
     for _ in range(budget):
         if not heap:
             return
         score, choice = heapq.heappop(heap)
-        yield [t[d][j] for d, j in enumerate(choice)], -score
+        path = [t[d][j] for d, j in enumerate(choice)]
+        yield path, -score
         if len(choice) < depth:
             for j in range(width):
-                heapq.heappush(heap, (score * p[len(choice)][j], (*choice, j)))
+                heapq.heappush(heap, (-extend(-score, tuple(path), len(choice), j), (*choice, j)))
+
+
+def best_path(
+    probs: torch.Tensor, tokens: torch.Tensor, factor: Callable[[tuple[int, ...], int], float], beam: int = 4
+) -> list[int]:
+    """The best full-depth path through the lattice of `lattice_paths` under the same score, by a
+    beam search of `beam` paths: the chain a rescored drafter proposes."""
+    p, t = probs.tolist(), tokens.tolist()
+    beams: list[tuple[float, list[int]]] = [(1.0, [])]
+    for d in range(len(p)):
+        grown = [
+            (score * p[d][j] * factor(tuple(path), t[d][j]), [*path, t[d][j]])
+            for score, path in beams
+            for j in range(len(p[d]))
+        ]
+        beams = heapq.nlargest(beam, grown, key=lambda c: c[0])
+    return beams[0][1]

@@ -195,6 +195,7 @@ def test_bench_on_an_encoder_decoder_translates_to_eos_and_stays_exact(tmp_path:
     cfg = BenchConfig.quick(model=str(tmp_path / "model"), draft=str(tmp_path / "draft"), ks=[2, 4], dtype="fp32",
                             new_tokens=40, n_prompts=2, max_q=4, trees=[8], out=str(tmp_path / "out"))  # fmt: skip
     report = run_bench(cfg, show=False)
+    assert report["task"] == "translation"  # `--readme` writes it to its own table, not the code one
     methods = report["methods"]
     assert {"greedy", "prompt lookup", "assisted", "heads k=4", "n-gram k=2", "heads+ngram tree 8 k=4"} <= set(methods)
     for name, r in methods.items():

@@ -7,7 +7,7 @@ import torch
 from conftest import perturb_heads, tiny
 
 from blockdecode import BlockwiseLM, Drafter, HeadsDrafter, NgramDrafter, ScriptedDrafter
-from blockdecode.drafters import check_proposal
+from blockdecode.drafters import ContextNgram, check_proposal
 from blockdecode.toy import toy_model
 
 NO_HIDDEN = torch.zeros(1, 8)  # n-gram and scripted drafters ignore the hidden state
@@ -117,6 +117,34 @@ def test_random_heads_propose_their_own_argmax(head_type: str) -> None:
         assert torch.equal(drafter.propose(torch.tensor([[2]]), hidden, 5), expected)
         assert torch.equal(drafter.propose(torch.tensor([[2]]), hidden, 2), expected[:, :2])
     assert len(set(expected[0].tolist())) > 1, "random heads should not all agree"
+
+
+def test_the_context_ngram_model_prefers_what_followed_before() -> None:
+    lm = ContextNgram([5, 6, 7, 5, 6, 8, 5, 6])
+    after = {t: lm.prob((), t) for t in (7, 8, 9)}  # the context ends 5 6: 7 and 8 followed it
+    assert after[7] == pytest.approx(after[8]) and after[7] > 10 * after[9] > 0
+    assert lm.prob((7,), 5) > lm.prob((7,), 6)  # a path continues the history: 6 7 was followed by 5
+    assert all(0 < lm.prob((), t) < 1 for t in range(12))
+
+
+def test_rescored_heads_choose_the_path_the_context_supports() -> None:
+    """Heads that rank a wrong token first by a hair: an n-gram model of a repetitive context turns
+    the chain to what followed before; without rescoring, the argmax stands."""
+    model = tiny("llama")
+    lm = BlockwiseLM.from_base(model, k=3)
+    hidden = torch.randn(1, 64, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        logits = lm.head_logits(hidden)[0]  # [2, V] (zero-init heads: both the base's own logits)
+    top2 = logits[0].topk(2).indices.tolist()
+    first, second = top2
+    context = torch.tensor([[second, 3, second, 3, second, 3]])  # `second` always follows 3
+    plain = lm.drafter().propose(context, hidden, 2)
+    rescored = lm.drafter(rescore=1.0).propose(context, hidden, 2)
+    assert plain[0, 0].item() == first
+    assert 0 < float(logits[0, first] - logits[0, second]) < 1  # a small gap, which the n-gram outweighs
+    assert rescored[0, 0].item() == second
+    with pytest.raises(ValueError, match="rescore must be >= 0"):
+        lm.drafter(rescore=-1.0)
 
 
 def test_every_drafter_satisfies_the_protocol() -> None:

@@ -311,6 +311,25 @@ def test_finetune_raises_block_size_and_stays_exact(tiny_base, tmp_path):
     assert sum(blocks) / len(blocks) > 2.5
 
 
+def test_finetune_starts_from_trained_heads(tiny_base, tmp_path):
+    """--init-heads: the run's first evaluation already scores the saved heads (the base is still
+    the original), and heads of another shape are refused before training."""
+    frozen = tmp_path / "frozen"
+    train(make_cfg(tiny_base, frozen, mode="frozen", steps=30, eval_every=30))
+    trained = [r for r in read_metrics(frozen) if "eval_mean_block_size" in r][-1]
+    out = tmp_path / "both"
+    train(make_cfg(tiny_base, out, mode="finetune", steps=1, eval_every=1, init_heads=str(frozen)))
+    first = [r for r in read_metrics(out) if "eval_mean_block_size" in r][0]
+    assert first["step"] == 0
+    assert first["eval_head_acc"] == pytest.approx(trained["eval_head_acc"])
+    assert first["eval_head_loss"] == pytest.approx(trained["eval_head_loss"])
+    assert min(first["eval_head_acc"][1:]) > 0.3  # trained, not random
+
+    with pytest.raises(ValueError, match="k 4 \\(this run: 3\\)"):
+        train(make_cfg(tiny_base, tmp_path / "k3", mode="finetune", k=3, steps=1, init_heads=str(frozen)))
+    assert not (tmp_path / "k3" / "metrics.jsonl").exists()
+
+
 def test_head_weights_with_a_zero_and_random_head_loss_stay_finite(tiny_base, tmp_path):
     """head_weights=[1, 1, 0] (head 4 switched off) with head_loss="random": a step that draws head 4
     divides by a total weight of 0. Either reject such weights up front or never draw a zero-weight head;

@@ -15,6 +15,7 @@ from transformers import AutoModelForSeq2SeqLM, PreTrainedTokenizerFast
 from blockdecode import BlockwiseLM, ScriptedDrafter
 from blockdecode.bible import read_tsv
 from blockdecode.cli import main
+from blockdecode.corpus import train_tokenizer
 from blockdecode.translation import (
     EOS,
     PAD,
@@ -103,10 +104,29 @@ def test_a_resumed_run_ends_with_the_same_weights(tmp_path: Path) -> None:
                                             **{**TINY, "hidden_size": 64}), show=False)  # fmt: skip
 
 
-def test_cli_trains_the_translation_model(tmp_path: Path) -> None:
+def test_cli_trains_the_translation_model_and_a_draft_that_shares_its_tokenizer(tmp_path: Path) -> None:
+    """The draft for transformers' assisted generation (Table 4) must speak its target's token ids."""
     args = [f"--{k.replace('_', '-')}={v}" for k, v in TINY.items()]
-    main(["pretrain-translation", "--corpus", str(CORPUS), "--out", str(tmp_path), *args])
-    assert (tmp_path / "model" / "config.json").is_file() and (tmp_path / "model" / "tokenizer.json").is_file()
+    main(["pretrain-translation", "--corpus", str(CORPUS), "--out", str(tmp_path / "main"), *args])
+    assert (tmp_path / "main" / "model" / "config.json").is_file()
+    draft_args = [*args, "--vocab-size=50", "--decoder-layers=1", "--tokenizer", str(tmp_path / "main" / "model")]
+    main(["pretrain-translation", "--corpus", str(CORPUS), "--out", str(tmp_path / "draft"), *draft_args])
+    target_tok = PreTrainedTokenizerFast.from_pretrained(tmp_path / "main" / "model")
+    draft_tok = PreTrainedTokenizerFast.from_pretrained(tmp_path / "draft" / "model")
+    assert draft_tok.get_vocab() == target_tok.get_vocab()
+    target = AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "main" / "model").eval()
+    draft = AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "draft" / "model").eval()
+    assert draft.config.vocab_size == target.config.vocab_size  # --vocab-size yields to the tokenizer's
+    source = target_tok(read_tsv(CORPUS / "valid.tsv")[1].source, return_tensors="pt").input_ids
+    assisted = target.generate(source, assistant_model=draft, do_sample=False, max_new_tokens=12)
+    torch.testing.assert_close(assisted, hf_greedy(target, source, 12))
+
+    other = tmp_path / "causal-tokenizer"
+    train_tokenizer(["def f():\n    return 1\n"] * 20, 300).save_pretrained(other)
+    with pytest.raises(SystemExit, match="has no </s> or <pad> token"):
+        main(["pretrain-translation", "--corpus", str(CORPUS), "--out", str(tmp_path / "x"), *args, "--tokenizer",
+              str(other)])  # fmt: skip
+    assert not (tmp_path / "x").exists()
 
 
 def test_a_table_row_is_bleu_and_the_block_at_each_k(tmp_path: Path) -> None:

@@ -12,7 +12,7 @@ from conftest import NO_EOS, assert_greedy_equal, hf_greedy, make_prompt, pertur
 from blockdecode import BlockwiseLM, NgramDrafter, ScriptedDrafter, blockwise_generate
 from blockdecode.decode import takes_tree_masks
 from blockdecode.toy import TOY_ARCHITECTURES, toy_model
-from blockdecode.tree import Tree, lattice_paths
+from blockdecode.tree import Tree, best_path, lattice_paths
 
 NEW = 32
 
@@ -57,6 +57,20 @@ def test_lattice_paths_come_best_first_and_prefix_closed() -> None:
         seen.add(tuple(path))
 
 
+def test_a_rescoring_factor_reorders_the_lattice_and_keeps_it_prefix_closed() -> None:
+    """Kim et al.'s rescoring: a path's score is the heads' product times the factor of each token
+    given the path before it; 3 after 2 is favoured, 3 after 1 is not."""
+    probs = torch.tensor([[0.6, 0.4], [0.5, 0.5]])
+    tokens = torch.tensor([[1, 2], [3, 4]])
+    favour = {(2,): {3: 1.0, 4: 0.1}, (1,): {3: 0.1, 4: 0.2}}
+    factor = lambda path, token: favour.get(path, {}).get(token, 1.0)  # noqa: E731
+    paths = list(lattice_paths(probs, tokens, 4, factor))
+    assert [p for p, _ in paths] == [[1], [2], [2, 3], [1, 4]]
+    assert [s for _, s in paths] == pytest.approx([0.6, 0.4, 0.2, 0.06])
+    assert best_path(probs, tokens, factor) == [2, 3]
+    assert best_path(probs, tokens, lambda path, token: 1.0) == [1, 3]  # no rescoring: each head's argmax
+
+
 @functools.cache
 def case(arch: str):
     model = tiny(arch, seed=1)
@@ -70,7 +84,7 @@ def test_trees_match_transformers_generate(arch: str) -> None:
     model, ids, ref = case(arch)
     lm = perturb_heads(BlockwiseLM.from_base(model, k=6), seed=3, std=0.3)
     for budget in (1, 2, 5, 16, 64):
-        for drafter in ("heads", "ngram", "heads+ngram"):
+        for drafter in ("heads", "heads-rescored", "ngram", "heads+ngram"):
             out = lm.generate(ids, NEW, eos_token_id=NO_EOS, drafter=drafter, tree=budget)
             assert_greedy_equal(model, ids, out.sequences, ref, what=f"{drafter}, tree of {budget}")
             assert all(1 <= b <= 6 for b in out.stats.block_sizes)

@@ -196,6 +196,7 @@ def model_methods(cfg: BenchConfig, show: bool) -> dict:
     add_ceilings(results, cost)
     return {
         "model": str(model_dir),
+        "task": "translation" if seq2seq else "code",
         "draft_model": str(draft_dir) if draft_dir else None,
         "prompts": texts,
         "cost": {
