@@ -11,6 +11,9 @@ Decoding is exact, in fp32 so that no near-tie blurs the comparison; the largest
 checked token for token against transformers' greedy generate.
 
     python benchmarks/paper_table.py --runs runs/heads-frozen runs/heads-finetune ... --corpus runs/corpus
+
+Also (`paper_tradeoff.png`/`.json`) the speed/quality curve over each run's training evaluations;
+`--curves DIR ...` draws it alone, for runs finished or not.
 """
 
 from __future__ import annotations
@@ -27,10 +30,11 @@ from tqdm.auto import tqdm
 from blockdecode.bench.report import cpu_name, update_readme
 from blockdecode.decode import decode_prompts
 from blockdecode.hf import load_base
-from blockdecode.io import atomic_write, write_json
+from blockdecode.io import atomic_write, read_jsonl, write_json
 from blockdecode.model import BlockwiseLM
 from blockdecode.pretrain import PretrainConfig, heldout_batches, heldout_loss
 from blockdecode.reference import first_divergence, greedy_generate
+from blockdecode.train import tradeoff as run_tradeoff
 
 RESULTS = Path(__file__).parent / "results"
 README = Path(__file__).parents[1] / "README.md"
@@ -154,6 +158,33 @@ def plot(rows: list[dict], ks: list[int], png: Path) -> None:
     plt.close(fig)
 
 
+def tradeoff(run_dirs: list[Path], png: Path) -> dict:
+    """Each run's held-out evaluations during training: the base's held-out loss relative to the
+    run's first evaluation (the original base) against the mean accepted block measured by
+    decoding held-out prompts at the trained k; finished or not. The curve users pick a point on."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    curves = {run.name: curve for run in run_dirs if (curve := run_tradeoff(read_jsonl(run / "metrics.jsonl")))}
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for name, points in curves.items():
+        ax.plot([100 * p["relative_loss"] for p in points], [p["mean_block_size"] for p in points], "o-", label=name)
+        for p in points[1:]:
+            ax.annotate(str(p["step"]), (100 * p["relative_loss"], p["mean_block_size"]), fontsize=7)
+    ax.axvline(2.0, color="grey", linestyle=":", label="shipping limit (+2 %)")
+    ax.set_xlabel("held-out loss of the base vs the original (%)")
+    ax.set_ylabel("mean accepted block (held-out, trained k)")
+    ax.set_title("speed against quality over training (labels: step)")
+    ax.legend(fontsize="small")
+    fig.tight_layout()
+    atomic_write(png, lambda p: fig.savefig(p, format="png", dpi=100))
+    plt.close(fig)
+    write_json(png.with_suffix(".json"), curves)
+    return curves
+
+
 def ship(
     rows: list[dict],
     directory: Path,
@@ -198,8 +229,14 @@ def ship(
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--runs", nargs="+", required=True, help="saved BlockwiseLM folders, one per training mode")
+    parser.add_argument("--runs", nargs="*", default=[], help="saved BlockwiseLM folders, one per training mode")
     parser.add_argument("--corpus", required=True, help="the folder `blockdecode pretrain` prepared")
+    parser.add_argument(
+        "--curves",
+        nargs="*",
+        default=None,
+        help="training folders (finished or not) to plot as the speed/quality curve",
+    )
     parser.add_argument("--original", default=None, help="the base the runs started from (default: the least loss)")
     parser.add_argument("--ks", default="2,4,6,8,10")
     parser.add_argument("--prompts", type=int, default=20)
@@ -211,6 +248,12 @@ def main() -> None:
     parser.add_argument("--device", default="cpu", help="where to decode: cpu (default) or cuda")
     parser.add_argument("--ship", default=None, help="save the best run (mean block at k=8) here, in bf16")
     args = parser.parse_args()
+    curves = tradeoff([Path(r) for r in args.curves or args.runs], Path(args.out).with_name("paper_tradeoff.png"))
+    for name, points in curves.items():
+        print(name + ": " + ", ".join(f"{p['step']}: {p['mean_block_size']:.2f} ({100 * p['relative_loss']:+.1f} %)"
+                                      for p in points))  # fmt: skip
+    if not args.runs:  # the curves alone
+        return
     torch.set_num_threads(2)
     ks = [int(k) for k in args.ks.split(",")]
     corpus = Path(args.corpus)

@@ -85,6 +85,10 @@ def main() -> None:
     for run in tqdm(args.runs, desc="runs"):
         lm = BlockwiseLM.from_pretrained(run, dtype=torch.float32).eval()
         mode = json.loads((Path(run) / "blockdecode.json").read_text()).get("training", {}).get("mode", Path(run).name)
+        settings = Path(run) / "train_config.json"
+        if mode.endswith("distill") and settings.is_file():  # which distillation taught it: beam search or greedy
+            beams = json.loads(settings.read_text()).get("distill_beams", 1)
+            mode += " (greedy targets)" if beams == 1 else f" ({beams}-beam targets)"
         row = table_row(lm, AutoTokenizer.from_pretrained(run), pairs, [k for k in ks if k <= lm.k])
         rows.append(
             {"run": run, "mode": mode, "trained_k": lm.k, **row, "by_k": {str(k): v for k, v in row["by_k"].items()}}

@@ -37,7 +37,7 @@ NEW_TOKENS = 48  # decoded per prompt and setting
 COST_POINTS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 65)  # t(q) is measured here and interpolated between
 
 
-SOURCES = ("heads", "ngram", "heads+ngram")  # what drafter="auto" chooses from
+SOURCES = ("heads", "heads-rescored", "ngram", "heads+ngram")  # what drafter="auto" chooses from
 
 
 @dataclass

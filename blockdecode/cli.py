@@ -247,6 +247,8 @@ def cmd_bench(args: argparse.Namespace) -> None:
             chosen[name] = getattr(args, name)
     if args.no_system:
         chosen["system"] = False
+    if args.static_cache:
+        chosen["static_cache"] = True
     cfg = PRESETS[preset](**chosen)
     report = run_bench(cfg)
     if report["methods"]:
@@ -297,6 +299,9 @@ def add_bench_parser(sub) -> None:
     )
     p.add_argument("--device", default=None, help="cpu (default) or cuda")
     p.add_argument("--no-system", action="store_true", help="skip the GPT-2-small-sized scripted-drafter study")
+    p.add_argument(
+        "--static-cache", action="store_true", help="also greedy and the chains at the largest k with a static cache"
+    )
     p.add_argument("--readme", default=None, metavar="PATH", help="also write the tables into this README")
     p.set_defaults(func=cmd_bench)
 

@@ -68,6 +68,7 @@ class HeadsDrafter:
         self._run = fastest_copies(heads, output_projection)  # what computes the proposals
         self.width = width  # guesses per head considered for a tree
         self.rescore = rescore
+        self._context = ContextNgram([])  # rescoring's model of the context, kept up to date
 
     def _logits(self, hidden: torch.Tensor, n: int) -> torch.Tensor:
         heads, project = self._run
@@ -90,31 +91,51 @@ class HeadsDrafter:
         return probs.topk(min(width, probs.shape[-1]), dim=-1)
 
     def _factor(self, tokens: torch.LongTensor) -> Callable[[tuple[int, ...], int], float]:
-        lm, power = ContextNgram(tokens[0].tolist()), self.rescore
+        lm, power = self._context.update(tokens[0].tolist()), self.rescore
         return lambda path, token: lm.prob(path, token) ** power
 
 
 class ContextNgram:
     """An interpolated trigram model of the tokens decoded so far (Witten-Bell style, add-one
-    unigrams): how likely `token` is to follow the context and then `path`."""
+    unigrams): how likely `token` is to follow the context and then `path`. `update` counts only
+    what was appended since, so a drafter keeps one model through a generation."""
 
     def __init__(self, seq: list[int], order: int = 3):
-        self.seq, self.order = seq, order
-        self.counts: dict[tuple[int, ...], dict[int, int]] = {}
-        for n in range(order):
-            for i in range(n, len(seq)):
-                self.counts.setdefault(tuple(seq[i - n : i]), {}).setdefault(seq[i], 0)
-                self.counts[tuple(seq[i - n : i])][seq[i]] += 1
+        self.seq: list[int] = []
+        self.order = order
+        self.counts: dict[tuple[int, ...], dict[int, int]] = {}  # history -> following token -> count
+        self.totals: dict[tuple[int, ...], int] = {}  # history -> count
+        self._memo: dict[tuple[tuple[int, ...], int], float] = {}
+        self.update(seq)
+
+    def update(self, seq: list[int]) -> ContextNgram:
+        """Count seq's tokens past those already counted; another sequence is counted afresh."""
+        if len(seq) < len(self.seq) or seq[: len(self.seq)] != self.seq:
+            self.seq, self.counts, self.totals = [], {}, {}
+        for i in range(len(self.seq), len(seq)):
+            for n in range(min(self.order, i + 1)):
+                history = tuple(seq[i - n : i])
+                following = self.counts.setdefault(history, {})
+                following[seq[i]] = following.get(seq[i], 0) + 1
+                self.totals[history] = self.totals.get(history, 0) + 1
+        self.seq, self._memo = list(seq), {}
+        return self
 
     def prob(self, path: tuple[int, ...], token: int) -> float:
-        history = (self.seq + list(path))[-(self.order - 1) :] if self.order > 1 else []
-        unigrams = self.counts.get((), {})
-        p = (unigrams.get(token, 0) + 1) / (len(self.seq) + len(unigrams) + 1)
+        keep = self.order - 1
+        if len(path) >= keep:
+            history = path[len(path) - keep :]
+        else:
+            history = tuple(self.seq[len(self.seq) - keep + len(path) :]) + path
+        known = self._memo.get((history, token))
+        if known is not None:
+            return known
+        p = (self.counts.get((), {}).get(token, 0) + 1) / (len(self.seq) + len(self.counts.get((), {})) + 1)
         for n in range(1, len(history) + 1):
-            seen = self.counts.get(tuple(history[-n:]))
+            seen = self.counts.get(history[len(history) - n :])
             if seen:  # mass for the unseen in proportion to how many kinds of token followed
-                total, kinds = sum(seen.values()), len(seen)
-                p = (seen.get(token, 0) + kinds * p) / (total + kinds)
+                p = (seen.get(token, 0) + len(seen) * p) / (self.totals[history[len(history) - n :]] + len(seen))
+        self._memo[(history, token)] = p
         return p
 
 

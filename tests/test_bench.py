@@ -67,11 +67,13 @@ def test_quick_bench_reports_every_method_and_metric(setup: dict) -> None:
         system_model=dict(vocab=setup["vocab"], width=32, layers=1, heads=2),
         system_accuracies=[0.5, 1.0],
         trees=[16, "auto"],
+        static_cache=True,
     )
     report = run_bench(cfg, show=False)
     saved = json.loads((Path(cfg.out) / "bench.json").read_text())
     assert saved["methods"].keys() == report["methods"].keys()
     expected = {"greedy", "prompt lookup", "assisted", "heads k=2", "heads k=4", "n-gram k=2", "n-gram k=4"}
+    expected |= {"greedy static", "heads k=4 static", "n-gram k=4 static", "heads-rescored k=4"}
     expected |= {"heads k=2 topk:2", "heads k=4 topk:2", "heads k=2 min-block:2", "heads k=4 min-block:2"}
     expected |= {"heads tree 16 k=4", "ngram tree 16 k=4", "heads+ngram tree 16 k=4"}  # trees at the largest k
     auto = {

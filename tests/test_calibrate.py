@@ -103,7 +103,7 @@ def test_by_default_the_drafters_are_chosen_too_and_decoding_stays_exact(
 ) -> None:
     """drafter=None: every source is predicted; the best tree and the single drafters' chains are
     measured; the fastest (here n-gram trees of 8) is what generate() then uses."""
-    predicted = {"heads": 100.0, "ngram": 300.0, "heads+ngram": 200.0}
+    predicted = {"heads": 100.0, "heads-rescored": 150.0, "ngram": 300.0, "heads+ngram": 200.0}
     monkeypatch.setattr(
         calibrate, "predict_budgets", lambda lm, p, d, k, **kw: {b: predicted[d] - abs(b - 8) for b in range(1, 65)}
     )
@@ -118,7 +118,7 @@ def test_by_default_the_drafters_are_chosen_too_and_decoding_stays_exact(
     ids = make_prompt(12, 512, seed=1)
     lm = perturb_heads(BlockwiseLM.from_base(model, k=4))
     out = lm.generate(ids, 30, eos_token_id=NO_EOS)
-    assert set(seen) == {"ngram:8", "heads:0", "ngram:0"}  # shared drafters have no chain
+    assert set(seen) == {"ngram:8", "heads:0", "heads-rescored:0", "ngram:0"}  # shared drafters have no chain
     assert_greedy_equal(model, ids, out.sequences, hf_greedy(model, ids, 30, eos_token_id=NO_EOS))
     found = calibrate.calibrate(lm, [ids], "auto", 4)
     assert (found.drafter, found.tree) == ("ngram", 8)

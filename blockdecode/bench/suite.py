@@ -57,6 +57,7 @@ class BenchConfig:
     fwd_reps: int = 7
     acceptance: list[str] = field(default_factory=list)  # relaxed rules to measure beside exact
     trees: list[int | str] = field(default_factory=lambda: ["auto"])  # budgets or "auto", at the largest k
+    static_cache: bool = False  # also greedy and the chains at the largest k with transformers' StaticCache
     methods: bool = True  # the model's own methods; False: the scripted-drafter study alone
     system: bool = True  # the GPT-2-small-sized study with a scripted drafter
     system_accuracies: list[float] = field(default_factory=lambda: [0.5, 0.8, 0.95, 1.0])
@@ -152,6 +153,16 @@ def methods_for(cfg: BenchConfig, lm: BlockwiseLM, draft, prompts: list[torch.Lo
                     acceptance=spec,
                 )
             )
+    top = max(cfg.ks)
+    if top <= lm.k:  # Kim et al.'s rescoring of the heads' lattice by an n-gram model of the context
+        rescored = lm.drafter(rescore=1.0)
+        ms.append(Method(f"heads-rescored k={top}", "heads", lambda ids: blockwise(ids, rescored, top), k=top))
+    if cfg.static_cache:  # the same calls with a preallocated cache, against the same greedy baseline
+        static = dict(cache_implementation="static")
+        ms.append(Method("greedy static", "greedy", lambda ids: transformers(ids, **static)))
+        if top <= lm.k:
+            ms.append(Method(f"heads k={top} static", "heads", lambda ids: blockwise(ids, heads, top, **static), k=top))
+        ms.append(Method(f"n-gram k={top} static", "ngram", lambda ids: blockwise(ids, ngram, top, **static), k=top))
     k = max((k for k in cfg.ks if k <= lm.k), default=None)
     for budget in cfg.trees if k else []:
         for family, drafter in (("heads", heads), ("ngram", ngram), ("heads+ngram", [ngram, heads])):
