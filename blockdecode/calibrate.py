@@ -37,7 +37,7 @@ NEW_TOKENS = 48  # decoded per prompt and setting
 COST_POINTS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 65)  # t(q) is measured here and interpolated between
 
 
-SOURCES = ("heads", "heads-rescored", "ngram", "heads+ngram")  # what drafter="auto" chooses from
+SOURCES = ("heads", "ngram", "heads+ngram")  # what drafter="auto" chooses from
 
 
 @dataclass
@@ -83,7 +83,7 @@ def calibration_key(lm, drafter: str, k: int) -> str:
             str(device),
             f"{torch.get_num_threads()} threads",
             torch.backends.cpu.get_cpu_capability() if device.type == "cpu" else torch.cuda.get_device_name(device),
-            drafter,
+            drafter if drafter != "auto" else "auto:" + ",".join(SOURCES),  # a new source is measured anew
             f"k={k}",
         ]
     )

@@ -47,7 +47,9 @@ def test_measured_once_then_served_from_the_cache(cache: Path, measured: list) -
     assert len(measured) == 2
 
 
-def test_another_model_dtype_or_drafter_is_measured_anew(cache: Path, measured: list) -> None:
+def test_another_model_dtype_or_drafter_is_measured_anew(
+    cache: Path, measured: list, monkeypatch: pytest.MonkeyPatch
+) -> None:
     prompts = [make_prompt(5, 512)]
     lm = BlockwiseLM.from_base(toy_model("llama", seed=2), k=4)
     key = calibrate.calibrate(lm, prompts, "heads").key
@@ -59,6 +61,9 @@ def test_another_model_dtype_or_drafter_is_measured_anew(cache: Path, measured: 
     cache.write_text("{not json")  # a damaged cache is measured again, never trusted
     calibrate.calibrate(lm, prompts, "heads")
     assert len(measured) == 5
+    auto = calibrate.calibration_key(lm, "auto", 4)
+    monkeypatch.setattr(calibrate, "SOURCES", (*calibrate.SOURCES, "heads-rescored"))
+    assert calibrate.calibration_key(lm, "auto", 4) != auto  # "auto" chosen among other sources: measured anew
 
 
 def test_the_chain_can_win_and_auto_stays_exact(cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -103,7 +108,7 @@ def test_by_default_the_drafters_are_chosen_too_and_decoding_stays_exact(
 ) -> None:
     """drafter=None: every source is predicted; the best tree and the single drafters' chains are
     measured; the fastest (here n-gram trees of 8) is what generate() then uses."""
-    predicted = {"heads": 100.0, "heads-rescored": 150.0, "ngram": 300.0, "heads+ngram": 200.0}
+    predicted = {"heads": 100.0, "ngram": 300.0, "heads+ngram": 200.0}
     monkeypatch.setattr(
         calibrate, "predict_budgets", lambda lm, p, d, k, **kw: {b: predicted[d] - abs(b - 8) for b in range(1, 65)}
     )
@@ -118,7 +123,7 @@ def test_by_default_the_drafters_are_chosen_too_and_decoding_stays_exact(
     ids = make_prompt(12, 512, seed=1)
     lm = perturb_heads(BlockwiseLM.from_base(model, k=4))
     out = lm.generate(ids, 30, eos_token_id=NO_EOS)
-    assert set(seen) == {"ngram:8", "heads:0", "heads-rescored:0", "ngram:0"}  # shared drafters have no chain
+    assert set(seen) == {"ngram:8", "heads:0", "ngram:0"}  # shared drafters have no chain
     assert_greedy_equal(model, ids, out.sequences, hf_greedy(model, ids, 30, eos_token_id=NO_EOS))
     found = calibrate.calibrate(lm, [ids], "auto", 4)
     assert (found.drafter, found.tree) == ("ngram", 8)
