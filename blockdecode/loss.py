@@ -70,14 +70,20 @@ def linear_cross_entropy(
     hidden: torch.Tensor, projection: nn.Linear, target: torch.LongTensor, chunk: int = 1024
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Sum of cross-entropies of `projection(hidden)` [..., V] against `target` [...] (IGNORE
-    skipped) and how many argmaxes hit the target, never holding more than `chunk` rows of logits."""
+    skipped) and how many argmaxes hit the target, never holding more than `chunk` rows of logits.
+    Rows whose target is IGNORE (padding: half of a batch of verse pairs) add nothing to the loss
+    or its gradients, so they are dropped before the projection rather than projected and masked."""
     if chunk < 1:
         raise ValueError(f"chunk must be positive, got {chunk}")
+    hidden, target = hidden.reshape(-1, hidden.shape[-1]), target.reshape(-1)
+    kept = (target != IGNORE).nonzero().squeeze(1)
+    if len(kept) < len(target):
+        hidden, target = hidden[kept], target[kept]
     return _LinearCrossEntropy.apply(
-        hidden.reshape(-1, hidden.shape[-1]),
+        hidden,
         projection.weight,
         projection.bias,
-        target.reshape(-1),
+        target,
         chunk,
         torch.is_grad_enabled(),  # inside the Function's forward grad mode is always off
     )

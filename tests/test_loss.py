@@ -42,6 +42,19 @@ def test_chunked_equals_unchunked_in_value_and_gradients(chunk: int, bias: bool)
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
 
 
+def test_padding_rows_get_zero_gradient_and_an_all_padding_batch_gives_zeros() -> None:
+    projection = nn.Linear(8, 20)
+    hidden = torch.randn(2, 5, 8, requires_grad=True)
+    target = torch.full((2, 5), IGNORE)
+    target[1, 2] = 3
+    linear_cross_entropy(hidden, projection, target, chunk=1)[0].backward()
+    assert hidden.grad[1, 2].abs().sum() > 0 and hidden.grad.abs().sum() == hidden.grad[1, 2].abs().sum()
+    hidden.grad = None
+    loss, correct = linear_cross_entropy(hidden, projection, torch.full((2, 5), IGNORE))
+    loss.backward()
+    assert loss.item() == 0 and int(correct) == 0 and not hidden.grad.any()
+
+
 def test_frozen_projection_gets_no_gradient_and_scaling_flows() -> None:
     """A frozen output layer (frozen and distill modes) is not differentiated; an outer factor on
     the loss scales the gradient as autograd would."""
