@@ -130,11 +130,13 @@ class ContextNgram:
         known = self._memo.get((history, token))
         if known is not None:
             return known
-        p = (self.counts.get((), {}).get(token, 0) + 1) / (len(self.seq) + len(self.counts.get((), {})) + 1)
+        unigrams = self.counts.get((), {})
+        p = (unigrams.get(token, 0) + 1) / (len(self.seq) + len(unigrams) + 1)
         for n in range(1, len(history) + 1):
-            seen = self.counts.get(history[len(history) - n :])
+            suffix = history[len(history) - n :]
+            seen = self.counts.get(suffix)
             if seen:  # mass for the unseen in proportion to how many kinds of token followed
-                p = (seen.get(token, 0) + len(seen) * p) / (self.totals[history[len(history) - n :]] + len(seen))
+                p = (seen.get(token, 0) + len(seen) * p) / (self.totals[suffix] + len(seen))
         self._memo[(history, token)] = p
         return p
 
