@@ -13,7 +13,8 @@ checked token for token against transformers' greedy generate.
     python benchmarks/paper_table.py --runs runs/heads-frozen runs/heads-finetune ... --corpus runs/corpus
 
 Also (`paper_tradeoff.png`/`.json`) the speed/quality curve over each run's training evaluations;
-`--curves DIR ...` draws it alone, for runs finished or not.
+`--curves DIR ...` draws it alone, for runs finished or not; and (`--widths DIR ...`,
+`paper_widths.png`/`.json`) runs of other head widths compared at equal training time.
 """
 
 from __future__ import annotations
@@ -26,8 +27,10 @@ from pathlib import Path
 import numpy as np
 import torch
 from tqdm.auto import tqdm
+from transformers import AutoTokenizer
 
 from blockdecode.bench.report import cpu_name, update_readme
+from blockdecode.builtin import install
 from blockdecode.decode import decode_prompts
 from blockdecode.hf import load_base
 from blockdecode.io import atomic_write, read_jsonl, write_json
@@ -185,6 +188,49 @@ def tradeoff(run_dirs: list[Path], png: Path) -> dict:
     return curves
 
 
+def widths(run_dirs: list[Path], png: Path) -> dict:
+    """Runs that differ in head width, compared at equal training time: each run's held-out mean
+    block against its steps scaled by its median training speed to the fastest run's (the runs
+    see the same batches, so speed alone turns steps into time). The better width has the longer
+    block where the shorter run ends."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = {}
+    for run in run_dirs:
+        records = read_jsonl(run / "metrics.jsonl")
+        evals = [r for r in records if "eval_mean_block_size" in r]
+        runs[run.name] = {
+            "head_hidden_size": json.loads((run / "train_config.json").read_text())["head_hidden_size"],
+            "tokens_per_s": float(np.median([r["tokens_per_s"] for r in records if r.get("tokens_per_s")])),
+            "steps": [r["step"] for r in evals],
+            "mean_block_size": [r["eval_mean_block_size"] for r in evals],
+        }
+    fastest = max(r["tokens_per_s"] for r in runs.values())
+    for r in runs.values():
+        r["time"] = [step * fastest / r["tokens_per_s"] for step in r["steps"]]
+    until = min(r["time"][-1] for r in runs.values())
+    for r in runs.values():
+        r["mean_block_at_equal_time"] = float(np.interp(until, r["time"], r["mean_block_size"]))
+    best = max(runs, key=lambda name: runs[name]["mean_block_at_equal_time"])
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for name, r in runs.items():
+        ax.plot(r["time"], r["mean_block_size"], "o-", label=f"{name} (width {r['head_hidden_size']})")
+    ax.axvline(until, color="grey", linestyle=":", label="compared here")
+    ax.set_xlabel("training time, in steps of the fastest run")
+    ax.set_ylabel("mean accepted block (held-out, trained k)")
+    ax.set_title("head width at equal training time")
+    ax.legend(fontsize="small")
+    fig.tight_layout()
+    atomic_write(png, lambda p: fig.savefig(p, format="png", dpi=100))
+    plt.close(fig)
+    result = {"compared_at_time": until, "better": best, "runs": runs}
+    write_json(png.with_suffix(".json"), result)
+    return result
+
+
 def ship(
     rows: list[dict],
     directory: Path,
@@ -199,18 +245,11 @@ def ship(
     what was there only once the copy is whole. A run whose fine-tuned base's held-out loss is
     more than `max_loss_increase` (relative) above the original base's is passed over: a faster
     but worse model is not the better default (the paper accepted 1 % of BLEU)."""
-    import shutil
-
-    from transformers import AutoTokenizer
-
     k = k if all(str(k) in r["sets"][prompt_set] for r in rows) else min(r["trained_k"] for r in rows)
     good = [r for r in rows if r["heldout_loss"] <= original_loss * (1 + max_loss_increase)]
     if not good:
         raise ValueError(f"no run keeps its held-out loss within {max_loss_increase:.0%} of the original's")
     best = max(good, key=lambda r: r["sets"][prompt_set][str(k)]["mean_block_size"])
-    model = BlockwiseLM.from_pretrained(best["run"], dtype=torch.bfloat16).to(torch.bfloat16)
-    staging = directory.with_name(directory.name + ".new")
-    shutil.rmtree(staging, ignore_errors=True)
     training = {
         **(best["training"] or {}),
         "original_base_stdlib_heldout_loss": original_loss,
@@ -220,10 +259,7 @@ def ship(
         },
     }
     tokenizer = AutoTokenizer.from_pretrained(best["run"])
-    model.save_pretrained(staging, save_base=True, training=training, tokenizer=tokenizer)
-    write_json(staging / "prompts.json", [tokenizer.decode(p[0]) for p in prompts])
-    shutil.rmtree(directory, ignore_errors=True)
-    staging.rename(directory)
+    install(best["run"], directory, training, [tokenizer.decode(p[0]) for p in prompts])
     return best
 
 
@@ -237,6 +273,7 @@ def main() -> None:
         default=None,
         help="training folders (finished or not) to plot as the speed/quality curve",
     )
+    parser.add_argument("--widths", nargs="*", default=None, help="training folders differing in head width")
     parser.add_argument("--original", default=None, help="the base the runs started from (default: the least loss)")
     parser.add_argument("--ks", default="2,4,6,8,10")
     parser.add_argument("--prompts", type=int, default=20)
@@ -252,6 +289,12 @@ def main() -> None:
     for name, points in curves.items():
         print(name + ": " + ", ".join(f"{p['step']}: {p['mean_block_size']:.2f} ({100 * p['relative_loss']:+.1f} %)"
                                       for p in points))  # fmt: skip
+    if args.widths:
+        compared = widths([Path(r) for r in args.widths], Path(args.out).with_name("paper_widths.png"))
+        for name, r in compared["runs"].items():
+            print(f"{name}: width {r['head_hidden_size']}, {r['tokens_per_s']:.0f} tokens/s, mean block "
+                  f"{r['mean_block_at_equal_time']:.2f} at equal time")  # fmt: skip
+        print(f"better: {compared['better']}")
     if not args.runs:  # the curves alone
         return
     torch.set_num_threads(2)
@@ -259,8 +302,6 @@ def main() -> None:
     corpus = Path(args.corpus)
     prompt_sets = {"stdlib held-out": heldout_prompts(corpus, args.prompts, args.prompt_len)}
     if args.third_party:
-        from transformers import AutoTokenizer
-
         tokenizer = AutoTokenizer.from_pretrained(args.runs[0])
         prompt_sets["third-party"] = third_party_prompts(tokenizer, THIRD_PARTY, args.prompts, args.prompt_len)
     start = time.perf_counter()

@@ -23,6 +23,7 @@ from transformers import AutoTokenizer
 
 from blockdecode.bench.report import cpu_name, update_readme
 from blockdecode.bible import read_tsv
+from blockdecode.builtin import install
 from blockdecode.io import atomic_write, write_json
 from blockdecode.model import BlockwiseLM
 from blockdecode.translation import table_row
@@ -67,6 +68,28 @@ def plot(rows: list[dict], ks: list[int], png: Path) -> None:
     plt.close(fig)
 
 
+def ship(rows: list[dict], directory: Path, sources: list[str], k: int = 8, max_bleu_drop: float = 1.0) -> dict:
+    """Install the run with the largest k̂ at k (or its largest trained k below) as the built-in
+    translation model. A run whose fine-tuned base's BLEU is more than `max_bleu_drop` points below
+    the original model's (that of the runs whose base stayed frozen) is passed over: the paper's
+    "Both" lost 0.3 BLEU for its speed."""
+    frozen = [r["bleu"] for r in rows if r["mode"].split(" (")[0] in ("frozen", "distill")]
+    if not frozen:
+        raise ValueError("--ship needs a frozen or distill run: its BLEU is the original model's")
+    good = [r for r in rows if r["bleu"] >= max(frozen) - max_bleu_drop]
+    at = {r["run"]: max((kk for kk in map(int, r["by_k"]) if kk <= k), default=1) for r in good}
+    best = max(good, key=lambda r: r["by_k"][str(at[r["run"]])]["mean_block_size"])
+    record = json.loads((Path(best["run"]) / "blockdecode.json").read_text()).get("training", {})
+    training = {
+        **record,
+        "original_bleu": max(frozen),
+        "bleu": best["bleu"],
+        "mean_block_size": {kk: v["mean_block_size"] for kk, v in best["by_k"].items()},
+    }
+    install(best["run"], directory, training, sources)
+    return best
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", nargs="+", required=True, help="saved BlockwiseLM folders, one per training mode")
@@ -76,6 +99,7 @@ def main() -> None:
     parser.add_argument("--out", default=str(RESULTS / "translation_table.json"))
     parser.add_argument("--readme", action="store_true", help="write the table into README.md")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--ship", default=None, help="install the best run (k̂ at k=8, BLEU kept) here, in bf16")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     ks = [int(k) for k in args.ks.split(",")]
@@ -110,6 +134,9 @@ def main() -> None:
     print(table)
     if args.readme:
         update_readme(README, "translation-table", table)
+    if args.ship:
+        best = ship(rows, Path(args.ship), [p.source for p in pairs[:: max(1, len(pairs) // 32)]])
+        print(f"shipped {best['run']} ({best['mode']}) to {args.ship}")
 
 
 if __name__ == "__main__":

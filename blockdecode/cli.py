@@ -131,7 +131,9 @@ def add_train_parser(sub) -> None:
     p.add_argument("--resume", action="store_true", help="continue from the checkpoint in --out")
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--mixed-precision", choices=("no", "bf16", "fp16"), default=d.mixed_precision)
-    p.add_argument("--distill-prompts", type=int, default=d.distill_prompts)
+    p.add_argument(
+        "--distill-prompts", type=int, default=d.distill_prompts, help="prompts (or source sentences) distilled"
+    )
     p.add_argument("--distill-new-tokens", type=int, default=d.distill_new_tokens)
     p.add_argument("--distill-batch-size", type=int, default=d.distill_batch_size, help="rows generated at once")
     p.add_argument("--distill-beams", type=int, default=d.distill_beams, help="1: greedy; more: beam search")

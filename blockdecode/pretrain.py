@@ -171,7 +171,7 @@ def heldout_loss(model: LlamaForCausalLM, batches: list[torch.LongTensor], autoc
 
 RESUME_MUST_MATCH = (
     *("hidden_size", "layers", "heads", "kv_heads", "intermediate_size", "context", "tie_embeddings"),
-    *("steps", "batch_size", "seq_len", "lr", "min_lr", "warmup_steps", "weight_decay", "mixed_precision", "seed"),
+    *("batch_size", "seq_len", "lr", "min_lr", "warmup_steps", "weight_decay", "mixed_precision", "seed"),
 )
 
 
@@ -198,7 +198,7 @@ def pretrain(cfg: PretrainConfig, show: bool = True) -> LlamaForCausalLM:
     start = 0
     if cfg.resume and ckpt_path.is_file():
         state = _load_state(ckpt_path, cfg, len(tokenizer), data_digest)
-        start = training.restore_run(state, model, optimizer, scheduler, precision)
+        start = training.restore_run(state, model, optimizer, scheduler, precision, cfg.steps)
     model, optimizer = accelerator.prepare(model, optimizer)
     held = heldout_batches(held_tokens, cfg)
     metrics = training.MetricsLog(out / "metrics.jsonl", start)

@@ -291,7 +291,9 @@ def distill_sequences(
 @torch.inference_mode()
 def distill_pairs(base: PreTrainedModel, pairs: Pairs, cfg: TrainConfig, show: bool = True) -> Pairs:
     """Sequence-level distillation for an encoder-decoder (the paper's): the base's own
-    translations (greedy, or beam search) of every training source replace the targets."""
+    translations (greedy, or beam search) of `distill_prompts` training sources, drawn evenly,
+    replace the targets."""
+    pairs = pairs[torch.linspace(0, len(pairs) - 1, min(cfg.distill_prompts, len(pairs))).long()]
     eos = resolve_eos(base, None)
     pad = base.generation_config.pad_token_id
     pad = pad if pad is not None else 0
@@ -482,13 +484,11 @@ def train(cfg: TrainConfig, callback: Callable[[int, dict], None] | None = None)
         model.heads.load_state_dict(state["heads"])
         if cfg.finetune:
             model.base.load_state_dict(state["base"])
-        optimizer.load_state_dict(state["optimizer"])
-        scheduler.load_state_dict(state["scheduler"])
+        start_step = training.restore_schedule(state, optimizer, scheduler, cfg.steps)
         if state.get("scaler"):  # absent from checkpoints written before fp16 scaling was saved
             precision.scaler.load_state_dict(state["scaler"])
         torch.set_rng_state(state["torch_rng"])
         random.setstate(state["python_rng"])
-        start_step = state["step"]
     objective, optimizer = accelerator.prepare(objective, optimizer)
 
     metrics = training.MetricsLog(out / "metrics.jsonl", start_step, write=main)
@@ -655,7 +655,6 @@ RESUME_MUST_MATCH = (
     "seed",
     "batch_size",
     "seq_len",
-    "steps",
     "init_heads",
 )
 

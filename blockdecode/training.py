@@ -60,12 +60,27 @@ def run_state(step: int, cfg: object, data_digest: str, model, optimizer, schedu
     }
 
 
-def restore_run(state: dict, model, optimizer, scheduler, precision) -> int:
+def restore_schedule(state: dict, optimizer, scheduler, steps: int) -> int:
+    """Load the optimizer and schedule a checkpoint saved; the step to continue from.
+
+    A resumed run may ask for more or fewer steps than the saved one (`steps` is not among the
+    settings a resume must match): the cosine then runs to the new total from the saved step on,
+    and the learning rate is set from it at once rather than after the first step."""
+    step = state["step"]
+    if step >= steps:
+        raise ValueError(f"--resume: the checkpoint is at step {step}, and this run asks for {steps} steps in all")
+    optimizer.load_state_dict(state["optimizer"])
+    scheduler.load_state_dict(state["scheduler"])
+    for group, base_lr, factor in zip(optimizer.param_groups, scheduler.base_lrs, scheduler.lr_lambdas, strict=True):
+        group["lr"] = base_lr * factor(scheduler.last_epoch)
+    return step
+
+
+def restore_run(state: dict, model, optimizer, scheduler, precision, steps: int) -> int:
     """Load what `run_state` saved; the step to continue from. Older checkpoints lack the scaler
     (written before fp16 scaling was saved) and the RNG (models without dropout)."""
     model.load_state_dict(state["model"])
-    optimizer.load_state_dict(state["optimizer"])
-    scheduler.load_state_dict(state["scheduler"])
+    restore_schedule(state, optimizer, scheduler, steps)
     if state.get("scaler"):
         precision.scaler.load_state_dict(state["scaler"])
     if state.get("rng") is not None:

@@ -84,7 +84,7 @@ class TranslationConfig:
 
 RESUME_MUST_MATCH = (
     *("vocab_size", "hidden_size", "encoder_layers", "decoder_layers", "heads", "intermediate_size", "context"),
-    *("steps", "batch_tokens", "lr", "min_lr", "warmup_steps", "weight_decay", "label_smoothing"),
+    *("batch_tokens", "lr", "min_lr", "warmup_steps", "weight_decay", "label_smoothing"),
     *("mixed_precision", "seed"),
 )
 
@@ -270,7 +270,7 @@ def train_translation(cfg: TranslationConfig, show: bool = True) -> MarianMTMode
     start = 0
     if cfg.resume and ckpt_path.is_file():
         state = load_checkpoint(ckpt_path, cfg, RESUME_MUST_MATCH, data_digest)
-        start = training.restore_run(state, model, optimizer, scheduler, precision)  # dropout's RNG too
+        start = training.restore_run(state, model, optimizer, scheduler, precision, cfg.steps)  # dropout's RNG too
     model, optimizer = accelerator.prepare(model, optimizer)
     metrics = training.MetricsLog(out / "metrics.jsonl", start)
     model.train()

@@ -7,8 +7,9 @@
 # third-party code, and (SHIP=1) the fastest set whose base keeps its held-out loss within 2 % of
 # the original's replaces the built-in model.
 #
-# Every step resumes: run it again after an interruption. With a GPU it takes minutes; on 2 CPU
-# cores it is many hours of background work, spread over sittings:
+# Every step resumes: run it again after an interruption. With a GPU it trains at the paper's scale
+# in minutes; on CPUs the steps are cut to a few hours of background work on 2 cores, spread over
+# sittings (a resumed run may be given other steps: its schedule follows the new total):
 #   nohup bash recipes/paper_heads.sh > runs/paper_heads.log 2>&1 &
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -17,6 +18,11 @@ RUNS=${RUNS:-runs}
 BD=".venv/bin/blockdecode --threads ${THREADS:-2}"
 BASE=${BASE:-blockdecode/default_model}  # its base weights; its heads are not used here
 K=10
+if .venv/bin/python -c "import sys, torch; sys.exit(not torch.cuda.is_available())"; then
+  DISTILL_STEPS=${DISTILL_STEPS:-3000} BOTH_STEPS=${BOTH_STEPS:-1000} RAW_STEPS=${RAW_STEPS:-1000} EVAL_EVERY=200
+else  # 2 CPU cores: about 9 s a distill step, 20 s a finetune+distill step on one thread
+  DISTILL_STEPS=${DISTILL_STEPS:-1000} BOTH_STEPS=${BOTH_STEPS:-300} RAW_STEPS=${RAW_STEPS:-300} EVAL_EVERY=100
+fi
 mkdir -p "$RUNS"
 
 # 1. The stdlib corpus in the base's own tokens, split by file as for its pretraining.
@@ -28,34 +34,35 @@ PY
 
 COMMON=(--base "$BASE" --data "$RUNS/corpus/train.npy" --k $K --head-hidden-size "${HEAD_WIDTH:-128}"
   --batch-size 16 --seq-len 256 --lr 2e-3 --base-lr 1e-4 --warmup-steps 50
-  --mixed-precision "${PRECISION:-no}" --eval-every 200 --eval-prompts 16 --checkpoint-every 50
+  --mixed-precision "${PRECISION:-no}" --eval-every $EVAL_EVERY --eval-prompts 16 --checkpoint-every 50
   --patience 4 --distill-prompts 32768 --distill-new-tokens 160 --distill-batch-size 64
   --distill-cache "$RUNS/distill-cache" --resume)
 
-# 2. "distill" (frozen base) first: 3000 steps of 16 distilled rows of 192 tokens (9.8M tokens, 16x the
-#    first heads' 0.6M; the 5M distilled tokens are seen twice), stopped early once its block stops growing.
+# 2. "distill" (frozen base) first: up to 3000 steps of 16 distilled rows of 192 tokens (9.8M tokens, 16x
+#    the first heads' 0.6M; the 5M distilled tokens are seen twice), stopped early once its block stops growing.
 #    Then "finetune+distill" (the paper's "Both") starts from those heads, as Medusa-2 does: random heads
 #    sent large gradients into the base, whose held-out loss rose 6.5 % in the first 200 steps of a run
 #    that started from them. Two base-loss weights, for the quality/speed trade-off. Then the raw-data
-#    modes, 1000 steps of 16 x 256.
+#    modes on 16 x 256 tokens a step.
 run() {  # out, then train's own arguments
   local out=$1; shift
   [ -f "$RUNS/$out/blockdecode.json" ] || $BD train "${COMMON[@]}" --out "$RUNS/$out" "$@"
 }
-run paper-distill --mode distill --steps 3000
+run paper-distill --mode distill --steps "$DISTILL_STEPS"
 for w in ${BASE_LOSS_WEIGHTS:-1 4}; do
-  run "paper-finetune+distill-w$w" --mode finetune+distill --steps 1000 --init-heads "$RUNS/paper-distill" \
+  run "paper-finetune+distill-w$w" --mode finetune+distill --steps "$BOTH_STEPS" --init-heads "$RUNS/paper-distill" \
     --base-lr 2e-5 --base-loss-weight "$w"
 done
-run paper-frozen --mode frozen --steps 1000
-run paper-finetune --mode finetune --steps 1000
-# Head width: the same distill run with heads of width 256 (9 x 256 hidden units at k=10), compared
-# with width 128 at equal wall time from the two runs' metrics.jsonl (the vocabulary projection, not
-# the width, sets the step time).
-run paper-distill-h256 --mode distill --steps 3000 --head-hidden-size 256
+run paper-frozen --mode frozen --steps "$RAW_STEPS"
+run paper-finetune --mode finetune --steps "$RAW_STEPS"
+# Head width: the same distill run with heads of width 256 (9 x 256 hidden units at k=10) for 40 % of
+# its steps, compared with width 128 at equal wall time from the two runs' metrics.jsonl (the
+# vocabulary projection, not the width, sets the step time).
+run paper-distill-h256 --mode distill --steps $((DISTILL_STEPS * 2 / 5)) --head-hidden-size 256
 
-# 3. Table 1 on both prompt sets, into benchmarks/results/ and the README; SHIP=1 ships the winner.
+# 3. Table 1 on both prompt sets, the speed/quality curves and the width comparison, into
+#    benchmarks/results/ and the README; SHIP=1 ships the winner.
 SHIP_ARGS=(); [ "${SHIP:-0}" = 1 ] && SHIP_ARGS=(--ship blockdecode/default_model)
 .venv/bin/python benchmarks/paper_table.py --corpus "$RUNS/corpus" --original "$BASE" --third-party --readme \
-  "${SHIP_ARGS[@]}" --runs "$RUNS/paper-frozen" "$RUNS/paper-distill" "$RUNS/paper-finetune" \
+  --widths "$RUNS/paper-distill" "$RUNS/paper-distill-h256" "${SHIP_ARGS[@]}" --runs "$RUNS/paper-frozen" "$RUNS/paper-distill" "$RUNS/paper-finetune" \
   "$RUNS"/paper-finetune+distill-w*

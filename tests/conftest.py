@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 import os
 import tempfile
+from pathlib import Path
 
 os.environ["HF_HUB_OFFLINE"] = "1"  # before transformers is imported: tests never touch the hub
 os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="blockdecode-test-cache-")  # calibrations stay out of ~
@@ -33,6 +34,16 @@ def tiny(arch: str, seed: int = 0, **size: int) -> PreTrainedModel:
     model = toy_model(arch, seed=seed, **size)
     assert model.dtype == torch.float32 and not model.training
     return model
+
+
+def script(name: str):
+    """A benchmark script (benchmarks/<name>.py) as a module, for testing what it decides."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).parents[1] / "benchmarks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def vocab_size(model: PreTrainedModel) -> int:

@@ -654,6 +654,17 @@ def test_resume_with_a_different_config_is_refused(tiny_base, tmp_path, changed)
     assert (out / "checkpoint" / "state.pt").read_bytes() == checkpoint
 
 
+def test_resume_may_shorten_or_extend_the_run(tiny_base, tmp_path):
+    """A run killed at step 5 of 8 and resumed for 6 steps ends at 6, its heads saved."""
+    out = tmp_path / "out"
+    kw = dict(checkpoint_every=4, log_every=1, eval_every=100)
+    with pytest.raises(Killed):
+        train(make_cfg(tiny_base, out, steps=8, **kw), callback=kill_at(5))
+    train(make_cfg(tiny_base, out, steps=6, resume=True, **kw))
+    assert [r["step"] for r in read_metrics(out) if "loss" in r] == [1, 2, 3, 4, 5, 6]
+    assert (out / HEADS_WEIGHTS).is_file()
+
+
 def test_resume_checks_the_data_content_not_its_path(tiny_base, tmp_path):
     """A moved data file resumes; the same path holding other tokens is refused."""
     first = write_npy(tmp_path / "a.npy", tiny_base.sequences[:40].numpy())
@@ -1046,6 +1057,8 @@ def test_distilled_targets_are_the_bases_own_translations(tiny_marian, tmp_path)
     cfg = pairs_cfg(tiny_marian, tmp_path, mode="distill", distill_batch_size=4, distill_new_tokens=30)
     distilled = distill_pairs(base, pairs, cfg, show=False)
     assert torch.equal(distilled.source, pairs.source) and distilled.decoder.shape == (9, 31)
+    few = distill_pairs(base, pairs, replace(cfg, distill_prompts=3), show=False)  # drawn evenly: rows 0, 4, 8
+    assert torch.equal(few.decoder, distilled.decoder[[0, 4, 8]])
     for r in range(9):
         source = pairs[r : r + 1].source
         ref = hf_greedy(base, source, 30)[0]

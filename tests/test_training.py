@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from blockdecode import training
 from blockdecode.training import MetricsLog, Precision, warmup_cosine
 
 
@@ -16,6 +17,32 @@ def test_warmup_then_cosine_to_the_floor() -> None:
     assert warmup_cosine(12, 4, 20, 0.1) == pytest.approx(0.55)  # halfway down the cosine
     assert warmup_cosine(20, 4, 20, 0.1) == pytest.approx(0.1)
     assert warmup_cosine(50, 4, 20, 0.1) == pytest.approx(0.1)  # past the end it stays at the floor
+
+
+def _schedule_at(step: int, total: int) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
+    optimizer = torch.optim.SGD(torch.nn.Linear(2, 2).parameters(), lr=1.0)
+    scheduler = training.scheduler(optimizer, 4, total, floor=0.1)
+    for _ in range(step):
+        optimizer.step()
+        scheduler.step()
+    return optimizer, scheduler
+
+
+def test_a_resumed_schedule_follows_the_new_total_from_the_saved_step() -> None:
+    """A run saved at step 10 of 40 and resumed for 20 continues on the 20-step cosine, at once."""
+    optimizer, scheduler = _schedule_at(10, 40)
+    state = {"step": 10, "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()}
+    shorter, shorter_schedule = _schedule_at(0, 20)
+    assert training.restore_schedule(state, shorter, shorter_schedule, steps=20) == 10
+    assert shorter.param_groups[0]["lr"] == pytest.approx(warmup_cosine(10, 4, 20, 0.1))
+    shorter.step()
+    shorter_schedule.step()
+    assert shorter.param_groups[0]["lr"] == pytest.approx(warmup_cosine(11, 4, 20, 0.1))
+    same, same_schedule = _schedule_at(0, 40)  # unchanged steps: exactly where the saved run was
+    training.restore_schedule(state, same, same_schedule, steps=40)
+    assert same.param_groups[0]["lr"] == optimizer.param_groups[0]["lr"]
+    with pytest.raises(ValueError, match="checkpoint is at step 10, and this run asks for 10 steps"):
+        training.restore_schedule(state, *_schedule_at(0, 10), steps=10)
 
 
 def test_metrics_log_keeps_only_what_a_resumed_run_reached(tmp_path: Path) -> None:
