@@ -33,7 +33,7 @@ from blockdecode.bench.report import cpu_name, update_readme
 from blockdecode.builtin import install
 from blockdecode.decode import decode_prompts
 from blockdecode.hf import load_base
-from blockdecode.io import atomic_write, read_jsonl, write_json
+from blockdecode.io import read_jsonl, save_figure, write_json
 from blockdecode.model import BlockwiseLM
 from blockdecode.pretrain import PretrainConfig, heldout_batches, heldout_loss
 from blockdecode.reference import first_divergence, greedy_generate
@@ -156,9 +156,7 @@ def plot(rows: list[dict], ks: list[int], png: Path) -> None:
         ax.set_ylabel("mean accepted block size")
         ax.set_title(f"{name}, exact greedy")
         ax.legend()
-    fig.tight_layout()
-    atomic_write(png, lambda p: fig.savefig(p, format="png", dpi=100))
-    plt.close(fig)
+    save_figure(fig, png)
 
 
 def tradeoff(run_dirs: list[Path], png: Path) -> dict:
@@ -181,9 +179,7 @@ def tradeoff(run_dirs: list[Path], png: Path) -> dict:
     ax.set_ylabel("mean accepted block (held-out, trained k)")
     ax.set_title("speed against quality over training (labels: step)")
     ax.legend(fontsize="small")
-    fig.tight_layout()
-    atomic_write(png, lambda p: fig.savefig(p, format="png", dpi=100))
-    plt.close(fig)
+    save_figure(fig, png)
     write_json(png.with_suffix(".json"), curves)
     return curves
 
@@ -223,9 +219,7 @@ def widths(run_dirs: list[Path], png: Path) -> dict:
     ax.set_ylabel("mean accepted block (held-out, trained k)")
     ax.set_title("head width at equal training time")
     ax.legend(fontsize="small")
-    fig.tight_layout()
-    atomic_write(png, lambda p: fig.savefig(p, format="png", dpi=100))
-    plt.close(fig)
+    save_figure(fig, png)
     result = {"compared_at_time": until, "better": best, "runs": runs}
     write_json(png.with_suffix(".json"), result)
     return result

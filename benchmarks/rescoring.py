@@ -22,7 +22,7 @@ from tqdm.auto import tqdm
 from blockdecode.bench.report import cpu_name
 from blockdecode.builtin import DEFAULT_MODEL
 from blockdecode.decode import decode_prompts
-from blockdecode.io import atomic_write, write_json
+from blockdecode.io import save_figure, write_json
 from blockdecode.model import load
 
 OUT = Path(__file__).parent / "results" / "rescoring"
@@ -96,9 +96,7 @@ def plot(rows: list[dict], settings: list[tuple[int, int | None]], png: Path) ->
     ax.set_ylabel("tokens per call")
     ax.set_title("heads' proposals, rescored by an n-gram model of the context")
     ax.legend()
-    fig.tight_layout()
-    atomic_write(png, lambda p: fig.savefig(p, format="png", dpi=100))
-    plt.close(fig)
+    save_figure(fig, png)
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ from transformers import AutoTokenizer
 from blockdecode.bench.report import cpu_name, update_readme
 from blockdecode.bible import read_tsv
 from blockdecode.builtin import install
-from blockdecode.io import atomic_write, write_json
+from blockdecode.io import save_figure, write_json
 from blockdecode.model import BlockwiseLM
 from blockdecode.translation import table_row
 
@@ -63,9 +63,7 @@ def plot(rows: list[dict], ks: list[int], png: Path) -> None:
     ax.set_xlabel("k (block size)")
     ax.set_ylabel("mean accepted block k̂")
     ax.legend(fontsize="small")
-    fig.tight_layout()
-    atomic_write(png, lambda p: fig.savefig(p, format="png", dpi=100))
-    plt.close(fig)
+    save_figure(fig, png)
 
 
 def ship(rows: list[dict], directory: Path, sources: list[str], k: int = 8, max_bleu_drop: float = 1.0) -> dict:

@@ -45,6 +45,16 @@ def atomic_write(path: Path, write: Callable[[str], object]) -> None:
         raise
 
 
+def save_figure(fig, path: Path) -> None:
+    """A matplotlib figure as a PNG, written atomically, then closed (pyplot keeps every figure
+    alive until it is)."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    atomic_write(path, lambda p: fig.savefig(p, format="png", dpi=100))
+    plt.close(fig)
+
+
 def remove_temporaries(folder: Path) -> int:
     """Delete what a killed `atomic_write` left in `folder` (`.NAME.*.tmp`); how many."""
     leftovers = list(Path(folder).glob(".*.tmp")) if Path(folder).is_dir() else []

@@ -23,7 +23,15 @@ from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTra
 from blockdecode import training
 from blockdecode.corpus import SPECIAL_TOKENS, is_heldout, read_text, stdlib_files, train_tokenizer
 from blockdecode.data import fingerprint
-from blockdecode.io import atomic_write, load_checkpoint, remove_temporaries, save_checkpoint, save_npy, write_json
+from blockdecode.io import (
+    atomic_write,
+    load_checkpoint,
+    remove_temporaries,
+    save_checkpoint,
+    save_figure,
+    save_npy,
+    write_json,
+)
 
 SPLITS = ("train", "heldout")
 
@@ -274,6 +282,4 @@ def plot_pretrain(rows: list[dict], png: Path) -> None:
     ax.set_xlabel("step")
     ax.set_ylabel("nats / token")
     ax.legend()
-    fig.tight_layout()
-    atomic_write(png, lambda p: fig.savefig(p, format="png", dpi=100))
-    plt.close(fig)
+    save_figure(fig, png)

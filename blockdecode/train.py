@@ -45,6 +45,7 @@ from blockdecode.io import (
     read_jsonl,
     remove_temporaries,
     save_checkpoint,
+    save_figure,
     save_npy,
     write_json,
 )
@@ -712,6 +713,4 @@ def _plot(rows: list[dict], png: Path) -> None:
     ax_acc.set_ylabel("top-1 accuracy (train)")
     if evals:
         ax_acc.set_title(f"held-out mean accepted block: {evals[-1]['eval_mean_block_size']:.2f}")
-    fig.tight_layout()
-    atomic_write(png, lambda p: fig.savefig(p, format="png", dpi=100))
-    plt.close(fig)
+    save_figure(fig, png)

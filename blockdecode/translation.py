@@ -27,7 +27,7 @@ from blockdecode import training
 from blockdecode.bible import read_tsv
 from blockdecode.corpus import train_tokenizer
 from blockdecode.data import fingerprint
-from blockdecode.io import atomic_write, load_checkpoint, remove_temporaries, save_checkpoint, saving_folder
+from blockdecode.io import load_checkpoint, remove_temporaries, save_checkpoint, save_figure, saving_folder
 
 EOS, PAD = "</s>", "<pad>"
 
@@ -339,9 +339,7 @@ def plot_translation(rows: list[dict], png: Path) -> None:
     bleu_ax.plot([r["step"] for r in evals], [r["bleu"] for r in evals], "o-")
     bleu_ax.set_xlabel("step")
     bleu_ax.set_ylabel("validation BLEU (greedy)")
-    fig.tight_layout()
-    atomic_write(png, lambda p: fig.savefig(p, format="png", dpi=100))
-    plt.close(fig)
+    save_figure(fig, png)
 
 
 @torch.inference_mode()

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from blockdecode.io import atomic_write, write_json, write_text
+from blockdecode.io import save_figure, write_json, write_text
 
 
 def cpu_name() -> str:
@@ -176,11 +176,6 @@ def plot(report: dict, out: Path) -> None:
 
     methods = report["methods"]
 
-    def save(fig, name: str) -> None:
-        fig.tight_layout()
-        atomic_write(out / name, lambda p: fig.savefig(p, format="png", dpi=100))
-        plt.close(fig)
-
     if methods:
         fig, ax = plt.subplots(figsize=(7, 4.5))
         for family, label in (("heads", "blockdecode, heads"), ("ngram", "blockdecode, n-gram")):
@@ -212,7 +207,7 @@ def plot(report: dict, out: Path) -> None:
         ax.set_xlabel("k (block size)")
         ax.set_ylabel("speedup over greedy generate")
         ax.legend(fontsize="small")
-        save(fig, "speedup.png")
+        save_figure(fig, out / "speedup.png")
 
         fig, ax = plt.subplots(figsize=(7, 4))
         for family in ("heads", "ngram"):
@@ -227,7 +222,7 @@ def plot(report: dict, out: Path) -> None:
         ax.set_xlabel("accepted block size (tokens per call)")
         ax.set_ylabel("calls")
         ax.legend()
-        save(fig, "blocks.png")
+        save_figure(fig, out / "blocks.png")
 
     fig, ax = plt.subplots(figsize=(6, 4))
     curves = []
@@ -243,4 +238,4 @@ def plot(report: dict, out: Path) -> None:
     ax.set_xlabel("q (tokens in one forward pass)")
     ax.set_ylabel("t(q) / t(1)")
     ax.legend(fontsize="small")
-    save(fig, "cost.png")
+    save_figure(fig, out / "cost.png")
