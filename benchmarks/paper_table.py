@@ -187,8 +187,9 @@ def tradeoff(run_dirs: list[Path], png: Path) -> dict:
 def widths(run_dirs: list[Path], png: Path) -> dict:
     """Runs that differ in head width, compared at equal training time: each run's held-out mean
     block against its steps scaled by its median training speed to the fastest run's (the runs
-    see the same batches, so speed alone turns steps into time). The better width has the longer
-    block where the shorter run ends."""
+    see the same batches, so speed alone turns steps into time; a speed measured while other work
+    shared the cores is only as fair as that sharing). The better width has the longer block where
+    the shorter run ends."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -198,9 +199,12 @@ def widths(run_dirs: list[Path], png: Path) -> dict:
     for run in run_dirs:
         records = read_jsonl(run / "metrics.jsonl")
         evals = [r for r in records if "eval_mean_block_size" in r]
+        speeds = [r["tokens_per_s"] for r in records if r.get("tokens_per_s")]
+        if not speeds or not evals:
+            raise ValueError(f"--widths: {run} has no training speed or no evaluation logged yet")
         runs[run.name] = {
             "head_hidden_size": json.loads((run / "train_config.json").read_text())["head_hidden_size"],
-            "tokens_per_s": float(np.median([r["tokens_per_s"] for r in records if r.get("tokens_per_s")])),
+            "tokens_per_s": float(np.median(speeds)),
             "steps": [r["step"] for r in evals],
             "mean_block_size": [r["eval_mean_block_size"] for r in evals],
         }
@@ -246,6 +250,7 @@ def ship(
     best = max(good, key=lambda r: r["sets"][prompt_set][str(k)]["mean_block_size"])
     training = {
         **(best["training"] or {}),
+        "measured_in": "float32",
         "original_base_stdlib_heldout_loss": original_loss,
         "base_stdlib_heldout_loss": best["heldout_loss"],
         "mean_block_size": {

@@ -80,6 +80,7 @@ def ship(rows: list[dict], directory: Path, sources: list[str], k: int = 8, max_
     record = json.loads((Path(best["run"]) / "blockdecode.json").read_text()).get("training", {})
     training = {
         **record,
+        "measured_in": "float32",
         "original_bleu": max(frozen),
         "bleu": best["bleu"],
         "mean_block_size": {kk: v["mean_block_size"] for kk, v in best["by_k"].items()},

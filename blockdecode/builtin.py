@@ -13,8 +13,8 @@ DEFAULT_TRANSLATION_MODEL = str(Path(__file__).parent / "translation_model")
 def install(run: str | Path, directory: str | Path, training: dict, prompts: list[str]) -> None:
     """Make a trained run a built-in model: base and heads in bf16 (half the bytes of the package),
     its tokenizer, how it was trained and what it measured (kept in blockdecode.json), and held-out
-    prompts as text (prompts.json, which `bench` and `demo` use). What was there is replaced only
-    once the new copy is whole."""
+    prompts as text (prompts.json, which `bench` and `drafter="auto"` calibration use). What was
+    there is moved aside only once the new copy is whole."""
     import shutil
 
     import torch
@@ -29,5 +29,9 @@ def install(run: str | Path, directory: str | Path, training: dict, prompts: lis
     shutil.rmtree(staging, ignore_errors=True)
     model.save_pretrained(staging, save_base=True, training=training, tokenizer=AutoTokenizer.from_pretrained(run))
     write_json(staging / "prompts.json", prompts)
-    shutil.rmtree(directory, ignore_errors=True)
+    old = directory.with_name(directory.name + ".old")
+    shutil.rmtree(old, ignore_errors=True)
+    if directory.exists():
+        directory.rename(old)
     staging.rename(directory)
+    shutil.rmtree(old, ignore_errors=True)

@@ -657,6 +657,7 @@ RESUME_MUST_MATCH = (
     "batch_size",
     "seq_len",
     "init_heads",
+    *("distill_prompts", "distill_prompt_len", "distill_new_tokens", "distill_beams"),  # the distilled data
 )
 
 

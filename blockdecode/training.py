@@ -68,7 +68,10 @@ def restore_schedule(state: dict, optimizer, scheduler, steps: int) -> int:
     and the learning rate is set from it at once rather than after the first step."""
     step = state["step"]
     if step >= steps:
-        raise ValueError(f"--resume: the checkpoint is at step {step}, and this run asks for {steps} steps in all")
+        raise ValueError(
+            f"--resume: the checkpoint is at step {step}, and this run asks for {steps} steps in all: "
+            f"give more than {step}"
+        )
     optimizer.load_state_dict(state["optimizer"])
     scheduler.load_state_dict(state["scheduler"])
     for group, base_lr, factor in zip(optimizer.param_groups, scheduler.base_lrs, scheduler.lr_lambdas, strict=True):

@@ -12,9 +12,11 @@ export HF_HUB_OFFLINE=1
 RUNS=${RUNS:-runs}
 BD=".venv/bin/blockdecode --threads ${THREADS:-2}"
 if .venv/bin/python -c "import sys, torch; sys.exit(not torch.cuda.is_available())"; then
-  MODEL_STEPS=5000 HEAD_STEPS=3000 DISTILLED=100000 DRAFT_STEPS=2500 EVAL_EVERY=200  # every verse distilled
+  MODEL_STEPS=${MODEL_STEPS:-5000} HEAD_STEPS=${HEAD_STEPS:-3000} DRAFT_STEPS=${DRAFT_STEPS:-2500}
+  DISTILLED=${DISTILLED:-100000} EVAL_EVERY=200  # every verse distilled
 else  # 2 CPU cores: about 5 s a model step on one thread, and 120 tokens/s of 4-beam distillation
-  MODEL_STEPS=3000 HEAD_STEPS=500 DISTILLED=8192 DRAFT_STEPS=1000 EVAL_EVERY=100
+  MODEL_STEPS=${MODEL_STEPS:-3000} HEAD_STEPS=${HEAD_STEPS:-500} DRAFT_STEPS=${DRAFT_STEPS:-1000}
+  DISTILLED=${DISTILLED:-8192} EVAL_EVERY=100
 fi
 mkdir -p "$RUNS"
 

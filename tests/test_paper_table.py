@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+import torch
 
 from blockdecode.io import append_jsonl
 from tests.conftest import script
@@ -36,3 +38,19 @@ def test_widths_are_compared_at_equal_time_not_equal_steps(paper_table, tmp_path
     assert result["better"] == "narrow"
     assert (tmp_path / "widths.png").stat().st_size > 0
     assert json.loads((tmp_path / "widths.json").read_text())["better"] == "narrow"
+
+
+def test_ship_passes_over_a_base_whose_loss_rose_more_than_two_percent(paper_table, monkeypatch, tmp_path):
+    installed = {}
+    monkeypatch.setattr(paper_table, "install", lambda run, directory, training, prompts: installed.update(training))
+    monkeypatch.setattr(paper_table.AutoTokenizer, "from_pretrained", lambda run: SimpleNamespace(decode=str))
+    rows = [
+        {"run": name, "mode": name, "trained_k": 10, "heldout_loss": loss, "training": {"mode": name, "steps": 300},
+         "sets": {"third-party": {"8": {"mean_block_size": block}}}}
+        for name, loss, block in (("distill", 3.00, 1.7), ("both-w1", 3.10, 2.5), ("both-w4", 3.05, 1.9))
+    ]  # fmt: skip
+    best = paper_table.ship(rows, tmp_path / "out", [torch.tensor([[1, 2]])], 3.0, "third-party")
+    assert best["run"] == "both-w4"  # +1.7 %; both-w1's +3.3 % is past the limit
+    assert installed["mode"] == "both-w4" and installed["base_stdlib_heldout_loss"] == 3.05
+    assert installed["original_base_stdlib_heldout_loss"] == 3.0 and installed["measured_in"] == "float32"
+    assert installed["mean_block_size"] == {"third-party": {"8": 1.9}}

@@ -636,7 +636,9 @@ def test_npy_token_data_trains(tiny_base, tmp_path):
     assert (out / HEADS_WEIGHTS).is_file()
 
 
-@pytest.mark.parametrize("changed", [{"k": 3}, {"mode": "finetune"}, {"seed": 7}, {"batch_size": 4}])
+@pytest.mark.parametrize(
+    "changed", [{"k": 3}, {"mode": "finetune"}, {"seed": 7}, {"batch_size": 4}, {"distill_prompts": 9}]
+)
 def test_resume_with_a_different_config_is_refused(tiny_base, tmp_path, changed):
     out = tmp_path / "out"
     kw = dict(steps=8, checkpoint_every=4, log_every=1, eval_every=100)
@@ -654,14 +656,18 @@ def test_resume_with_a_different_config_is_refused(tiny_base, tmp_path, changed)
     assert (out / "checkpoint" / "state.pt").read_bytes() == checkpoint
 
 
-def test_resume_may_shorten_or_extend_the_run(tiny_base, tmp_path):
-    """A run killed at step 5 of 8 and resumed for 6 steps ends at 6, its heads saved."""
+@pytest.mark.parametrize("steps", [6, 10])
+def test_resume_may_shorten_or_extend_the_run(tiny_base, tmp_path, steps):
+    """A run killed at step 5 of 8 and resumed for 6 or 10 steps ends there, its heads saved; one
+    asking for no more steps than the checkpoint holds is refused."""
     out = tmp_path / "out"
     kw = dict(checkpoint_every=4, log_every=1, eval_every=100)
     with pytest.raises(Killed):
         train(make_cfg(tiny_base, out, steps=8, **kw), callback=kill_at(5))
-    train(make_cfg(tiny_base, out, steps=6, resume=True, **kw))
-    assert [r["step"] for r in read_metrics(out) if "loss" in r] == [1, 2, 3, 4, 5, 6]
+    with pytest.raises(ValueError, match="checkpoint is at step 4, and this run asks for 4 steps in all"):
+        train(make_cfg(tiny_base, out, steps=4, resume=True, **kw))
+    train(make_cfg(tiny_base, out, steps=steps, resume=True, **kw))
+    assert [r["step"] for r in read_metrics(out) if "loss" in r] == list(range(1, steps + 1))
     assert (out / HEADS_WEIGHTS).is_file()
 
 
