@@ -472,7 +472,8 @@ def train(cfg: TrainConfig, callback: Callable[[int, dict], None] | None = None)
             train_seqs = distill(base.to(accelerator.device), train_seqs, cfg, show=main)
 
     pairs = isinstance(train_seqs, Pairs)
-    row_tokens = float((train_seqs.decoder >= 0).sum()) / len(train_seqs) if pairs else None
+    # distilled rows end at their EOS and pairs are short: count the tokens a row really holds
+    row_tokens = float(((train_seqs.decoder if pairs else train_seqs) >= 0).sum()) / len(train_seqs)
     model.base.requires_grad_(cfg.finetune)
     groups = [{"params": list(model.heads.parameters()), "lr": cfg.lr}]
     if cfg.finetune:
@@ -598,10 +599,10 @@ def plateaued(records: list[dict], patience: int, min_delta: float) -> bool:
     return since >= patience
 
 
-def run_record(records: list[dict], cfg: TrainConfig, row_tokens: float | None = None) -> dict:
+def run_record(records: list[dict], cfg: TrainConfig, row_tokens: float) -> dict:
     """What blockdecode.json keeps of a training run: mode, size, how much it saw, and where it
     ended against where it began (held-out base loss on the --holdout split, decoded block size).
-    `row_tokens`: the mean tokens of a training row (default seq_len; pairs are shorter)."""
+    `row_tokens`: the mean tokens of a training row (padding not counted)."""
     evals = [r for r in records if "eval_base_loss" in r]
     steps = max((r["step"] for r in records), default=0)
     return {
@@ -609,7 +610,7 @@ def run_record(records: list[dict], cfg: TrainConfig, row_tokens: float | None =
         "k": cfg.k,
         "head_hidden_size": cfg.head_hidden_size,
         "steps": steps,
-        "tokens_seen": round(steps * cfg.batch_size * (row_tokens or cfg.seq_len)),
+        "tokens_seen": round(steps * cfg.batch_size * row_tokens),
         "original_base_heldout_loss": evals[0]["eval_base_loss"] if evals else None,
         "base_heldout_loss": evals[-1]["eval_base_loss"] if evals else None,
         "mean_block_size": evals[-1]["eval_mean_block_size"] if evals else None,

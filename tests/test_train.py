@@ -852,6 +852,17 @@ def eos_heavy_base(tiny_base, tmp_path_factory) -> Path:
     return directory
 
 
+def test_tokens_seen_leaves_out_what_follows_a_distilled_rows_eos(tiny_base, eos_heavy_base, tmp_path):
+    out = tmp_path / "out"
+    kw = dict(mode="distill", steps=2, eval_every=2, eval_prompts=1, distill_prompts=16, distill_new_tokens=48)
+    cfg = make_cfg(tiny_base, out, base=str(eos_heavy_base), **kw)
+    train(cfg)
+    lengths = (np.load(next((out / "distill-cache").glob("*.npy"))) >= 0).sum(1)
+    assert lengths.min() < lengths.max() == cfg.distill_prompt_len + cfg.distill_new_tokens
+    record = json.loads((out / HEADS_CONFIG).read_text())["training"]
+    assert record["tokens_seen"] == round(2 * cfg.batch_size * lengths.mean())
+
+
 @pytest.mark.slow
 def test_two_processes_distill_with_uneven_rows_match_one(two_process_runs, tiny_base, eos_heavy_base):
     """The global batch's loss is a mean over its valid tokens. Distilled rows end at EOS (the rest is
