@@ -89,6 +89,18 @@ def test_the_built_in_model_is_the_cli_default(capsys: pytest.CaptureFixture) ->
     assert "identical: yes" in err
 
 
+def test_shipped_model_records_how_it_was_trained_and_what_it_measured() -> None:
+    """blockdecode.json says which mode, k, steps and tokens trained the heads, the held-out loss of
+    the shipped base beside the original's (within the 2 % shipping rule), and the mean block measured."""
+    training = json.loads((SHIPPED / "blockdecode.json").read_text())["training"]
+    assert training["mode"] in ("frozen", "distill", "finetune", "finetune+distill")
+    assert training["k"] == shipped().k and training["steps"] > 0 and training["tokens_seen"] > 0
+    assert training["base_stdlib_heldout_loss"] <= 1.02 * training["original_base_stdlib_heldout_loss"]
+    measured = training["mean_block_size"]
+    assert set(measured) == {"stdlib held-out", "third-party"}
+    assert all(1 < measured[name]["8"] <= 8 for name in measured)
+
+
 def test_draft_model_shares_the_tokenizer_and_is_small() -> None:
     from transformers import AutoModelForCausalLM
 
