@@ -71,15 +71,16 @@ def ship(rows: list[dict], directory: Path, sources: list[str], k: int = 8, max_
     translation model. A run whose fine-tuned base's BLEU is more than `max_bleu_drop` points below
     the original model's (that of the runs whose base stayed frozen) is passed over: the paper's
     "Both" lost 0.3 BLEU for its speed."""
-    frozen = [r["bleu"] for r in rows if r["mode"].split(" (")[0] in ("frozen", "distill")]
+    frozen = [r["bleu"] for r in rows if r["training"].get("mode") in ("frozen", "distill")]
     if not frozen:
         raise ValueError("--ship needs a frozen or distill run: its BLEU is the original model's")
-    good = [r for r in rows if r["bleu"] >= max(frozen) - max_bleu_drop]
-    at = {r["run"]: max((kk for kk in map(int, r["by_k"]) if kk <= k), default=1) for r in good}
-    best = max(good, key=lambda r: r["by_k"][str(at[r["run"]])]["mean_block_size"])
-    record = json.loads((Path(best["run"]) / "blockdecode.json").read_text()).get("training", {})
+
+    def block(r: dict) -> float:
+        return r["by_k"][str(max((kk for kk in map(int, r["by_k"]) if kk <= k), default=1))]["mean_block_size"]
+
+    best = max((r for r in rows if r["bleu"] >= max(frozen) - max_bleu_drop), key=block)
     training = {
-        **record,
+        **best["training"],
         "measured_in": "float32",
         "original_bleu": max(frozen),
         "bleu": best["bleu"],
@@ -107,15 +108,15 @@ def main() -> None:
     start, rows = time.perf_counter(), []
     for run in tqdm(args.runs, desc="runs"):
         lm = BlockwiseLM.from_pretrained(run, dtype=torch.float32).eval()
-        mode = json.loads((Path(run) / "blockdecode.json").read_text()).get("training", {}).get("mode", Path(run).name)
+        record = json.loads((Path(run) / "blockdecode.json").read_text()).get("training") or {}
+        mode = record.get("mode", Path(run).name)
         settings = Path(run) / "train_config.json"
         if mode.endswith("distill") and settings.is_file():  # which distillation taught it: beam search or greedy
             beams = json.loads(settings.read_text()).get("distill_beams", 1)
             mode += " (greedy targets)" if beams == 1 else f" ({beams}-beam targets)"
         row = table_row(lm, AutoTokenizer.from_pretrained(run), pairs, [k for k in ks if k <= lm.k])
-        rows.append(
-            {"run": run, "mode": mode, "trained_k": lm.k, **row, "by_k": {str(k): v for k, v in row["by_k"].items()}}
-        )
+        by_k = {str(k): v for k, v in row["by_k"].items()}
+        rows.append({"run": run, "mode": mode, "trained_k": lm.k, "training": record, **row, "by_k": by_k})
     result = {
         "what": "BLEU of exact greedy translations (sacrebleu) and mean accepted block at each k, fp32",
         "verses": len(pairs),

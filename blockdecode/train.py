@@ -270,14 +270,18 @@ def sampled_heads(step: int, cfg: TrainConfig) -> list[int]:
     return [int(torch.randint(2, cfg.k + 1, (1,), generator=gen))]
 
 
+def drawn_evenly(n: int, count: int) -> torch.LongTensor:
+    """`count` indices spread evenly over range(n), first and last included (all n if count >= n)."""
+    return torch.linspace(0, n - 1, min(count, n)).long()
+
+
 @torch.inference_mode()
 def distill_sequences(
     base: PreTrainedModel, sequences: torch.LongTensor, cfg: TrainConfig, show: bool = True
 ) -> torch.LongTensor:
     """The base model's own continuations (greedy, or beam search) of prompts drawn evenly
     from `sequences`: [N, prompt_len + new_tokens], -1 after an EOS (padding the loss ignores)."""
-    n = min(cfg.distill_prompts, len(sequences))
-    prompts = sequences[torch.linspace(0, len(sequences) - 1, n).long(), : cfg.distill_prompt_len]
+    prompts = sequences[drawn_evenly(len(sequences), cfg.distill_prompts), : cfg.distill_prompt_len]
     eos = resolve_eos(base, None)
 
     def generate(rows: slice) -> torch.LongTensor:
@@ -286,7 +290,8 @@ def distill_sequences(
         out = greedy_generate(base, batch, cfg.distill_new_tokens, num_beams=cfg.distill_beams).cpu()
         return _cut_at_eos(out, cfg.distill_prompt_len, eos, cfg.distill_prompt_len + cfg.distill_new_tokens)
 
-    return _cached_generation(base, prompts.numpy().tobytes(), n, generate, cfg.distill_prompt_len, cfg, show)
+    inputs = prompts.numpy().tobytes()
+    return _cached_generation(base, inputs, len(prompts), generate, cfg.distill_prompt_len, cfg, show)
 
 
 @torch.inference_mode()
@@ -294,7 +299,7 @@ def distill_pairs(base: PreTrainedModel, pairs: Pairs, cfg: TrainConfig, show: b
     """Sequence-level distillation for an encoder-decoder (the paper's): the base's own
     translations (greedy, or beam search) of `distill_prompts` training sources, drawn evenly,
     replace the targets."""
-    pairs = pairs[torch.linspace(0, len(pairs) - 1, min(cfg.distill_prompts, len(pairs))).long()]
+    pairs = pairs[drawn_evenly(len(pairs), cfg.distill_prompts)]
     eos = resolve_eos(base, None)
     pad = base.generation_config.pad_token_id
     pad = pad if pad is not None else 0
