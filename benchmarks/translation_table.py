@@ -35,13 +35,14 @@ PAPER = {"frozen": {8: 1.76}, "distill": {8: 1.91}, "finetune+distill": {8: 4.69
 
 
 def markdown(rows: list[dict], ks: list[int]) -> str:
-    lines = ["| heads trained | BLEU | " + " | ".join(f"k̂ at k={k}" for k in ks) + " |"]
-    lines.append("|---|---|" + "---|" * len(ks))
+    lines = ["| heads trained | steps | BLEU | " + " | ".join(f"k̂ at k={k}" for k in ks) + " |"]
+    lines.append("|---|---|---|" + "---|" * len(ks))
     for r in rows:
         cells = [f"{r['by_k'][str(k)]['mean_block_size']:.2f}" if str(k) in r["by_k"] else "" for k in ks]
-        lines.append(f"| {r['mode']} | {r['bleu']:.1f} | " + " | ".join(cells) + " |")
+        steps = r["training"].get("steps", "")
+        lines.append(f"| {r['mode']} | {steps} | {r['bleu']:.1f} | " + " | ".join(cells) + " |")
     for mode, figures in PAPER.items():
-        lines.append(f"| paper, {mode} (WMT En-De) | | " + " | ".join(str(figures.get(k, "")) for k in ks) + " |")
+        lines.append(f"| paper, {mode} (WMT En-De) | | | " + " | ".join(str(figures.get(k, "")) for k in ks) + " |")
     return "\n".join(lines)
 
 

@@ -236,7 +236,7 @@ def pretrain(cfg: PretrainConfig, show: bool = True) -> LlamaForCausalLM:
         if len(record) > 1:
             metrics.append(record)
             t0, tokens_seen = time.perf_counter(), 0
-        if done % cfg.checkpoint_every == 0 and done < cfg.steps:
+        if done % cfg.checkpoint_every == 0 or done == cfg.steps:
             unwrapped = accelerator.unwrap_model(model)
             state = training.run_state(
                 done, cfg, data_digest, unwrapped, optimizer, scheduler, precision, vocab_size=len(tokenizer)

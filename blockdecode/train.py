@@ -506,7 +506,12 @@ def train(cfg: TrainConfig, callback: Callable[[int, dict], None] | None = None)
             metrics.append({"step": 0, **first})
 
     rank, world = accelerator.process_index, accelerator.num_processes
-    bar = tqdm(range(start_step, cfg.steps), initial=start_step, total=cfg.steps, desc=cfg.mode, disable=not main)
+    end = cfg.steps
+    if start_step and cfg.patience and plateaued(metrics.records(), cfg.patience, cfg.min_delta):
+        end = start_step  # it stopped early, as it would again: resumed, it only writes its outputs
+        if main:
+            tqdm.write(f"--resume: this run stopped at step {end} on a plateau; --patience 0 trains on")
+    bar = tqdm(range(start_step, end), initial=start_step, total=cfg.steps, desc=cfg.mode, disable=not main)
     window_tokens, window_start = 0, time.perf_counter()
     tallies = torch.zeros(cfg.k, 2)
     for step in bar:
@@ -541,15 +546,17 @@ def train(cfg: TrainConfig, callback: Callable[[int, dict], None] | None = None)
         if len(record) > 1:
             metrics.append(record)
             window_tokens, window_start = 0, time.perf_counter()  # after any evaluation, so it is not counted
-        if done % cfg.checkpoint_every == 0 and done < cfg.steps:
+        stop = False
+        if cfg.patience and done % cfg.eval_every == 0 and done < cfg.steps:
+            plateau = torch.tensor(float(main and plateaued(metrics.records(), cfg.patience, cfg.min_delta)))
+            stop = bool(accelerator.reduce(plateau.to(accelerator.device), reduction="sum") > 0)  # all stop
+        if done % cfg.checkpoint_every == 0 or done == cfg.steps or stop:  # the last step too: see resume
             _save_checkpoint(accelerator, objective, optimizer, scheduler, precision, cfg, done, ckpt_path, data_digest)
         if callback is not None:
             callback(done, record)
-        if cfg.patience and done % cfg.eval_every == 0 and done < cfg.steps:
-            stop = torch.tensor(float(main and plateaued(metrics.records(), cfg.patience, cfg.min_delta)))
-            if accelerator.reduce(stop.to(accelerator.device), reduction="sum") > 0:  # every process stops
-                bar.write(f"step {done}: held-out block size has not grown for {cfg.patience} evaluations; stopping")
-                break
+        if stop:
+            bar.write(f"step {done}: held-out block size has not grown for {cfg.patience} evaluations; stopping")
+            break
 
     accelerator.wait_for_everyone()
     model = accelerator.unwrap_model(objective).model

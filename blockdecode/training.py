@@ -65,12 +65,13 @@ def restore_schedule(state: dict, optimizer, scheduler, steps: int) -> int:
 
     A resumed run may ask for more or fewer steps than the saved one (`steps` is not among the
     settings a resume must match): the cosine then runs to the new total from the saved step on,
-    and the learning rate is set from it at once rather than after the first step."""
+    and the learning rate is set from it at once rather than after the first step. A run saves its
+    last step too, so a finished run resumed with the same steps has nothing left to train."""
     step = state["step"]
-    if step >= steps:
+    if step > steps:
         raise ValueError(
             f"--resume: the checkpoint is at step {step}, and this run asks for {steps} steps in all: "
-            f"give more than {step}"
+            f"give at least {step}"
         )
     optimizer.load_state_dict(state["optimizer"])
     scheduler.load_state_dict(state["scheduler"])

@@ -306,7 +306,7 @@ def train_translation(cfg: TranslationConfig, show: bool = True) -> MarianMTMode
         if len(record) > 2:
             metrics.append(record)
             t0, tokens_seen = time.perf_counter(), 0
-        if done % cfg.checkpoint_every == 0 and done < cfg.steps:
+        if done % cfg.checkpoint_every == 0 or done == cfg.steps:
             state = training.run_state(
                 done, cfg, data_digest, accelerator.unwrap_model(model), optimizer, scheduler, precision
             )

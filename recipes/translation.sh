@@ -30,7 +30,8 @@ if [ ! -f "$RUNS/bible/train.tsv" ]; then
 fi
 
 # 2. The translation model: 4 + 4 layers of width 256, a shared BPE of 8,000, about 21 epochs (13 on CPUs).
-$BD pretrain-translation --corpus "$RUNS/bible" --out "$RUNS/translation" --steps $MODEL_STEPS --resume
+#    A finished model is kept: the heads below learn from it (remove its model/ to train it further).
+[ -f "$RUNS/translation/model/config.json" ] || $BD pretrain-translation --corpus "$RUNS/bible" --out "$RUNS/translation" --steps $MODEL_STEPS --resume
 
 # 3. Heads for k = 10 in the paper's four modes, on the training verses; the distilled modes learn
 #    the model's own beam-search translations (4 beams, the paper's sequence-level distillation) of
@@ -39,8 +40,14 @@ $BD pretrain-translation --corpus "$RUNS/bible" --out "$RUNS/translation" --step
 COMMON=(--base "$RUNS/translation/model" --data "$RUNS/bible/train.tsv" --k 10 --batch-size 32 --seq-len 256
   --lr 2e-3 --base-lr 1e-4 --warmup-steps 50 --eval-every $EVAL_EVERY --eval-prompts 16 --checkpoint-every 50 --patience 4
   --distill-prompts $DISTILLED --distill-beams 4 --distill-batch-size 32 --distill-new-tokens 200 --distill-cache "$RUNS/distill-cache" --resume)
+#    On 2 cores the modes can train as two lanes of one core each (then run the recipe once more,
+#    without them, for what follows):
+#      MODES="distill finetune+distill" HEADS_ONLY=1 THREADS=1 bash recipes/translation.sh
+#      MODES="frozen finetune distill-greedy" HEADS_ONLY=1 THREADS=1 bash recipes/translation.sh
+MODES=" ${MODES:-distill finetune+distill frozen finetune distill-greedy} "
 run() {  # mode, then train's own arguments
   local mode=$1; shift
+  [[ $MODES == *" $mode "* ]] || return 0
   [ -f "$RUNS/translation-$mode/blockdecode.json" ] ||
     $BD train "${COMMON[@]}" --mode "${mode%-greedy}" --steps $HEAD_STEPS --out "$RUNS/translation-$mode" "$@"
 }
@@ -50,6 +57,7 @@ run frozen
 run finetune
 # Which distils better, the paper's beam search or greedy: the distill mode again on greedy translations.
 run distill-greedy --distill-beams 1
+[ "${HEADS_ONLY:-0}" = 1 ] && exit 0
 
 # 4. The paper's Table 1 on held-out verses: BLEU and mean accepted block at k = 1, 2, 4, 6, 8, 10;
 #    SHIP=1 installs the fastest set that keeps its BLEU within a point as the built-in translation model.
@@ -60,7 +68,7 @@ SHIP_ARGS=(); [ "${SHIP:-0}" = 1 ] && SHIP_ARGS=(--ship blockdecode/translation_
 
 # 5. The paper's Table 4: wall-clock speed against transformers' greedy and assisted generation, whose draft is a
 #    2 + 1-layer Marian trained like the model on its tokenizer.
-$BD pretrain-translation --corpus "$RUNS/bible" --out "$RUNS/translation-draft" --tokenizer "$RUNS/translation/model" \
+[ -f "$RUNS/translation-draft/model/config.json" ] || $BD pretrain-translation --corpus "$RUNS/bible" --out "$RUNS/translation-draft" --tokenizer "$RUNS/translation/model" \
   --encoder-layers 2 --decoder-layers 1 --steps $DRAFT_STEPS --resume
 .venv/bin/blockdecode --threads 2 bench --model "$RUNS/translation-finetune+distill" \
   --draft "$RUNS/translation-draft/model" --k 4,8,10 --out benchmarks/results/translation_bench --readme README.md

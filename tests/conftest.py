@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -44,6 +45,19 @@ def script(name: str):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def keep_checkpoint_at(monkeypatch, module, step: int, dest: Path) -> None:
+    """Copy the checkpoint folder `module` writes at `step` to `dest`: what a kill after that step
+    would leave, now that a finished run keeps its last step's checkpoint."""
+    save = module.save_checkpoint
+
+    def saving(path: Path, state: dict) -> None:
+        save(path, state)
+        if state["step"] == step:
+            shutil.copytree(path.parent, dest)
+
+    monkeypatch.setattr(module, "save_checkpoint", saving)
 
 
 def vocab_size(model: PreTrainedModel) -> int:

@@ -15,12 +15,13 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
+import blockdecode.pretrain as pretrain_module
 from blockdecode.cli import main
 from blockdecode.corpus import SPECIAL_TOKENS, is_heldout, stdlib_files
 from blockdecode.model import BlockwiseLM
 from blockdecode.pretrain import CorpusConfig, PretrainConfig, prepare_corpus, pretrain, windows
 from blockdecode.train import TrainConfig, train
-from tests.conftest import NO_EOS, assert_greedy_equal, hf_greedy
+from tests.conftest import NO_EOS, assert_greedy_equal, hf_greedy, keep_checkpoint_at
 
 TINY = dict(
     hidden_size=32,
@@ -125,14 +126,19 @@ def test_pretrain_then_heads_end_to_end(corpus: Path, tmp_path: Path) -> None:
     assert_greedy_equal(lm.base, ids, out.sequences, hf_greedy(lm.base, ids, 20, eos_token_id=None))
 
 
-def test_pretrain_resumes_to_the_same_weights(corpus: Path, tmp_path: Path) -> None:
+def test_pretrain_resumes_to_the_same_weights(corpus: Path, tmp_path: Path, monkeypatch) -> None:
+    keep_checkpoint_at(monkeypatch, pretrain_module, 2, tmp_path / "b" / "checkpoint")  # as a kill at step 3 left it
     whole = pretrain(PretrainConfig(corpus=str(corpus), out=str(tmp_path / "a"), **TINY), False)
-    shutil.copytree(tmp_path / "a" / "checkpoint", tmp_path / "b" / "checkpoint")  # as left at step 2
     resumed = pretrain(PretrainConfig(corpus=str(corpus), out=str(tmp_path / "b"), resume=True, **TINY), False)
     for (name, p), q in zip(whole.state_dict().items(), resumed.state_dict().values()):
         torch.testing.assert_close(p, q, msg=name)
     steps = [json.loads(line)["step"] for line in (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()]
     assert steps == [4]  # the resumed run logs only the steps after its checkpoint
+    # finished, it keeps its last step: resumed again it trains nothing and keeps its weights
+    again = pretrain(PretrainConfig(corpus=str(corpus), out=str(tmp_path / "b"), resume=True, **TINY), False)
+    for (name, p), q in zip(whole.state_dict().items(), again.state_dict().values()):
+        torch.testing.assert_close(p, q, msg=name)
+    assert (tmp_path / "b" / "metrics.jsonl").read_text().count("\n") == 1
 
 
 def test_resume_refuses_a_different_shape(corpus: Path, tmp_path: Path) -> None:

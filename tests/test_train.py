@@ -659,16 +659,40 @@ def test_resume_with_a_different_config_is_refused(tiny_base, tmp_path, changed)
 @pytest.mark.parametrize("steps", [6, 10])
 def test_resume_may_shorten_or_extend_the_run(tiny_base, tmp_path, steps):
     """A run killed at step 5 of 8 and resumed for 6 or 10 steps ends there, its heads saved; one
-    asking for no more steps than the checkpoint holds is refused."""
+    asking for fewer steps than the checkpoint holds is refused."""
     out = tmp_path / "out"
     kw = dict(checkpoint_every=4, log_every=1, eval_every=100)
     with pytest.raises(Killed):
         train(make_cfg(tiny_base, out, steps=8, **kw), callback=kill_at(5))
-    with pytest.raises(ValueError, match="checkpoint is at step 4, and this run asks for 4 steps in all"):
-        train(make_cfg(tiny_base, out, steps=4, resume=True, **kw))
+    with pytest.raises(ValueError, match="checkpoint is at step 4, and this run asks for 3 steps in all"):
+        train(make_cfg(tiny_base, out, steps=3, resume=True, **kw))
     train(make_cfg(tiny_base, out, steps=steps, resume=True, **kw))
     assert [r["step"] for r in read_metrics(out) if "loss" in r] == list(range(1, steps + 1))
     assert (out / HEADS_WEIGHTS).is_file()
+
+
+def test_a_finished_run_resumed_trains_nothing_more(tiny_base, tmp_path):
+    """A run keeps its last step's checkpoint: resumed with the same steps it only writes its outputs
+    again, and given more it goes on from its end, not from its last periodic checkpoint. One that
+    stopped on a plateau stays stopped."""
+    out = tmp_path / "out"
+    kw = dict(checkpoint_every=4, log_every=1, eval_every=100, mode="finetune")
+    train(make_cfg(tiny_base, out, steps=6, **kw))
+    heads, base, metrics = (out / HEADS_WEIGHTS).read_bytes(), base_state(out), read_metrics(out)
+    train(make_cfg(tiny_base, out, steps=6, resume=True, **kw))
+    assert (out / HEADS_WEIGHTS).read_bytes() == heads and read_metrics(out) == metrics
+    for name, weight in base_state(out).items():
+        torch.testing.assert_close(weight, base[name], rtol=0, atol=0, msg=name)
+    train(make_cfg(tiny_base, out, steps=8, resume=True, **kw))
+    assert [r["step"] for r in read_metrics(out) if "loss" in r] == list(range(1, 9))
+
+    flat = tmp_path / "flat"  # a learning rate of 0: the block never grows, and patience 1 stops it
+    stop = dict(steps=8, eval_every=2, eval_prompts=1, patience=1, lr=0.0, checkpoint_every=100)
+    train(make_cfg(tiny_base, flat, **stop))
+    stopped = read_metrics(flat)
+    assert stopped[-1]["step"] == 2
+    train(make_cfg(tiny_base, flat, resume=True, **stop))
+    assert read_metrics(flat) == stopped
 
 
 def test_resume_checks_the_data_content_not_its_path(tiny_base, tmp_path):

@@ -41,8 +41,9 @@ def test_a_resumed_schedule_follows_the_new_total_from_the_saved_step() -> None:
     same, same_schedule = _schedule_at(0, 40)  # unchanged steps: exactly where the saved run was
     training.restore_schedule(state, same, same_schedule, steps=40)
     assert same.param_groups[0]["lr"] == optimizer.param_groups[0]["lr"]
-    with pytest.raises(ValueError, match="checkpoint is at step 10, and this run asks for 10 steps"):
-        training.restore_schedule(state, *_schedule_at(0, 10), steps=10)
+    assert training.restore_schedule(state, *_schedule_at(0, 10), steps=10) == 10  # finished: nothing left
+    with pytest.raises(ValueError, match="step 10, and this run asks for 9 steps in all: give at least 10"):
+        training.restore_schedule(state, *_schedule_at(0, 9), steps=9)
 
 
 def test_metrics_log_keeps_only_what_a_resumed_run_reached(tmp_path: Path) -> None:

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import assert_greedy_equal, hf_greedy
+from conftest import assert_greedy_equal, hf_greedy, keep_checkpoint_at
 from transformers import AutoModelForSeq2SeqLM, PreTrainedTokenizerFast
 
-from blockdecode import BlockwiseLM, ScriptedDrafter
+from blockdecode import BlockwiseLM, ScriptedDrafter, translation
 from blockdecode.bible import read_tsv
 from blockdecode.cli import main
 from blockdecode.corpus import train_tokenizer
@@ -91,9 +91,9 @@ def test_trained_from_scratch_saved_like_a_marian_and_decoded_exactly(tmp_path: 
         assert_greedy_equal(model, source, out.sequences, ref, what=str(drafter))
 
 
-def test_a_resumed_run_ends_with_the_same_weights(tmp_path: Path) -> None:
+def test_a_resumed_run_ends_with_the_same_weights(tmp_path: Path, monkeypatch) -> None:
+    keep_checkpoint_at(monkeypatch, translation, 2, tmp_path / "b" / "checkpoint")  # as a kill at step 3 left it
     whole = train_translation(TranslationConfig(corpus=str(CORPUS), out=str(tmp_path / "a"), **TINY), show=False)
-    shutil.copytree(tmp_path / "a" / "checkpoint", tmp_path / "b" / "checkpoint")  # as a kill at step 2 left it
     shutil.copytree(tmp_path / "a" / "tokenizer", tmp_path / "b" / "tokenizer")
     cfg = TranslationConfig(corpus=str(CORPUS), out=str(tmp_path / "b"), resume=True, **TINY)
     resumed = train_translation(cfg, show=False)
