@@ -1,6 +1,6 @@
 """blockdecode: exact Blockwise Parallel Decoding (Stern, Shazeer & Uszkoreit, 2018) for transformers models."""
 
-from blockdecode.builtin import DEFAULT_DRAFT_MODEL, DEFAULT_MODEL
+from blockdecode.builtin import DEFAULT_DRAFT_MODEL, DEFAULT_MODEL, DEFAULT_TRANSLATION_MODEL
 from blockdecode.decode import BlockwiseOutput, DecodeStats, blockwise_generate
 from blockdecode.drafters import Drafter, HeadsDrafter, NgramDrafter, ScriptedDrafter
 from blockdecode.heads import HeadsConfig
@@ -9,6 +9,7 @@ from blockdecode.model import BlockwiseLM, CheckpointError, load
 __all__ = [
     "DEFAULT_DRAFT_MODEL",
     "DEFAULT_MODEL",
+    "DEFAULT_TRANSLATION_MODEL",
     "BlockwiseLM",
     "BlockwiseOutput",
     "CheckpointError",

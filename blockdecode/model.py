@@ -37,7 +37,7 @@ def _location(name: str) -> str | None:
 def _missing(path: Path) -> CheckpointError:
     hints = {
         builtin.DEFAULT_MODEL: ": the built-in model is not installed; `make default-model` builds it",
-        builtin.DEFAULT_TRANSLATION_MODEL: ": the built-in translation model is not shipped yet; "
+        builtin.DEFAULT_TRANSLATION_MODEL: ": the built-in translation model is not installed; "
         "`bash recipes/translation.sh` builds one (then pass its folder with --model)",
     }
     return CheckpointError(f"no such directory: {path} does not exist{hints.get(str(path), '')}")

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from blockdecode import BlockwiseLM, demo
+from blockdecode import BlockwiseLM, builtin, demo
 from blockdecode.bible import HELD_OUT_VERSES
 from blockdecode.cli import main
 from blockdecode.corpus import train_tokenizer
@@ -115,8 +115,12 @@ def test_demo_translate_refuses_a_causal_model(model_dir: Path) -> None:
         demo.run_demo(str(model_dir), task="translate", dtype=torch.float32)
 
 
-def test_demo_translate_without_a_model_says_how_to_build_one() -> None:
-    with pytest.raises(SystemExit, match="translation model is not shipped yet; `bash recipes/translation.sh`"):
+def test_demo_translate_without_a_model_says_how_to_build_one(tmp_path: Path, monkeypatch) -> None:
+    """An install without the built-in translation model (removed, or a source tree without it)."""
+    missing = str(tmp_path / "translation_model")
+    monkeypatch.setattr(builtin, "DEFAULT_TRANSLATION_MODEL", missing)
+    monkeypatch.setattr(demo, "DEFAULT_TRANSLATION_MODEL", missing)
+    with pytest.raises(SystemExit, match="translation model is not installed; `bash recipes/translation.sh`"):
         main(["demo", "--task", "translate"])
 
 
