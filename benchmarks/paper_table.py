@@ -92,6 +92,7 @@ def measure(
     row = {
         "run": str(run),
         "mode": meta.get("mode", run.name),
+        "label": label(meta, run.name),
         "trained_k": model.k,
         "heldout_loss": heldout_loss(model.base, windows),
         "training": json.loads((run / "blockdecode.json").read_text()).get("training"),
@@ -120,21 +121,31 @@ def measure(
     return row
 
 
+def label(meta: dict, fallback: str) -> str:
+    """A row's name: its mode, and where the base was trained the base-loss weight, by which runs
+    of one mode differ."""
+    mode = meta.get("mode", fallback)
+    if mode.startswith("finetune") and "base_loss_weight" in meta:
+        return f"{mode}, base-loss weight {meta['base_loss_weight']:g}"
+    return mode
+
+
 def markdown(rows: list[dict], ks: list[int], prompt_set: str) -> str:
     """The table as the paper lays it out: one row per training mode, one column per k, mean
     (median) accepted block on one prompt set, and the paper's figures beneath."""
-    head = "| heads | held-out loss (nats/token) | " + " | ".join(f"k={k}" for k in ks) + " |"
-    lines = [head, "|" + "---|" * (len(ks) + 2)]
+    head = "| heads | steps | held-out loss (nats/token) | " + " | ".join(f"k={k}" for k in ks) + " |"
+    lines = [head, "|" + "---|" * (len(ks) + 3)]
     for r in rows:
         by_k = r["sets"][prompt_set]
         cells = [
             f"{by_k[str(k)]['mean_block_size']:.2f} ({by_k[str(k)]['median_block_size']:.2f})" if str(k) in by_k else ""
             for k in ks
         ]
-        lines.append(f"| {r['mode']} | {r['heldout_loss']:.3f} | " + " | ".join(cells) + " |")
+        steps = (r["training"] or {}).get("steps", "")
+        lines.append(f"| {r['label']} | {steps} | {r['heldout_loss']:.3f} | " + " | ".join(cells) + " |")
     for mode, figures in PAPER.items():
         cells = [f"{figures[k]:.2f}" if k in figures else "" for k in ks]
-        lines.append(f"| paper, {mode} (WMT En-De) | | " + " | ".join(cells) + " |")
+        lines.append(f"| paper, {mode} (WMT En-De) | | | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -150,7 +161,7 @@ def plot(rows: list[dict], ks: list[int], png: Path) -> None:
         for r in rows:
             by_k = r["sets"][name]
             xs = [k for k in ks if str(k) in by_k]
-            ax.plot(xs, [by_k[str(k)]["mean_block_size"] for k in xs], "o-", label=r["mode"])
+            ax.plot(xs, [by_k[str(k)]["mean_block_size"] for k in xs], "o-", label=r["label"])
         ax.plot(ks, ks, ":", color="grey", label="ceiling (k)")
         ax.set_xlabel("k (block size)")
         ax.set_ylabel("mean accepted block size")

@@ -25,10 +25,12 @@ for mode in frozen distill finetune finetune+distill; do
     --distill-prompts 4096 --distill-new-tokens 160 --distill-batch-size 64 --distill-cache "$RUNS/distill-cache" --resume
 done
 
-# 3. The paper's table on held-out files, written to benchmarks/results/ and the README; SHIP=1 also saves
-#    the heads with the largest mean accepted block at k=8, and their base, into the package in bf16.
+# 3. The paper's table on held-out files, written to benchmarks/results/paper_table_150steps.*
+#    (recipes/paper_heads.sh writes the README's, from its longer runs); SHIP=1 also saves the heads with
+#    the largest mean accepted block at k=8, and their base, into the package in bf16.
 SHIP_ARGS=(); [ "${SHIP:-0}" = 1 ] && SHIP_ARGS=(--ship blockdecode/default_model)
-.venv/bin/python benchmarks/paper_table.py --corpus "$RUNS/corpus" --readme "${SHIP_ARGS[@]}" \
+.venv/bin/python benchmarks/paper_table.py --corpus "$RUNS/corpus" --out benchmarks/results/paper_table_150steps.json \
+  "${SHIP_ARGS[@]}" \
   --runs "$RUNS/heads-frozen" "$RUNS/heads-distill" "$RUNS/heads-finetune" "$RUNS/heads-finetune+distill"
 
 # 4. The draft model for `blockdecode bench`'s assisted-generation baseline: one layer of 256 on the same corpus

@@ -19,9 +19,11 @@ BD=".venv/bin/blockdecode --threads ${THREADS:-2}"
 BASE=${BASE:-blockdecode/default_model}  # its base weights; its heads are not used here
 K=10
 if .venv/bin/python -c "import sys, torch; sys.exit(not torch.cuda.is_available())"; then
-  DISTILL_STEPS=${DISTILL_STEPS:-3000} BOTH_STEPS=${BOTH_STEPS:-1000} RAW_STEPS=${RAW_STEPS:-1000} EVAL_EVERY=200
-else  # 2 CPU cores: about 9 s a distill step, 20 s a finetune+distill step on one thread
-  DISTILL_STEPS=${DISTILL_STEPS:-1000} BOTH_STEPS=${BOTH_STEPS:-300} RAW_STEPS=${RAW_STEPS:-300} EVAL_EVERY=100
+  DISTILL_STEPS=${DISTILL_STEPS:-3000} BOTH_STEPS=${BOTH_STEPS:-1000} RAW_STEPS=${RAW_STEPS:-1000}
+  WIDTH_STEPS=${WIDTH_STEPS:-1200} EVAL_EVERY=200
+else  # 2 CPU cores, one thread a lane: about 10-13 s a distill step, 16-24 s for frozen, finetune and "Both"
+  DISTILL_STEPS=${DISTILL_STEPS:-1000} BOTH_STEPS=${BOTH_STEPS:-300} RAW_STEPS=${RAW_STEPS:-150}
+  WIDTH_STEPS=${WIDTH_STEPS:-300} EVAL_EVERY=100
 fi
 mkdir -p "$RUNS"
 
@@ -44,8 +46,14 @@ COMMON=(--base "$BASE" --data "$RUNS/corpus/train.npy" --k $K --head-hidden-size
 #    sent large gradients into the base, whose held-out loss rose 6.5 % in the first 200 steps of a run
 #    that started from them. Two base-loss weights, for the quality/speed trade-off. Then the raw-data
 #    modes on 16 x 256 tokens a step.
+#    On 2 cores the runs can train as two lanes of one core each (then run the recipe once more,
+#    without them, for the table), e.g.:
+#      ONLY="paper-finetune+distill-w4 paper-distill-h256" HEADS_ONLY=1 THREADS=1 bash recipes/paper_heads.sh
+#      ONLY="paper-frozen paper-finetune" HEADS_ONLY=1 THREADS=1 bash recipes/paper_heads.sh
+ONLY=" ${ONLY:-} "
 run() {  # out, then train's own arguments
   local out=$1; shift
+  [[ $ONLY == "  " || $ONLY == *" $out "* ]] || return 0
   [ -f "$RUNS/$out/blockdecode.json" ] || $BD train "${COMMON[@]}" --out "$RUNS/$out" "$@"
 }
 run paper-distill --mode distill --steps "$DISTILL_STEPS"
@@ -55,10 +63,11 @@ for w in ${BASE_LOSS_WEIGHTS:-1 4}; do
 done
 run paper-frozen --mode frozen --steps "$RAW_STEPS"
 run paper-finetune --mode finetune --steps "$RAW_STEPS"
-# Head width: the same distill run with heads of width 256 (9 x 256 hidden units at k=10) for 40 % of
+# Head width: the same distill run with heads of width 256 (9 x 256 hidden units at k=10) for 30-40 % of
 # its steps, compared with width 128 at equal wall time from the two runs' metrics.jsonl (the
 # vocabulary projection, not the width, sets the step time).
-run paper-distill-h256 --mode distill --steps $((DISTILL_STEPS * 2 / 5)) --head-hidden-size 256
+run paper-distill-h256 --mode distill --steps "$WIDTH_STEPS" --head-hidden-size 256
+[ "${HEADS_ONLY:-0}" = 1 ] && exit 0
 
 # 3. Table 1 on both prompt sets, the speed/quality curves and the width comparison, into
 #    benchmarks/results/ and the README; SHIP=1 ships the winner.

@@ -54,3 +54,23 @@ def test_ship_passes_over_a_base_whose_loss_rose_more_than_two_percent(paper_tab
     assert installed["mode"] == "both-w4" and installed["base_stdlib_heldout_loss"] == 3.05
     assert installed["original_base_stdlib_heldout_loss"] == 3.0 and installed["measured_in"] == "float32"
     assert installed["mean_block_size"] == {"third-party": {"8": 1.9}}
+
+
+def test_runs_of_one_mode_get_rows_of_their_own_with_their_steps(paper_table):
+    """Two "Both" runs differ by their base-loss weight: the table names it, and each run's steps."""
+    metas = [{"mode": "distill", "base_loss_weight": 1.0}, {"mode": "finetune+distill", "base_loss_weight": 1.0},
+             {"mode": "finetune+distill", "base_loss_weight": 4.0}]  # fmt: skip
+    rows = [
+        {"label": paper_table.label(meta, "run"), "heldout_loss": 3.0 + i / 10, "training": {"steps": 100 * (i + 1)},
+         "sets": {"held-out": {"8": {"mean_block_size": 1.5 + i, "median_block_size": 1.25 + i}}}}
+        for i, meta in enumerate(metas)
+    ]  # fmt: skip
+    lines = paper_table.markdown(rows, [8], "held-out").splitlines()
+    assert lines[0] == "| heads | steps | held-out loss (nats/token) | k=8 |"
+    assert lines[2:5] == [
+        "| distill | 100 | 3.000 | 1.50 (1.25) |",
+        "| finetune+distill, base-loss weight 1 | 200 | 3.100 | 2.50 (2.25) |",
+        "| finetune+distill, base-loss weight 4 | 300 | 3.200 | 3.50 (3.25) |",
+    ]
+    assert lines[-1] == "| paper, finetune+distill (WMT En-De) | | | 4.69 |"
+    assert paper_table.label({}, "runs/x") == "runs/x"
