@@ -127,6 +127,15 @@ def assert_greedy_equal(
     )
 
 
+def assert_bf16_weights(folder: Path) -> None:
+    """A shipped model's base and heads are stored in bf16, the form that fits the package's budget."""
+    from safetensors import safe_open
+
+    for weights in ("model.safetensors", "heads.safetensors"):
+        with safe_open(folder / weights, "pt") as f:
+            assert {f.get_slice(name).get_dtype() for name in f.keys()} == {"BF16"}, weights
+
+
 def perturb_heads(lm: torch.nn.Module, seed: int = 0, std: float = 0.5) -> torch.nn.Module:
     """Give the heads random weights, as if trained (badly): zero-init heads only ever propose the base
     model's next token repeated, random ones propose arbitrary tokens, which exactness must survive."""

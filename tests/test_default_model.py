@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors import safe_open
 from transformers import AutoTokenizer, LlamaForCausalLM
 
 from blockdecode import DEFAULT_DRAFT_MODEL, DEFAULT_MODEL, BlockwiseLM, demo
+from blockdecode.bench.suite import default_prompts
 from blockdecode.cli import main
 from blockdecode.corpus import read_text, stdlib_files
-from tests.conftest import NO_EOS, assert_greedy_equal, hf_greedy
+from tests.conftest import NO_EOS, assert_bf16_weights, assert_greedy_equal, hf_greedy
 
 SHIPPED = Path(DEFAULT_MODEL)
 
@@ -33,9 +33,7 @@ def tokenizer():
 def test_shipped_model_is_a_small_bf16_llama_within_budget() -> None:
     size = sum(p.stat().st_size for p in SHIPPED.iterdir())
     assert size <= 40 * 2**20, f"the built-in model takes {size / 2**20:.1f} MiB, over its 40 MiB budget"
-    for weights in ("model.safetensors", "heads.safetensors"):
-        with safe_open(SHIPPED / weights, "pt") as f:
-            assert {f.get_slice(name).get_dtype() for name in f.keys()} == {"BF16"}, weights
+    assert_bf16_weights(SHIPPED)
     lm = shipped()
     assert isinstance(lm.base, LlamaForCausalLM)
     assert sum(p.numel() for p in lm.base.parameters()) <= 20_000_000
@@ -50,8 +48,7 @@ def test_tokenizer_round_trips_stdlib_code() -> None:
 
 
 def prompts(n: int) -> list[torch.LongTensor]:
-    texts = json.loads((SHIPPED / "prompts.json").read_text())
-    return [tokenizer()(t, return_tensors="pt").input_ids for t in texts[:n]]
+    return [tokenizer()(t, return_tensors="pt").input_ids for t in default_prompts(SHIPPED, n)]
 
 
 def test_shipped_heads_decode_held_out_code_exactly() -> None:

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors import safe_open
 from transformers import AutoTokenizer, MarianMTModel
 
 from blockdecode import DEFAULT_DRAFT_MODEL, DEFAULT_MODEL, DEFAULT_TRANSLATION_MODEL, BlockwiseLM, demo
-from tests.conftest import assert_greedy_equal, hf_greedy
+from blockdecode.bench.suite import default_prompts
+from tests.conftest import assert_bf16_weights, assert_greedy_equal, hf_greedy
 
 SHIPPED = Path(DEFAULT_TRANSLATION_MODEL)
 
@@ -33,9 +33,7 @@ def folder_size(folder: str | Path) -> int:
 
 
 def test_shipped_translation_model_is_a_small_bf16_marian_and_the_package_within_100_mib() -> None:
-    for weights in ("model.safetensors", "heads.safetensors"):
-        with safe_open(SHIPPED / weights, "pt") as f:
-            assert {f.get_slice(name).get_dtype() for name in f.keys()} == {"BF16"}, weights
+    assert_bf16_weights(SHIPPED)
     lm = shipped()
     assert isinstance(lm.base, MarianMTModel) and lm.k >= 8
     assert sum(p.numel() for p in lm.base.parameters()) <= 20_000_000
@@ -52,8 +50,7 @@ def test_shipped_translation_record_says_how_its_heads_were_trained_and_what_the
 
 
 def sources(n: int) -> list[torch.LongTensor]:
-    texts = json.loads((SHIPPED / "prompts.json").read_text())
-    return [tokenizer()(t, return_tensors="pt").input_ids for t in texts[:n]]
+    return [tokenizer()(t, return_tensors="pt").input_ids for t in default_prompts(SHIPPED, n)]
 
 
 def test_shipped_translation_heads_translate_held_out_verses_exactly() -> None:
