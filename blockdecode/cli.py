@@ -12,6 +12,8 @@ from pathlib import Path
 import torch
 
 from blockdecode.builtin import DEFAULT_MODEL
+from blockdecode.corpus import CORPUS_PACKAGES
+from blockdecode.hardware import MIXED_PRECISIONS
 from blockdecode.heads import HEAD_TYPES
 from blockdecode.hf import DTYPES, is_seq2seq
 
@@ -130,7 +132,7 @@ def add_train_parser(sub) -> None:
     p.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every)
     p.add_argument("--resume", action="store_true", help="continue from the checkpoint in --out")
     p.add_argument("--seed", type=int, default=d.seed)
-    p.add_argument("--mixed-precision", choices=("no", "bf16", "fp16"), default=d.mixed_precision)
+    p.add_argument("--mixed-precision", choices=MIXED_PRECISIONS, default=d.mixed_precision)
     p.add_argument(
         "--distill-prompts", type=int, default=d.distill_prompts, help="prompts (or source sentences) distilled"
     )
@@ -147,7 +149,7 @@ def add_train_parser(sub) -> None:
 def cmd_pretrain(args: argparse.Namespace) -> None:
     from blockdecode.pretrain import CorpusConfig, PretrainConfig, prepare_corpus, pretrain
 
-    prepare_corpus(CorpusConfig(out=args.corpus, root=args.root, vocab_size=args.vocab_size, max_files=args.max_files))
+    prepare_corpus(config_from(CorpusConfig, argparse.Namespace(**{**vars(args), "out": args.corpus})))
     cfg = config_from(PretrainConfig, args)
     pretrain(cfg)
     print(f"saved the base model and its tokenizer to {Path(cfg.out) / 'model'}", file=sys.stderr)
@@ -166,11 +168,15 @@ def add_pretrain_parser(sub) -> None:
     p.add_argument("--corpus", required=True, help="folder for tokenizer.json and {train,heldout}.npy (reused)")
     p.add_argument("--out", required=True, help="checkpoints, metrics.jsonl, pretrain.png and model/ go here")
     p.add_argument("--root", default=None, help="a folder of .py files instead of the standard library")
+    p.add_argument(
+        "--packages", nargs="*", default=list(CORPUS_PACKAGES), help="installed packages whose source joins the corpus"
+    )
     p.add_argument("--vocab-size", type=int, default=8192)
     p.add_argument("--max-files", type=int, default=None, help="use only the first N files (quick trials)")
     ints = ("hidden_size", "layers", "heads", "kv_heads", "intermediate_size", "context", "steps", "batch_size")
     ints += ("seq_len", "warmup_steps", "eval_every", "eval_batches", "checkpoint_every", "seed")
     add_run_arguments(p, d, ints, ("lr", "min_lr", "weight_decay"))
+    p.add_argument("--no-compile", dest="compile", action="store_false", help="train without torch.compile")
     p.set_defaults(func=cmd_pretrain)
 
 
@@ -180,7 +186,7 @@ def add_run_arguments(p, defaults, ints: tuple[str, ...], floats: tuple[str, ...
     for names, kind in ((ints, int), (floats, float)):
         for name in names:
             p.add_argument(f"--{name.replace('_', '-')}", type=kind, default=getattr(defaults, name))
-    p.add_argument("--mixed-precision", choices=("no", "bf16", "fp16"), default=defaults.mixed_precision)
+    p.add_argument("--mixed-precision", choices=MIXED_PRECISIONS, default=defaults.mixed_precision)
     p.add_argument("--resume", action="store_true", help="continue from the checkpoint in --out")
 
 

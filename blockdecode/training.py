@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 from accelerate import Accelerator
 
+from blockdecode.hardware import MIXED_PRECISIONS, native_bf16
 from blockdecode.io import append_jsonl, read_jsonl, write_text
 
 PRECISIONS = {"no": None, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -104,8 +105,10 @@ class Precision:
     """Autocast for the forward, and for fp16 a gradient scaler around backward and step."""
 
     def __init__(self, mode: str, device: torch.device):
-        if mode not in PRECISIONS:
-            raise ValueError(f"unknown mixed precision {mode!r}: choose one of {', '.join(PRECISIONS)}")
+        if mode not in MIXED_PRECISIONS:
+            raise ValueError(f"unknown mixed precision {mode!r}: choose one of {', '.join(MIXED_PRECISIONS)}")
+        if mode == "auto":  # bf16 autocast only where the device computes bf16 natively
+            mode = "bf16" if native_bf16(device) else "no"
         self.mode, self.device = mode, device
         self.scaler = torch.amp.GradScaler(device.type, enabled=mode == "fp16")
 
