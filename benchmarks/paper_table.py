@@ -102,7 +102,8 @@ def measure(
         prompts = [p.to(device) for p in prompts]
         by_k = row["sets"].setdefault(name, {})
         for k in tqdm([k for k in ks if k <= model.k], desc=f"{run.name} / {name}", leave=False):
-            outs, stats = decode_prompts(model.base, prompts, new_tokens, model.drafter(), k, eos_token_id=[])
+            plan = model.plan("heads", k, tree=None, eos_token_id=[])
+            outs, stats = decode_prompts(model.base, prompts, new_tokens, plan)
             per_prompt = [o.stats.mean_block_size for o in outs]
             blocks = stats.block_sizes  # tokens gained per call after the prefill
             entry = {

@@ -58,7 +58,8 @@ def main() -> None:
     for power in tqdm(POWERS, desc="rescoring power"):
         drafter = lm.drafter(rescore=power)
         for k, tree in settings:
-            outs, stats = decode_prompts(lm.base, prompts, args.new_tokens, drafter, k, eos_token_id=[], tree=tree)
+            plan = lm.plan(drafter, k, tree=tree, eos_token_id=[])
+            outs, stats = decode_prompts(lm.base, prompts, args.new_tokens, plan)
             sequences = [o.sequences[0].tolist() for o in outs]
             same = reference.setdefault((k, tree), sequences) == sequences
             rows.append({"power": power, "k": k, "tree": tree, "tokens_per_call": stats.mean_block_size,

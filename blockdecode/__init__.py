@@ -1,18 +1,21 @@
 """blockdecode: exact Blockwise Parallel Decoding (Stern, Shazeer & Uszkoreit, 2018) for transformers models."""
 
 from blockdecode.builtin import DEFAULT_DRAFT_MODEL, DEFAULT_MODEL, DEFAULT_TRANSLATION_MODEL
-from blockdecode.decode import BlockwiseOutput, DecodeStats, blockwise_generate
-from blockdecode.drafters import Drafter, HeadsDrafter, NgramDrafter, ScriptedDrafter
+from blockdecode.decode import BlockwiseOutput, DecodeStats, blockwise_generate, decode
+from blockdecode.drafters import BaseDrafter, Drafter, HeadsDrafter, NgramDrafter, ScriptedDrafter
 from blockdecode.heads import HeadsConfig
 from blockdecode.model import BlockwiseLM, CheckpointError, load
+from blockdecode.plan import DecodePlan, make_plan
 
 __all__ = [
+    "BaseDrafter",
     "DEFAULT_DRAFT_MODEL",
     "DEFAULT_MODEL",
     "DEFAULT_TRANSLATION_MODEL",
     "BlockwiseLM",
     "BlockwiseOutput",
     "CheckpointError",
+    "DecodePlan",
     "DecodeStats",
     "Drafter",
     "HeadsConfig",
@@ -20,5 +23,7 @@ __all__ = [
     "NgramDrafter",
     "ScriptedDrafter",
     "blockwise_generate",
+    "decode",
     "load",
+    "make_plan",
 ]

@@ -17,12 +17,14 @@ self-attention cache only (see docs/design.md)."""
 from __future__ import annotations
 
 import inspect
+import numbers
+import weakref
 from collections.abc import Sequence
 
 import torch
 from transformers import PreTrainedModel
 
-from blockdecode.hf import cache_argument, decoder_output, is_seq2seq, make_cache
+from blockdecode.hf import cache_argument, context_length, decoder_output, is_seq2seq, make_cache, vocab_size
 
 
 class CausalAdapter:
@@ -40,6 +42,7 @@ class CausalAdapter:
         self.cache_arg = cache_argument(model)
         self.length = 0  # positions in the cache
         self.calls = 0  # forward passes, prefill included
+        self.encoder_calls = 0
 
     def prefill(self, prompt: torch.LongTensor) -> tuple[torch.Tensor, torch.Tensor]:
         """prompt [B, T] -> logits [B, 1, V] and decoder output [B, 1, D] at its last position."""
@@ -139,6 +142,7 @@ class Seq2seqAdapter(CausalAdapter):
         """prompt [B, T]: the decoder's first tokens (its start token); the encoder runs first."""
         with torch.inference_mode():
             self.encoded = self.model.get_encoder()(input_ids=self.source, attention_mask=torch.ones_like(self.source))
+        self.encoder_calls += 1
         return super().prefill(prompt)
 
     def _run(self, ids: torch.LongTensor, attention_mask=None, position_ids=None, logits_to_keep=0, **kwargs):
@@ -167,6 +171,115 @@ class Seq2seqAdapter(CausalAdapter):
         if logits_to_keep:  # seq2seq heads score every position; keep what a causal LM would
             out.logits = out.logits[:, -logits_to_keep:]
         return out
+
+
+def check_prompt(model: PreTrainedModel, input_ids: torch.Tensor, max_new_tokens: int) -> torch.LongTensor:
+    """A [1, T] LongTensor on the model's device that the model can extend by max_new_tokens (for an
+    encoder-decoder: a source it can encode, with room for max_new_tokens in its decoder), or a
+    clear error."""
+    if not isinstance(input_ids, torch.Tensor):
+        raise TypeError(f"input_ids must be a torch.LongTensor, got {type(input_ids).__name__}")
+    if input_ids.dim() == 1:
+        input_ids = input_ids.unsqueeze(0)
+    if input_ids.dim() != 2:
+        raise ValueError(f"input_ids must have shape [1, T], got {tuple(input_ids.shape)}")
+    if input_ids.shape[0] != 1:
+        raise ValueError(
+            f"input_ids has {input_ids.shape[0]} rows; blockwise decoding takes one sequence at a time for now"
+        )
+    seq2seq = is_seq2seq(model)
+    what = "source" if seq2seq else "prompt"
+    if input_ids.shape[1] == 0:
+        raise ValueError(f"the {what} is empty: give at least one token")
+    if input_ids.dtype not in (torch.int64, torch.int32):
+        raise TypeError(f"input_ids must hold integer token ids, got dtype {input_ids.dtype}")
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, numbers.Integral) or max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
+    vocab = model.get_input_embeddings().num_embeddings if seq2seq else vocab_size(model)
+    if int(input_ids.min()) < 0 or int(input_ids.max()) >= vocab:
+        raise ValueError(f"the {what} holds token ids outside the model's vocabulary [0, {vocab})")
+    limit = context_length(model)
+    if seq2seq:
+        if limit is not None and input_ids.shape[1] > limit:
+            raise ValueError(f"the source ({input_ids.shape[1]} tokens) exceeds the encoder's {limit} positions")
+        if limit is not None and 1 + max_new_tokens > limit:
+            raise ValueError(
+                f"max_new_tokens ({max_new_tokens}) + the start token exceeds the decoder's {limit} positions"
+            )
+    elif limit is not None and input_ids.shape[1] + max_new_tokens > limit:
+        raise ValueError(
+            f"prompt ({input_ids.shape[1]} tokens) + max_new_tokens ({max_new_tokens}) exceeds the model's "
+            f"context of {limit} positions"
+        )
+    return input_ids.long().to(model.device)
+
+
+def decoder_prompt(
+    model: PreTrainedModel, prompt: torch.LongTensor
+) -> tuple[torch.LongTensor | None, torch.LongTensor]:
+    """(source, the sequence the decoder extends): (None, the prompt) for a causal LM; for an
+    encoder-decoder (the prompt, its decoder start token), as `generate` starts: decoder_start_token_id,
+    else BOS."""
+    if not is_seq2seq(model):
+        return None, prompt
+    cfg = model.generation_config
+    start = cfg.decoder_start_token_id if cfg.decoder_start_token_id is not None else cfg.bos_token_id
+    if isinstance(start, list | tuple):
+        start = start[0] if len(start) == 1 else None
+    if start is None:
+        raise ValueError(
+            f"{type(model).__name__} names neither a decoder_start_token_id nor a bos_token_id in its generation config"
+        )
+    return prompt, prompt.new_tensor([[int(start)]])
+
+
+def open_decoder(
+    model: PreTrainedModel, prompt: torch.LongTensor, cache_implementation: str = "dynamic", room: int = 0
+) -> tuple[CausalAdapter, torch.LongTensor]:
+    """The adapter that decodes from `prompt` (an encoder-decoder's source), with cache room for `room`
+    positions past the decoder's start; and that start, the sequence the decoder extends."""
+    source, start = decoder_prompt(model, prompt)
+    return adapter_for(model, source, cache_implementation, start.shape[1] + room), start
+
+
+@torch.inference_mode()
+def sequence_logits(model: PreTrainedModel, ids: torch.LongTensor, source: torch.LongTensor | None = None):
+    """Logits [B, T, V] of every position of `ids` in one teacher-forced pass: a causal LM's tokens,
+    or an encoder-decoder's decoder tokens given its `source`."""
+    if is_seq2seq(model):
+        return model(input_ids=source, decoder_input_ids=ids).logits
+    return model(input_ids=ids).logits
+
+
+_TREE_MASK_CHECKED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {attention: ok}
+
+
+@torch.inference_mode()
+def takes_tree_masks(model: PreTrainedModel) -> bool:
+    """Whether the model applies a custom 4D attention mask as given, found from its logits once
+    per model and attention implementation: two sibling candidates scored together must each
+    score as they do alone. ALiBi models, and any that drop or rebuild the mask, fail it."""
+    checked = _TREE_MASK_CHECKED.setdefault(model, {})
+    key = str(getattr(model.config, "_attn_implementation", ""))
+    if key not in checked:
+        vocab = vocab_size(model)
+        prompt = torch.tensor([[1 % vocab, 2 % vocab, 3 % vocab]], device=model.device)
+        siblings = torch.tensor([[4 % vocab, 5 % vocab, 6 % vocab]], device=model.device)
+        source = prompt if is_seq2seq(model) else None
+        try:
+            together = adapter_for(model, source, "dynamic", 8)
+            together.prefill(prompt)
+            mask = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool)
+            logits, _ = together.score(siblings, positions=torch.tensor([3, 4, 4], device=model.device), mask=mask)
+            alone = adapter_for(model, source, "dynamic", 8)
+            alone.prefill(prompt)
+            reference, _ = alone.score(siblings[:, [0, 2]])
+            scale = reference.float().abs().max().clamp(min=1.0)
+            ok = bool(((logits[0, 2].float() - reference[0, 1].float()).abs().max() / scale) < 1e-2)
+        except Exception:  # a model that cannot take the mask or the positions at all says so by failing
+            ok = False
+        checked[key] = ok
+    return checked[key]
 
 
 def adapter_for(

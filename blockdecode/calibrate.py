@@ -1,54 +1,62 @@
-"""`tree="auto"`: the tree budget that decodes fastest for this model, dtype, machine and drafter,
-found by measurement once and cached.
+"""`drafter="auto"` and `tree="auto"`: the drafters and tree budget that decode fastest for this model,
+dtype and machine, predicted in about a second rather than searched by decoding.
 
-A budget of B nodes pays what a call gains over what a call costs. One decode with the largest
-tree measures both: every call's accepted path, as node indices in insertion order (drafters add
-their candidates best first, so a tree of B nodes is the first B nodes of the largest one, and the
-part of the path within B is what B would have gained), and every call's wall time, of which the
-forward's share follows t(q), the cost curve of one forward of q tokens, measured at the prompt's
-context. That predicts tokens/s for every budget 1..64 from one decode. The best predicted budget
-and the plain chain, which the tree's statistics cannot predict, are then decoded in interleaved
-rounds and the faster is kept.
+A setting's speed is what a call gains over what a call costs.
 
-The result is stored in the user's cache directory under a key naming the model's weights, dtype,
-device, threads and CPU capability, drafter and k: a model or setting it was not measured for is
-recalibrated, never served another's choice."""
+- What a call gains depends on the model and its heads, not on the machine: the accepted paths of
+  decodes with the largest tree (drafters add their candidates best first, so a tree of B nodes is the
+  first B nodes of the largest, and the part of a path within B is what B would have gained) and the
+  blocks of the plain chain. These *acceptance statistics* come from decoding the model's own prompts
+  (`prompts.json` beside a built-in model, else the prompts given). A built-in model ships them
+  (`calibration.json`, written by `record_statistics`); for any other they are measured once and
+  cached.
+- What a call costs depends on the machine: t(q), one forward of q tokens over a cached context, and
+  each setting's own time per call outside the forward (its drafters, the tree, the bookkeeping),
+  timed on one short decode.
+
+The fastest prediction is kept in the user's cache under a key naming the model's weights, dtype,
+device, threads, CPU, drafters and k, so another model or setting is measured anew, never served
+another's choice. The cache is read once per process and holds at most `CACHE_ENTRIES` choices, the
+oldest dropped."""
 
 from __future__ import annotations
 
 import json
 import os
 import statistics
+import sys
 import time
 import weakref
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
-from tqdm.auto import tqdm
 
-from blockdecode.decode import takes_tree_masks
-from blockdecode.hf import context_length, dtype_name, weights_digest
+from blockdecode.adapter import takes_tree_masks
+from blockdecode.decode import decode
+from blockdecode.drafters import CHOICES, drafter_names
+from blockdecode.hf import context_length, dtype_name, same_weights, weights_digest, weights_signature
 from blockdecode.io import write_json
 from blockdecode.timing import forward_cost
 
-LARGEST = 64  # the largest tree tried, and the one decoded to predict every smaller one
-NEW_TOKENS = 48  # decoded per prompt and setting
+LARGEST = 64  # the largest tree, decoded to predict every smaller one
+STAT_TOKENS = 48  # decoded per prompt for the acceptance statistics
+STAT_PROMPTS = 4
+COST_TOKENS = 24  # decoded to time a setting's own cost per call
 COST_POINTS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 65)  # t(q) is measured here and interpolated between
-
-
-SOURCES = ("heads", "ngram", "heads+ngram")  # what drafter="auto" chooses from
+CACHE_ENTRIES = 256
+STATISTICS = "calibration.json"  # beside a saved model: its acceptance statistics
 
 
 @dataclass
 class Calibration:
     key: str
-    drafter: str  # the drafters asked for, or for "auto" the fastest of SOURCES
+    drafter: str  # the drafters asked for, or for "auto" the fastest of CHOICES
     budget: int  # 0: the chain is fastest
-    predicted: dict[str, dict[str, float]]  # per drafter: tokens/s of each tree budget 1..LARGEST
-    measured: dict[str, float]  # "drafter:budget" -> tokens/s decoded (budget 0: the chain)
-    prompts: int
-    new_tokens: int
+    predicted: dict[str, dict[str, float]]  # per drafter: tokens/s of the chain ("0") and each budget
+    seconds: float = 0.0  # what choosing took
+    statistics: str = "measured"  # "shipped" when they came with the model
 
     @property
     def tree(self) -> int | None:
@@ -60,13 +68,37 @@ def cache_file() -> Path:
     return Path(root) / "blockdecode" / "calibration.json"
 
 
+_CACHE: dict[str, dict] = {}  # cache file -> its entries, read once per process
+
+
+def _entries() -> dict:
+    path = str(cache_file())
+    if path not in _CACHE:
+        try:
+            stored = json.loads(Path(path).read_text()) if Path(path).is_file() else {}
+        except (OSError, json.JSONDecodeError):
+            stored = {}  # a damaged cache is measured again, never trusted
+        _CACHE[path] = stored if isinstance(stored, dict) else {}
+    return _CACHE[path]
+
+
+def _store(key: str, entry: dict) -> None:
+    entries = _entries()
+    entries.pop(key, None)
+    entries[key] = {**entry, "stored": time.time()}
+    for old in sorted(entries, key=lambda k: entries[k].get("stored", 0) if isinstance(entries[k], dict) else 0)[
+        : max(0, len(entries) - CACHE_ENTRIES)
+    ]:
+        del entries[old]
+    write_json(cache_file(), entries)
+
+
 _FINGERPRINTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> (versions, hash)
 
 
 def fingerprint(model: torch.nn.Module) -> str:
     """A short exact hash of a model's weights; computed again only when a weight has changed in
-    place since (tensor version counters), so `generate(tree="auto")` does not read every weight
-    on every call."""
+    place since (tensor version counters), so `generate` does not read every weight each call."""
     versions = tuple(p._version for p in model.parameters())
     known = _FINGERPRINTS.get(model)
     if known is None or known[0] != versions:
@@ -76,180 +108,156 @@ def fingerprint(model: torch.nn.Module) -> str:
 
 def calibration_key(lm, drafter: str, k: int) -> str:
     device = next(lm.parameters()).device
-    return "|".join(
-        [
-            fingerprint(lm),
-            dtype_name(lm.base.dtype),
-            str(device),
-            f"{torch.get_num_threads()} threads",
-            torch.backends.cpu.get_cpu_capability() if device.type == "cpu" else torch.cuda.get_device_name(device),
-            drafter if drafter != "auto" else "auto:" + ",".join(SOURCES),  # a new source is measured anew
-            f"k={k}",
-        ]
-    )
+    machine = torch.backends.cpu.get_cpu_capability() if device.type == "cpu" else torch.cuda.get_device_name(device)
+    chosen_among = "auto:" + ",".join(CHOICES) if drafter == "auto" else drafter  # a new source is measured anew
+    parts = [fingerprint(lm), dtype_name(lm.base.dtype), str(device), f"{torch.get_num_threads()} threads"]
+    return "|".join([*parts, machine, chosen_among, f"k={k}"])
 
 
-def predict(
-    paths: list[list[int]], verified: list[int], call_seconds: list[float], t: dict[int, float]
-) -> dict[int, float]:
-    """Tokens/s of each budget 1..LARGEST from calls decoded with the largest tree: each call's
-    accepted node indices (`paths`), tokens scored (`verified`) and wall seconds, and t(q). A
-    budget B gains 1 + the path's nodes within B, and costs the loop's own time (what the calls
-    took beyond t(verified)) plus t(min(verified, B + 1))."""
+def t_at(t: dict[int, float], q: int) -> float:
+    """t(q), linear between the measured points, flat past the last."""
     points = sorted(t)
+    upper = next((p for p in points if p >= q), points[-1])
+    lower = max((p for p in points if p <= q), default=points[0])
+    if upper == lower:
+        return t[upper]
+    return t[lower] + (t[upper] - t[lower]) * (q - lower) / (upper - lower)
 
-    def t_at(q: int) -> float:  # linear between measured points, flat past the last
-        upper = next((p for p in points if p >= q), points[-1])
-        lower = max((p for p in points if p <= q), default=points[0])
-        if upper == lower:
-            return t[upper]
-        return t[lower] + (t[upper] - t[lower]) * (q - lower) / (upper - lower)
 
-    loop = max(0.0, statistics.mean(call_seconds) - statistics.mean(map(t_at, verified)))
-    speeds = {}
-    for budget in range(1, LARGEST + 1):
-        gained = statistics.mean(1 + sum(node <= budget for node in path) for path in paths)
-        cost = loop + statistics.mean(t_at(min(q, budget + 1)) for q in verified)
-        speeds[budget] = gained / cost
+def predict(stats: dict, t: dict[int, float], loop_tree: float, loop_chain: float) -> dict[int, float]:
+    """Tokens/s of the chain (budget 0) and of every tree budget 1..LARGEST, from the acceptance
+    statistics of one drafter setting, t(q), and the seconds a call spends outside its forward with a
+    tree and with the chain. Budget B gains 1 + the accepted path's nodes within B and costs
+    t(min(verified, B + 1)) plus the tree's loop time."""
+    chain, tree, speeds = stats["chain"], stats["tree"], {}
+    if chain["gained"]:
+        cost = loop_chain + statistics.mean(t_at(t, q) for q in chain["verified"])
+        speeds[0] = statistics.mean(chain["gained"]) / cost
+    if tree["paths"]:
+        for budget in range(1, LARGEST + 1):
+            gained = statistics.mean(1 + sum(node <= budget for node in path) for path in tree["paths"])
+            cost = loop_tree + statistics.mean(t_at(t, min(q, budget + 1)) for q in tree["verified"])
+            speeds[budget] = gained / cost
     return speeds
 
 
-def predict_budgets(
-    lm,
-    prompts: list[torch.LongTensor],
-    drafter,
-    k: int,
-    cost: dict[int, float],
-    new_tokens: int = NEW_TOKENS,
-    warm_up: bool = True,
-) -> dict[int, float]:
-    """Predicted tokens/s of every tree budget, from one decode of each prompt with the largest
-    and the cost curve t(q) (`cost`)."""
-    settings = dict(eos_token_id=[], drafter=drafter, k=k, tree=LARGEST)
-    if warm_up:
-        lm.generate(prompts[0], new_tokens, **settings)
-    paths, verified, call_seconds = [], [], []
-    for ids in prompts:
-        stamps: list[float] = []
-        out = lm.generate(ids, new_tokens, on_block=lambda _, s=stamps: s.append(time.perf_counter()), **settings)
-        paths += out.stats.accepted_nodes[1:]  # call i's time lies between blocks i-1 and i
-        verified += out.stats.verified[1:]
-        call_seconds += [b - a for a, b in zip(stamps, stamps[1:])]
-    if not paths:
-        raise ValueError("calibration needs prompts and new tokens that leave room for two calls")
-    return predict(paths, verified, call_seconds, cost)
+def shared(spec) -> bool:
+    """Whether `spec` names several drafters, which share a tree and have no chain."""
+    if isinstance(spec, str):
+        return len(drafter_names(spec)) > 1
+    return isinstance(spec, Sequence) and len(spec) > 1
 
 
-def measure_settings(
-    lm,
-    prompts: list[torch.LongTensor],
-    settings: dict[str, tuple],
-    k: int,
-    new_tokens: int = NEW_TOKENS,
-    rounds: int = 2,
-) -> dict[str, float]:
-    """Tokens per second of each named (drafters, budget) setting on these prompts (budget 0:
-    the chain), medians over interleaved rounds after a warm-up."""
+def acceptance_statistics(lm, prompts: list[torch.LongTensor], spec, k: int, trees: bool) -> dict:
+    """Per call, what the largest tree accepted (node indices) and verified, and what the chain gained
+    and verified, over `prompts`: the machine-independent half of a prediction."""
+    stats = {"tree": {"paths": [], "verified": []}, "chain": {"gained": [], "verified": []}}
+    settings = [("tree", LARGEST)] if trees else []
+    if not shared(spec):
+        settings.append(("chain", None))
+    for mode, tree in settings:
+        plan = lm.plan(spec, k, tree=tree, eos_token_id=[])
+        for ids in prompts:
+            s = decode(lm.base, ids, STAT_TOKENS, plan).stats
+            stats[mode]["verified"] += s.verified
+            if mode == "tree":
+                stats[mode]["paths"] += s.accepted_nodes
+            else:
+                stats[mode]["gained"] += s.block_sizes
+    return stats
 
-    def run(label: str, ids: torch.LongTensor):
-        drafter, budget = settings[label]
-        return lm.generate(ids, new_tokens, eos_token_id=[], drafter=drafter, k=k, tree=budget or None)
 
-    labels = list(settings)
-    for label in labels:
-        run(label, prompts[0])
-    speed: dict[str, list[float]] = {label: [] for label in labels}
-    for r in range(rounds):
-        for i, ids in enumerate(prompts):
-            shift = (r + i) % len(labels)
-            for label in labels[shift:] + labels[:shift]:
-                start = time.perf_counter()
-                out = run(label, ids)
-                speed[label].append(out.stats.new_tokens / (time.perf_counter() - start))
-    return {label: statistics.median(v) for label, v in speed.items()}
+def loop_seconds(lm, prompt: torch.LongTensor, spec, k: int, tree: int | None, t: dict[int, float]) -> float:
+    """Seconds a call spends outside its forward with this setting: one short decode, each call's wall
+    time less t(tokens it verified)."""
+    plan = lm.plan(spec, k, tree=tree, eos_token_id=[])
+    decode(lm.base, prompt, 4, plan)  # warm-up
+    stamps: list[float] = []
+    out = decode(lm.base, prompt, COST_TOKENS, plan, on_block=lambda _: stamps.append(time.perf_counter()))
+    calls = [b - a for a, b in zip(stamps, stamps[1:])]  # call i's time lies between blocks i-1 and i
+    if not calls:
+        return 0.0
+    return max(0.0, statistics.mean(calls) - statistics.mean(t_at(t, q) for q in out.stats.verified))
+
+
+def shipped_statistics(lm, k: int) -> dict | None:
+    """The acceptance statistics saved beside the model's weights, if they are for these weights and k."""
+    folder = lm.base_location
+    path = Path(folder) / STATISTICS if folder and Path(folder).is_dir() else None
+    if path is None or not path.is_file():
+        return None
+    try:
+        saved = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    if saved.get("k") != k or not same_weights(saved.get("signature", []), weights_signature(lm)):
+        return None
+    return saved.get("sources")
+
+
+def record_statistics(lm, prompts: list[torch.LongTensor], folder: str | Path) -> dict:
+    """Measure the acceptance statistics of every drafter `auto` chooses among and save them beside
+    the model in `folder`, so that choosing on any machine needs only the machine's costs."""
+    trees = takes_tree_masks(lm.base)
+    sources = {name: acceptance_statistics(lm, prompts, name, lm.k, trees) for name in CHOICES}
+    saved = {"k": lm.k, "signature": weights_signature(lm), "prompts": len(prompts), "new_tokens": STAT_TOKENS}
+    write_json(Path(folder) / STATISTICS, {**saved, "sources": sources})
+    return sources
 
 
 def calibrate(
-    lm,
-    prompts: list[torch.LongTensor],
-    drafter: str = "auto",
-    k: int | None = None,
-    refresh: bool = False,
-    drafters=None,
-    show: bool = True,
+    lm, prompts: list[torch.LongTensor], drafter="auto", k: int | None = None, refresh: bool = False, show: bool = True
 ) -> Calibration:
-    """The fastest budget for `lm` here (and for drafter="auto" the fastest drafters of SOURCES),
-    from the cache when it was measured for exactly this model and setting, else measured now
-    and stored. `drafter` names the drafters in the key; `drafters` (default: the name itself)
-    are what is measured. A few seconds on a small model, shown with a progress bar."""
+    """The fastest setting for `lm` here (and for drafter="auto" the fastest drafters of CHOICES),
+    from the cache when it was chosen for exactly this model and setting, else predicted now and
+    stored. `drafter` is a name or a drafter object. One line on stderr says when it measures."""
     k = k or lm.k
-    key = calibration_key(lm, drafter, k)
-    path = cache_file()
-    try:
-        stored = json.loads(path.read_text()) if path.is_file() else {}
-    except (OSError, json.JSONDecodeError):
-        stored = {}  # a damaged cache is measured again, never trusted
-    entry = stored.get(key)
+    name = drafter if isinstance(drafter, str) else "+".join(d.name for d in lm.plan(drafter, k, tree=1).drafters)
+    key = calibration_key(lm, name, k)
+    entry = _entries().get(key)
     if not refresh and isinstance(entry, dict) and entry.get("key") == key:
         try:
-            return Calibration(**entry)
+            return Calibration(**{f: entry[f] for f in Calibration.__dataclass_fields__ if f in entry})
         except TypeError:
             pass  # written by another version: measured again
     if not prompts:
         raise ValueError("calibration needs at least one prompt")
     limit = context_length(lm.base)
-    room = limit - NEW_TOKENS - LARGEST - 1 if limit is not None else None
+    room = limit - STAT_TOKENS - LARGEST - 1 if limit is not None else None
     if room is not None and room < 1:  # too short a context to measure in: the chain, unstored
-        return Calibration(key, "heads" if drafter == "auto" else drafter, 0, {}, {}, 0, 0)
-    prompts = [ids[:, -room:] if room else ids for ids in prompts[:2]]  # two; their newest tokens, as many as fit
-    names = SOURCES if drafter == "auto" else (drafter,)
-    specs = {name: drafters if drafters is not None and drafter != "auto" else name for name in names}
-    trees = takes_tree_masks(lm.base)  # else only the chains are measured
-    bar = tqdm(total=len(names) * trees + 1, desc="calibrating (once for this model and setting)", disable=not show)
+        return Calibration(key, "heads" if name == "auto" else name, 0, {})
+    began = time.perf_counter()
+    if show:
+        where = f"once; cached in {cache_file()}"
+        print(f"blockdecode: choosing drafters and tree for this model and machine ({where})", file=sys.stderr)
+    prompts = [ids[:, -room:] if room else ids for ids in prompts[:STAT_PROMPTS]]
+    device = next(lm.parameters()).device
+    prompts = [ids.to(device) for ids in prompts]
+    names = CHOICES if name == "auto" else (name,)
+    spec = {n: (n if isinstance(drafter, str) else drafter) for n in names}
+    trees = takes_tree_masks(lm.base)
+    if not trees:  # chains only: shared drafters fall back to the first one's chain
+        names = tuple(n for n in names if not shared(spec[n]))
+        if not names:
+            return Calibration(key, name, LARGEST, {})
+    shipped = shipped_statistics(lm, k) if isinstance(drafter, str) else None
+    stats = {n: shipped[n] for n in names} if shipped and all(n in shipped for n in names) else None
+    if stats is None:
+        stats = {n: acceptance_statistics(lm, prompts, spec[n], k, trees) for n in names}
+    t = forward_cost(lm.base, prompts[0], COST_POINTS, reps=3)
     predicted = {}
-    settings = {}
-    if trees:
-        cost = forward_cost(lm.base, prompts[0].to(next(lm.parameters()).device), COST_POINTS, reps=3)  # once for all
-        for name in names:  # the first decode warms the model up for all
-            predicted[name] = predict_budgets(lm, prompts, specs[name], k, cost=cost, warm_up=not predicted)
-            bar.update()
-        best = max(((n, b) for n in names for b in predicted[n]), key=lambda nb: predicted[nb[0]][nb[1]])
-        settings[f"{best[0]}:{best[1]}"] = (specs[best[0]], best[1])
-    for name in names:  # the chains, which no tree's statistics predict; shared drafters have none
-        if len(lm.drafters(specs[name])) == 1:
-            settings[f"{name}:0"] = (specs[name], 0)
-    if not settings:  # shared drafters on a model without trees: decoded as generate falls back, the first's chain
-        settings[f"{names[0]}:{LARGEST}"] = (specs[names[0]], LARGEST)
-    measured = measure_settings(lm, prompts, settings, k)
-    bar.update()
-    bar.close()
-    chosen, budget = max(measured, key=measured.get).rsplit(":", 1)
+    for n in names:
+        loop_tree = loop_seconds(lm, prompts[0], spec[n], k, LARGEST, t) if trees else 0.0
+        loop_chain = 0.0 if shared(spec[n]) else loop_seconds(lm, prompts[0], spec[n], k, None, t)
+        predicted[n] = predict(stats[n], t, loop_tree, loop_chain)
+    best = max(((n, b) for n in names for b in predicted[n]), key=lambda nb: predicted[nb[0]][nb[1]])
     result = Calibration(
         key,
-        chosen,
-        int(budget),
-        {name: {str(b): s for b, s in curve.items()} for name, curve in predicted.items()},
-        measured,
-        len(prompts),
-        NEW_TOKENS,
+        best[0],
+        best[1],
+        {n: {str(b): s for b, s in curve.items()} for n, curve in predicted.items()},
+        time.perf_counter() - began,
+        "shipped" if shipped else "measured",
     )
-    stored[key] = asdict(result)
-    write_json(path, stored)
+    _store(key, asdict(result))
     return result
-
-
-def resolve(lm, prompts: list[torch.LongTensor], drafter, tree: int | str | None, k: int | None, rule: str = "exact"):
-    """The drafters and tree budget a run uses. `tree="auto"` calibrates the budget, and for
-    drafter "auto" (or None) the drafters too; min-block acceptance forces a chain's first
-    proposals, so it gets the chain. Otherwise "auto" drafters are the heads. Named drafters come
-    back as a name, drafter objects as given."""
-    auto = drafter is None or drafter == "auto"
-    if tree == "auto" and rule == "min-block":
-        tree = None
-    if tree != "auto":
-        return ("heads" if auto else drafter), tree
-    if auto or isinstance(drafter, str):
-        found = calibrate(lm, prompts, "auto" if auto else drafter, k)
-        return found.drafter, found.tree
-    name = "+".join(type(d).__name__ for d in lm.drafters(drafter))
-    return drafter, calibrate(lm, prompts, name, k, drafters=drafter).tree

@@ -13,9 +13,10 @@ import torch
 
 from blockdecode.builtin import DEFAULT_MODEL
 from blockdecode.corpus import CORPUS_PACKAGES
+from blockdecode.drafters import CHOICES, DRAFTERS
 from blockdecode.hardware import MIXED_PRECISIONS
 from blockdecode.heads import HEAD_TYPES
-from blockdecode.hf import DTYPES, is_seq2seq
+from blockdecode.hf import DTYPE_CHOICES, dtype_for, dtype_name, is_seq2seq
 
 
 def read_value_map(path: str) -> list[float]:
@@ -33,8 +34,7 @@ def read_value_map(path: str) -> list[float]:
 
 def cmd_generate(args: argparse.Namespace) -> None:
     from blockdecode.acceptance import parse_acceptance
-    from blockdecode.calibrate import resolve
-    from blockdecode.decode import check_prompt
+    from blockdecode.adapter import check_prompt
     from blockdecode.model import has_heads, load
     from blockdecode.reference import first_divergence, greedy_generate
 
@@ -43,20 +43,20 @@ def cmd_generate(args: argparse.Namespace) -> None:
         raise ValueError(f"--value-map is for --acceptance distance:EPS, not {args.acceptance}")
     acceptance = parse_acceptance(args.acceptance, read_value_map(args.value_map) if args.value_map else None)
 
-    model, tokenizer = load(args.model, DTYPES[args.dtype], args.k, args.head_type)
+    dtype = dtype_for(args.dtype)
+    model, tokenizer = load(args.model, dtype, args.k, args.head_type)
     if not has_heads(args.model):
         print(f"note: {args.model} has no trained heads; using untrained {args.head_type} heads", file=sys.stderr)
-    ids = tokenizer(args.prompt, return_tensors="pt").input_ids
-    check_prompt(model.base, ids, args.max_new_tokens)  # before any calibration
-    drafter, tree = resolve(model, [ids], args.drafter, args.tree, args.k, acceptance.rule)
-    out = model.generate(ids, args.max_new_tokens, drafter=drafter, k=args.k, acceptance=acceptance, tree=tree)
+    ids = check_prompt(model.base, tokenizer(args.prompt, return_tensors="pt").input_ids, args.max_new_tokens)
+    prompts = model_prompts(args.model, tokenizer) or [ids]  # "auto" times on the model's own prompts
+    plan = model.plan(args.drafter, args.k, args.tree, acceptance, prompts=prompts)
+    out = model.generate(ids, args.max_new_tokens, plan=plan)
     seq2seq = is_seq2seq(model.base)  # the output is the decoder's: a translation, not a continuation
     print(tokenizer.decode(out.sequences[0], skip_special_tokens=seq2seq))
     s = out.stats
     print(
-        f"\nblockwise ({drafter}, k={args.k or model.k}, {'tree of ' + str(tree) if tree else 'chain'}, "
-        f"{args.dtype}): {s.new_tokens} tokens, {s.calls} calls, "
-        f"mean accepted block {s.mean_block_size:.2f}, {s.tokens_per_second:.1f} tokens/s",
+        f"\nblockwise ({plan.drafter_name}, k={plan.k}, {plan.setting}, {dtype_name(dtype)}): {s.new_tokens} tokens, "
+        f"{s.calls} calls, mean accepted block {s.mean_block_size:.2f}, {s.tokens_per_second:.1f} tokens/s",
         file=sys.stderr,
     )
     if not s.exact:
@@ -72,10 +72,17 @@ def cmd_generate(args: argparse.Namespace) -> None:
         if diverged is None:
             verdict = "yes"
         elif diverged.near_tie(model.base.dtype):
-            verdict = f"no, a near tie within {args.dtype} rounding ({diverged}{note})"
+            verdict = f"no, a near tie within {dtype_name(dtype)} rounding ({diverged}{note})"
         else:
             verdict = f"NO ({diverged}{note})"
         print(f"identical: {verdict}", file=sys.stderr)
+
+
+def model_prompts(model_dir: str, tokenizer, n: int = 4) -> list:
+    """The held-out prompts shipped beside a model (prompts.json), as token ids; none if it has none."""
+    path = Path(model_dir) / "prompts.json"
+    texts = json.loads(path.read_text())[:n] if path.is_file() else []
+    return [tokenizer(t, return_tensors="pt").input_ids for t in texts]
 
 
 def cmd_train(args: argparse.Namespace) -> None:
@@ -293,7 +300,7 @@ def add_bench_parser(sub) -> None:
     p.add_argument("--draft", default=None, help="draft model for assisted generation (default: built-in draft)")
     p.add_argument("--prompts", default=None, help="JSON list of prompt texts (default: held-out code)")
     p.add_argument("--k", default=None, help="block sizes, comma-separated (default 2,4,6,8,10; --quick 2,4,8)")
-    p.add_argument("--dtype", choices=tuple(DTYPES), default=None, help="default bf16 (core: fp32)")
+    p.add_argument("--dtype", choices=DTYPE_CHOICES, default=None, help="default auto (core: fp32)")
     p.add_argument("--out", default=None, help="results folder (default benchmarks/results/bench, bench_quick or core)")
     p.add_argument("--new-tokens", type=positive_int, default=None)
     p.add_argument("--n-prompts", type=positive_int, default=None)
@@ -319,24 +326,19 @@ def cmd_calibrate(args: argparse.Namespace) -> None:
     from blockdecode.demo import PROMPTS
     from blockdecode.model import load
 
-    model, tokenizer = load(args.model, DTYPES[args.dtype], args.k)
-    shipped = Path(args.model) / "prompts.json"
-    texts = json.loads(shipped.read_text())[:3] if shipped.is_file() else list(PROMPTS[:3])
-    prompts = [tokenizer(t, return_tensors="pt").input_ids for t in texts]
+    model, tokenizer = load(args.model, dtype_for(args.dtype), args.k)
+    prompts = model_prompts(args.model, tokenizer) or [tokenizer(t, return_tensors="pt").input_ids for t in PROMPTS]
     result = calibrate(model, prompts, args.drafter, args.k, refresh=args.refresh)
-    print("predicted from one decode with a tree of 64 and the cost curve t(q), tokens/s:")
+    print(f"predicted tokens/s ({result.statistics} acceptance statistics, this machine's costs):")
     for name, curve in result.predicted.items():
         best = max(curve, key=curve.get)
-        shown = sorted({"1", "2", "4", "8", "16", "32", "64", best}, key=int)
-        print(f"{name:>12}: " + ", ".join(f"{b}: {curve[b]:.0f}{'*' if b == best else ''}" for b in shown))
-    print("measured, tokens/s:")
-    for label, speed in result.measured.items():
-        name, budget = label.rsplit(":", 1)
-        mark = "  <- chosen" if (name, int(budget)) == (result.drafter, result.budget) else ""
-        setting = "chain" if budget == "0" else f"tree of {budget}"
-        print(f"{name:>12} {setting:>11}: {speed:7.1f}{mark}")
+        shown = sorted({"0", "1", "2", "4", "8", "16", "32", "64", best} & set(curve), key=int)
+        print(
+            f"{name:>12}: "
+            + ", ".join(f"{'chain' if b == '0' else b}: {curve[b]:.0f}{'*' * (b == best)}" for b in shown)
+        )
     chosen = f"trees of {result.tree}" if result.tree else "the chain"
-    print(f"\n--tree auto decodes with {result.drafter}, {chosen}, for {result.key}")
+    print(f"\n--tree auto decodes with {result.drafter}, {chosen}, for {result.key} (chosen in {result.seconds:.1f} s)")
     print(f"cached in {cache_file()}", file=sys.stderr)
 
 
@@ -357,14 +359,14 @@ def cmd_demo(args: argparse.Namespace) -> None:
         args.model,
         max_new_tokens=args.max_new_tokens,
         k=args.k,
-        dtype=DTYPES[args.dtype],
+        dtype=dtype_for(args.dtype),
         drafter=args.drafter,
         tree=args.tree,
         task=args.task,
     )
 
 
-DRAFTERS = ("auto", "heads", "heads-rescored", "ngram", "heads+ngram")
+DRAFTER_CHOICES = tuple(dict.fromkeys(("auto", *DRAFTERS, *CHOICES)))
 
 
 def tree_budget(text: str) -> int | str | None:
@@ -396,10 +398,12 @@ def main(argv: list[str] | None = None) -> None:
     gen.add_argument("--prompt", required=True, help="the text to continue; - reads it from standard input")
     gen.add_argument("--max-new-tokens", type=positive_int, default=64)
     gen.add_argument("--k", type=positive_int, default=None, help="block size (default: the heads' k)")
-    gen.add_argument("--drafter", choices=DRAFTERS, default="auto", help="where proposals come from (auto: measured)")
+    gen.add_argument(
+        "--drafter", choices=DRAFTER_CHOICES, default="auto", help="where proposals come from (auto: measured)"
+    )
     gen.add_argument("--tree", type=tree_budget, default="auto", help="N candidates a call, auto (measured) or off")
     gen.add_argument("--head-type", choices=HEAD_TYPES, default="paper", help="for a model without heads")
-    gen.add_argument("--dtype", choices=tuple(DTYPES), default="fp32")
+    gen.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto", help="auto: bf16 where native, else fp32")
     gen.add_argument("--compare", action="store_true", help="also run transformers greedy and compare outputs")
     gen.add_argument(
         "--acceptance",
@@ -417,14 +421,14 @@ def main(argv: list[str] | None = None) -> None:
     cal = sub.add_parser(
         "calibrate",
         help="measure which tree budget decodes fastest here (what --tree auto uses)",
-        description="Decodes a few prompts with a tree of 64 candidates, predicts from it and the cost curve "
-        "t(q) the tokens/s of every budget 1..64, decodes the best one against the chain, and caches the faster "
-        "for this model, dtype, machine, threads, drafter and k.",
+        description="Predicts the tokens/s of the chain and of every tree budget 1..64 for each drafter from "
+        "acceptance statistics (shipped with a built-in model, else measured on its prompts) and this machine's "
+        "cost curve t(q), and caches the fastest for this model, dtype, machine, threads, drafter and k.",
     )
     cal.add_argument("--model", default=DEFAULT_MODEL, help="saved BlockwiseLM or transformers folder")
-    cal.add_argument("--drafter", choices=DRAFTERS, default="auto", help="auto: choose the drafters too")
+    cal.add_argument("--drafter", choices=DRAFTER_CHOICES, default="auto", help="auto: choose the drafters too")
     cal.add_argument("--k", type=positive_int, default=None, help="block size (default: the heads' k)")
-    cal.add_argument("--dtype", choices=tuple(DTYPES), default="bf16")
+    cal.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto")
     cal.add_argument("--refresh", action="store_true", help="measure again even if cached")
     cal.set_defaults(func=cmd_calibrate)
 
@@ -447,8 +451,10 @@ def main(argv: list[str] | None = None) -> None:
     )
     demo.add_argument("--max-new-tokens", type=positive_int, default=128)
     demo.add_argument("--k", type=positive_int, default=None, help="block size (default: the heads' k)")
-    demo.add_argument("--dtype", choices=tuple(DTYPES), default="bf16")
-    demo.add_argument("--drafter", choices=DRAFTERS, default="auto", help="where proposals come from (auto: measured)")
+    demo.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto", help="auto: bf16 where native, else fp32")
+    demo.add_argument(
+        "--drafter", choices=DRAFTER_CHOICES, default="auto", help="where proposals come from (auto: measured)"
+    )
     demo.add_argument("--tree", type=tree_budget, default="auto", help="N candidates a call, auto (measured) or off")
     demo.set_defaults(func=cmd_demo)
 

@@ -8,20 +8,18 @@ decoding; the paper's relaxed rules (`blockdecode.acceptance`) are opt-in.
 
 from __future__ import annotations
 
-import numbers
 import time
-import warnings
-import weakref
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 import torch
 from transformers import PreTrainedModel
 
-from blockdecode.acceptance import Acceptance, parse_acceptance
-from blockdecode.adapter import adapter_for
+from blockdecode.acceptance import Acceptance
+from blockdecode.adapter import check_prompt, open_decoder
 from blockdecode.drafters import Drafter, check_proposal
-from blockdecode.hf import context_length, is_seq2seq, resolve_eos, vocab_size
+from blockdecode.hf import vocab_size
+from blockdecode.plan import DecodePlan, make_plan
 from blockdecode.rules import greedy_rules
 from blockdecode.tree import Tree
 
@@ -94,70 +92,143 @@ class BlockwiseOutput:
     stats: DecodeStats
 
 
-def check_prompt(model: PreTrainedModel, input_ids: torch.Tensor, max_new_tokens: int) -> torch.LongTensor:
-    """A [1, T] LongTensor on the model's device that the model can extend by max_new_tokens (for an
-    encoder-decoder: a source it can encode, with room for max_new_tokens in its decoder), or a
-    clear error."""
-    if not isinstance(input_ids, torch.Tensor):
-        raise TypeError(f"input_ids must be a torch.LongTensor, got {type(input_ids).__name__}")
-    if input_ids.dim() == 1:
-        input_ids = input_ids.unsqueeze(0)
-    if input_ids.dim() != 2:
-        raise ValueError(f"input_ids must have shape [1, T], got {tuple(input_ids.shape)}")
-    if input_ids.shape[0] != 1:
-        raise ValueError(
-            f"input_ids has {input_ids.shape[0]} rows; blockwise decoding takes one sequence at a time for now"
-        )
-    what = "source" if is_seq2seq(model) else "prompt"
-    if input_ids.shape[1] == 0:
-        raise ValueError(f"the {what} is empty: give at least one token")
-    if input_ids.dtype not in (torch.int64, torch.int32):
-        raise TypeError(f"input_ids must hold integer token ids, got dtype {input_ids.dtype}")
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, numbers.Integral) or max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
-    vocab = model.get_input_embeddings().num_embeddings if is_seq2seq(model) else vocab_size(model)
-    if int(input_ids.min()) < 0 or int(input_ids.max()) >= vocab:
-        raise ValueError(f"the {what} holds token ids outside the model's vocabulary [0, {vocab})")
-    limit = context_length(model)
-    if is_seq2seq(model):
-        if limit is not None and input_ids.shape[1] > limit:
-            raise ValueError(f"the source ({input_ids.shape[1]} tokens) exceeds the encoder's {limit} positions")
-        if limit is not None and 1 + max_new_tokens > limit:
-            raise ValueError(
-                f"max_new_tokens ({max_new_tokens}) + the start token exceeds the decoder's {limit} positions"
-            )
-    elif limit is not None and input_ids.shape[1] + max_new_tokens > limit:
-        raise ValueError(
-            f"prompt ({input_ids.shape[1]} tokens) + max_new_tokens ({max_new_tokens}) exceeds the model's "
-            f"context of {limit} positions"
-        )
-    return input_ids.long().to(model.device)
-
-
-def decoder_prompt(
-    model: PreTrainedModel, input_ids: torch.LongTensor
-) -> tuple[torch.LongTensor | None, torch.LongTensor]:
-    """(source, the sequence the decoder extends): (None, the prompt) for a causal LM; for an
-    encoder-decoder (the prompt, its decoder start token), as `generate` starts."""
-    if not is_seq2seq(model):
-        return None, input_ids
-    cfg = model.generation_config  # as generate resolves it: the start token, else BOS
-    start = cfg.decoder_start_token_id if cfg.decoder_start_token_id is not None else cfg.bos_token_id
-    if isinstance(start, list | tuple):
-        start = start[0] if len(start) == 1 else None
-    if start is None:
-        raise ValueError(
-            f"{type(model).__name__} names neither a decoder_start_token_id nor a bos_token_id in its generation config"
-        )
-    return input_ids, input_ids.new_tensor([[int(start)]])
-
-
 @torch.inference_mode()
+def decode(
+    model: PreTrainedModel,
+    input_ids: torch.LongTensor,
+    max_new_tokens: int,
+    plan: DecodePlan,
+    on_block: Callable[[list[int]], None] | None = None,
+) -> BlockwiseOutput:
+    """Greedy decoding of `model` as `plan` says, up to k tokens a call: predict, verify, accept.
+
+    `on_block`, if given, receives the tokens each call gains (the prefill's one included), in order:
+    enough to stream text and to show the accepted blocks."""
+    prompt = check_prompt(model, input_ids, max_new_tokens)
+    base, start = open_decoder(model, prompt, plan.cache_implementation, max_new_tokens + (plan.tree or 0))
+    run = Run(model, plan, start, int(max_new_tokens), on_block)
+    logits, h = base.prefill(start)
+    run.gain([int(run.rules.apply(logits[:, -1].float(), run.length).argmax())], [0])
+    newest, h_last = start.new_tensor([run.tokens[-1:]]), h[0, -1:]  # not a view a drafter can write to
+    while not run.done:
+        depth = min(plan.k - 1, run.total - run.length - 1)  # never deeper than k-1, nor past the budget
+        candidates = predict(plan, run.seq[:, : run.length], h_last, depth, run.vocab)
+        scores, h = verify(base, run, newest, candidates)
+        path, gained, greedy = accept(plan.acceptance, candidates, scores)
+        base.keep(cache_kept(run.length, path))  # the context, the newest token and the accepted path
+        run.gain(gained, path, verified=len(candidates) + 1)
+        newest, h_last = greedy[path[-1]].view(1, 1), h[0, path[-1] : path[-1] + 1]
+    return run.output(base)
+
+
+def predict(plan: DecodePlan, tokens: torch.LongTensor, hidden: torch.Tensor, depth: int, vocab: int) -> Tree:
+    """The candidates this call verifies: the first drafter's chain, or every drafter's paths merged
+    into one tree of at most `plan.tree` nodes, in the drafters' order."""
+    candidates = Tree()
+    if depth == 0:
+        return candidates
+    if plan.tree is None:
+        chain = plan.drafters[0].propose(tokens, hidden, depth)
+        check_proposal(chain, depth, vocab, bounds=not plan.drafters[0].in_vocabulary)
+        candidates.add_path(chain[0].tolist(), depth, depth)
+        return candidates
+    for drafter in plan.drafters:
+        if len(candidates) >= plan.tree:
+            break
+        for path in drafter.propose_paths(tokens, hidden, depth, plan.tree - len(candidates)):
+            if not drafter.in_vocabulary and any(not 0 <= t < vocab for t in path):
+                raise ValueError(f"the drafter proposed token ids outside the vocabulary [0, {vocab})")
+            candidates.add_path(path, plan.tree, depth)
+    return candidates
+
+
+def verify(base, run: Run, newest: torch.LongTensor, candidates: Tree) -> tuple[torch.Tensor, torch.Tensor]:
+    """One forward over the newest token and every candidate, each seeing the context and its own
+    ancestors (a chain: plain causal attention, the fast path); the scores greedy would take the
+    argmax of at each, and the decoder outputs."""
+    ids = torch.cat([newest, newest.new_tensor([candidates.tokens])], dim=1)
+    if candidates.is_chain():
+        logits, h = base.score(ids)
+    else:
+        depths = torch.tensor([0, *candidates.depths], device=ids.device)
+        logits, h = base.score(ids, positions=depths + run.length - 1, mask=candidates.ancestry())
+    return run.rules.apply(logits[0].float(), run.length, [0, *candidates.depths]), h
+
+
+def accept(rule: Acceptance, candidates: Tree, scores: torch.Tensor) -> tuple[list[int], list[int], torch.Tensor]:
+    """The deepest path of candidates the rule lets stand (each judged against its parent's scores),
+    as node indices from the newest token (0); the tokens it gains, ending with the model's own token
+    after the path; and the model's token after every node. One host sync a call."""
+    greedy = scores.argmax(-1)  # [m+1]: the model's token after each node
+    parents = torch.tensor([*candidates.parents, 0], device=scores.device)  # one row more, as agree() takes
+    ids = torch.tensor(candidates.tokens, dtype=torch.long, device=scores.device)
+    right = rule.agree(ids, scores[parents], greedy[parents])
+    host = torch.cat([right.long(), greedy]).tolist()
+    m = len(candidates)
+    path = candidates.accepted_path(host[:m])
+    return path, [candidates.tokens[i - 1] for i in path[1:]] + [host[m + path[-1]]], greedy
+
+
+def cache_kept(length: int, path: list[int]) -> Sequence[int]:
+    """The cache positions a call keeps: the context before the newest token, then the path's nodes
+    (scored in positions length-1 onwards); a range when the path is a prefix, which copies nothing."""
+    if path[-1] == len(path) - 1:
+        return range(length + path[-1])
+    return [*range(length - 1), *(length - 1 + i for i in path)]
+
+
+class Run:
+    """The sequence one decode builds, and what it cost. The drafters read `seq` on the device; the
+    output is built from `tokens`, which only the loop writes, so a drafter that scribbles on what it
+    is shown cannot change the result."""
+
+    def __init__(self, model, plan: DecodePlan, start: torch.LongTensor, max_new_tokens: int, on_block):
+        self.plan, self.on_block, self.prompt_len = plan, on_block, start.shape[1]
+        self.total = self.prompt_len + max_new_tokens
+        self.rules = greedy_rules(model, self.prompt_len, max_new_tokens, set(plan.eos))
+        self.vocab = vocab_size(model)
+        self.seq = start.new_empty((1, self.total))
+        self.seq[:, : self.prompt_len] = start
+        self.tokens = start[0].tolist()
+        self.stats = DecodeStats(acceptance=plan.acceptance.spec)
+        self.done = False
+        self.begun = time.perf_counter()
+        for drafter in plan.drafters:
+            drafter.start(self.tokens)
+
+    @property
+    def length(self) -> int:  # tokens decoded so far; the cache holds all but the newest
+        return len(self.tokens)
+
+    def gain(self, gained: list[int], path: list[int], verified: int = 0) -> None:
+        """Append what a call gained, up to and including an EOS (greedy stops there)."""
+        stop = next((i for i, t in enumerate(gained) if t in self.plan.eos), None)
+        if stop is not None:
+            gained, self.done = gained[: stop + 1], True
+        self.seq[0, self.length : self.length + len(gained)] = torch.tensor(gained)
+        self.tokens += gained
+        self.done = self.done or self.length >= self.total
+        if verified:  # not the prefill's token
+            self.stats.block_sizes.append(len(gained))
+            self.stats.verified.append(verified)
+            self.stats.accepted_nodes.append(path[1:])
+        for drafter in self.plan.drafters:
+            drafter.observe(gained)
+        if self.on_block is not None:
+            self.on_block(gained)
+
+    def output(self, base) -> BlockwiseOutput:
+        self.stats.calls, self.stats.encoder_calls = base.calls, base.encoder_calls
+        self.stats.new_tokens = self.length - self.prompt_len
+        self.stats.seconds = time.perf_counter() - self.begun
+        return BlockwiseOutput(sequences=torch.tensor([self.tokens], device=self.seq.device), stats=self.stats)
+
+
 def blockwise_generate(
     model: PreTrainedModel,
     input_ids: torch.LongTensor,
     max_new_tokens: int,
-    drafter: Drafter | Sequence[Drafter],
+    drafter: Drafter | Sequence[Drafter] | str,
     k: int,
     eos_token_id: int | Sequence[int] | None = None,
     cache_implementation: str = "dynamic",
@@ -165,184 +236,18 @@ def blockwise_generate(
     acceptance: str | Acceptance | None = None,
     tree: int | None = None,
 ) -> BlockwiseOutput:
-    """Greedy decoding of `model`, k tokens per call at best, proposals from `drafter`.
-
-    `tree=None` verifies one chain of k-1 proposals a call; `tree=N` verifies a tree of up to N
-    candidate tokens, at most k-1 deep, gathered from every drafter given (a list of drafters
-    shares one budget, in order; see `blockdecode.tree`). `on_block`, if given, receives the
-    tokens each call gains (the prefill's one included), in order: enough to stream text and to
-    show the accepted blocks. `acceptance` other than exact (the default) relaxes verification:
-    faster, no longer the greedy output."""
-    if isinstance(k, bool) or not isinstance(k, numbers.Integral) or k < 1:
-        raise ValueError(f"k must be an integer >= 1 (the block size, head 1 included), got {k!r}")
-    k = int(k)
-    drafters = list(drafter) if isinstance(drafter, Sequence) else [drafter]
-    if tree is not None and (not isinstance(tree, int) or isinstance(tree, bool) or tree < 1):
-        raise ValueError(f"tree must be a node budget >= 1 (or None for a chain), got {tree!r}")
-    if tree is None and len(drafters) != 1:
-        raise ValueError(f"{len(drafters)} drafters need a tree to share: pass tree=N")
-    source, input_ids = decoder_prompt(model, check_prompt(model, input_ids, max_new_tokens))
-    max_new_tokens = int(max_new_tokens)
-    if tree is not None and not takes_tree_masks(model):
-        warnings.warn(
-            f"{type(model).__name__} does not score a tree as given (custom attention mask and position ids, checked "
-            f"on its logits): "
-            f"decoding with one chain from {type(drafters[0]).__name__} instead of a tree",
-            stacklevel=2,
-        )
-        tree, drafters = None, drafters[:1]
-    eos = resolve_eos(model, eos_token_id)
-    rules = greedy_rules(model, input_ids.shape[1], max_new_tokens, eos)
-    vocab = vocab_size(model)
-    rule = parse_acceptance(acceptance)
-    rule.check(k, vocab)
-    if tree is not None and rule.rule == "min-block":
-        raise ValueError("min-block:L forces the first proposals of a chain; it does not apply to a tree")
-    trusted = all(getattr(d, "in_vocabulary", False) for d in drafters)  # ids taken from the vocabulary
-    prompt_len = input_ids.shape[1]
-    total = prompt_len + max_new_tokens
-    # The drafters read `seq` on the device; the output is built from `tokens`, which only this
-    # loop writes, so a drafter that scribbles on what it is shown cannot change the result.
-    seq = input_ids.new_empty((1, total))
-    seq[:, :prompt_len] = input_ids
-    tokens = input_ids[0].tolist()
-    stats = DecodeStats(acceptance=rule.spec)
-    start = time.perf_counter()
-
-    # A tree's nodes are scored in cache slots past the sequence's end before all but one path is dropped.
-    base = adapter_for(model, source, cache_implementation, total + (tree or 0))
-    logits, h = base.prefill(input_ids)
-    # fp32 scores: a CPU argmax over bf16 is slow.
-    newest = rules.apply(logits[:, -1].float(), prompt_len).argmax(-1, keepdim=True)  # [1, 1]
-    first = int(newest)
-    seq[0, prompt_len] = first
-    tokens.append(first)
-    if on_block is not None:
-        on_block([first])
-    h_last = h[0, -1:]
-    done = first in eos
-
-    while not done and len(tokens) < total:
-        length = len(tokens)  # the cache holds all of them but the newest
-        # Predict: never deeper than k-1, nor than the budget can take.
-        n = min(k - 1, total - length - 1)
-        if tree is None:
-            draft = drafters[0].propose(seq[:, :length], h_last, n) if n else seq.new_empty((1, 0))
-            check_proposal(draft, n, vocab, bounds=not trusted)
-            draft = draft.to(seq.device)
-            # Verify: one pass scores the newest token and every proposal (causal masking).
-            logits, h = base.score(torch.cat([newest, draft], dim=1))
-            scores = rules.apply(logits[0].float(), length)  # what greedy would take the argmax of
-            greedy = scores.argmax(-1)  # [n+1]: the base model's token after each prefix
-            # Accept the longest prefix the rule agrees with, plus the base model's own next token
-            # (exact: the agreeing proposals equal the base model's tokens). One host sync a call.
-            accepted = rule.agree(draft[0], scores, greedy).long().cumprod(0).sum()
-            proposed = torch.cat([draft[0], greedy[-1:]])  # position i holds proposal i (the last has none)
-            block = torch.where(torch.arange(n + 1, device=greedy.device) < accepted, proposed, greedy)
-            host = torch.cat([accepted.view(1), block]).tolist()
-            path = list(range(host[0] + 1))  # block positions kept: the newest token, the accepted proposals
-            gained = host[1 : host[0] + 2]
-        else:
-            candidates = draft_tree(drafters, seq[:, :length], h_last, tree, n, vocab, trusted)
-            # Verify: one pass over the newest token and every node, each seeing its ancestors only.
-            ids = torch.tensor([[0, *candidates.tokens]], device=seq.device)
-            ids[:, :1] = newest
-            depths = torch.tensor([0, *candidates.depths], device=seq.device)
-            logits, h = base.score(ids, positions=depths + length - 1, mask=candidates.ancestry())
-            scores = rules.apply(logits[0].float(), length, [0, *candidates.depths])
-            greedy = scores.argmax(-1)  # [m+1]: the base model's token after each node
-            # Accept the deepest path of nodes the rule agrees with (each against its parent's
-            # scores), plus the base model's own token after its last node. One host sync a call.
-            parents = torch.tensor([*candidates.parents, 0], device=seq.device)
-            right = rule.agree(ids[0, 1:], scores[parents], greedy[parents])
-            host = torch.cat([right.long(), greedy]).tolist()
-            m = len(candidates)
-            path = candidates.accepted_path(host[:m])
-            gained = [candidates.tokens[i - 1] for i in path[1:]] + [host[m + path[-1]]]
-            block = torch.tensor(gained, device=seq.device)
-        if eos.intersection(gained):  # stop where greedy stops: nothing past the EOS
-            gained, done = gained[: next(i for i, t in enumerate(gained) if t in eos) + 1], True
-        seq[0, length : length + len(gained)] = block[: len(gained)]
-        tokens += gained
-        stats.block_sizes.append(len(gained))
-        stats.verified.append(len(greedy))
-        stats.accepted_nodes.append(path[1:])
-        if on_block is not None:
-            on_block(gained)
-        last = path[-1]
-        # Keep the cache entries of the accepted path (for a chain, a prefix of the block).
-        base.keep(range(length + last) if tree is None else [*range(length - 1), *(length - 1 + i for i in path)])
-        newest = greedy[last : last + 1].view(1, 1)  # the base model's own token after the path
-        h_last = h[0, last : last + 1]
-
-    stats.calls = base.calls
-    stats.encoder_calls = int(source is not None)
-    stats.new_tokens = len(tokens) - prompt_len
-    stats.seconds = time.perf_counter() - start
-    return BlockwiseOutput(sequences=torch.tensor([tokens], device=seq.device), stats=stats)
-
-
-_TREE_MASK_CHECKED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {attention: ok}
-
-
-@torch.inference_mode()
-def takes_tree_masks(model: PreTrainedModel) -> bool:
-    """Whether the model applies a custom 4D attention mask as given, found from its logits once
-    per model and attention implementation: two sibling candidates scored together must each
-    score as they do alone. ALiBi models, and any that drop or rebuild the mask, fail it."""
-    checked = _TREE_MASK_CHECKED.setdefault(model, {})
-    key = str(getattr(model.config, "_attn_implementation", ""))
-    if key not in checked:
-        vocab = vocab_size(model)
-        prompt = torch.tensor([[1 % vocab, 2 % vocab, 3 % vocab]], device=model.device)
-        siblings = torch.tensor([[4 % vocab, 5 % vocab, 6 % vocab]], device=model.device)
-        source = prompt if is_seq2seq(model) else None
-        try:
-            together = adapter_for(model, source, "dynamic", 8)
-            together.prefill(prompt)
-            mask = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool)
-            logits, _ = together.score(siblings, positions=torch.tensor([3, 4, 4], device=model.device), mask=mask)
-            alone = adapter_for(model, source, "dynamic", 8)
-            alone.prefill(prompt)
-            reference, _ = alone.score(siblings[:, [0, 2]])
-            scale = reference.float().abs().max().clamp(min=1.0)
-            ok = bool(((logits[0, 2].float() - reference[0, 1].float()).abs().max() / scale) < 1e-2)
-        except Exception:  # a model that cannot take the mask or the positions at all says so by failing
-            ok = False
-        checked[key] = ok
-    return checked[key]
-
-
-def draft_tree(
-    drafters: list[Drafter],
-    tokens: torch.LongTensor,
-    hidden: torch.Tensor,
-    budget: int,
-    depth: int,
-    vocab: int,
-    trusted: bool,
-) -> Tree:
-    """Every drafter's candidate paths merged into one tree of at most `budget` nodes and `depth`
-    levels, in the drafters' order: a drafter with `propose_paths` offers several, best first;
-    any other its one chain."""
-    candidates = Tree()
-    for drafter in drafters:
-        if len(candidates) >= budget or depth == 0:
-            break
-        if hasattr(drafter, "propose_paths"):
-            paths = drafter.propose_paths(tokens, hidden, depth, budget - len(candidates))
-        else:
-            chain = drafter.propose(tokens, hidden, depth)
-            check_proposal(chain, depth, vocab, bounds=not trusted)
-            paths = [chain[0].tolist()]
-        for path in paths:
-            candidates.add_path(path, budget, depth)
-    return candidates
+    """Greedy decoding of any `transformers` model with proposals from `drafter` (a Drafter, a list of
+    them sharing a tree, or "ngram"): the plan made from these settings (`blockdecode.plan.make_plan`),
+    then decoded. `tree=None` verifies one chain of k-1 proposals a call, `tree=N` a tree of up to N
+    candidates. `acceptance` other than exact (the default) is faster and no longer greedy's output."""
+    check_prompt(model, input_ids, max_new_tokens)  # a bad prompt fails before any planning
+    plan = make_plan(model, drafter, k, tree, acceptance, eos_token_id, cache_implementation)
+    return decode(model, input_ids, max_new_tokens, plan, on_block)
 
 
 def decode_prompts(
-    model: PreTrainedModel, prompts: Iterable[torch.LongTensor], max_new_tokens: int, drafter: Drafter, k: int, **kwargs
+    model: PreTrainedModel, prompts: Iterable[torch.LongTensor], max_new_tokens: int, plan: DecodePlan
 ) -> tuple[list[BlockwiseOutput], DecodeStats]:
-    """Decode each prompt blockwise; each output, and their stats pooled (every call's block size)."""
-    outs = [blockwise_generate(model, ids, max_new_tokens, drafter, k, **kwargs) for ids in prompts]
+    """Decode each prompt as `plan` says; each output, and their stats pooled (every call's block size)."""
+    outs = [decode(model, ids, max_new_tokens, plan) for ids in prompts]
     return outs, DecodeStats.pooled(o.stats for o in outs)

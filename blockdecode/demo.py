@@ -14,14 +14,16 @@ import sys
 from dataclasses import dataclass
 
 import torch
+from transformers import PreTrainedModel
 
+from blockdecode.adapter import decoder_prompt
 from blockdecode.bench.methods import Method, blockwise_run, measure, transformers_run
 from blockdecode.bible import HELD_OUT_VERSES
 from blockdecode.builtin import DEFAULT_MODEL, DEFAULT_TRANSLATION_MODEL
-from blockdecode.calibrate import resolve
-from blockdecode.decode import decoder_prompt
-from blockdecode.hf import dtype_name, is_seq2seq
+from blockdecode.hardware import auto_dtype
+from blockdecode.hf import dtype_name, is_seq2seq, load_base
 from blockdecode.model import BlockwiseLM, load
+from blockdecode.plan import DecodePlan
 from blockdecode.reference import first_divergence
 
 PROMPTS = (
@@ -34,7 +36,6 @@ DRAFTER_NAMES = {
     "heads": "{head_type} heads",
     "heads-rescored": "{head_type} heads rescored by an n-gram model of the context",
     "ngram": "n-gram drafter",
-    "heads+ngram": "{head_type} heads + n-gram",
 }
 COLOURS = ("\x1b[48;5;24m", "\x1b[48;5;58m")
 RESET = "\x1b[0m"
@@ -73,6 +74,7 @@ class DemoRow:
     divergence: str
     near_tie: bool  # a difference whose reference gap is within the dtype's rounding
     dtype: str
+    speedup_bf16: float | None = None  # against greedy in bf16, when the demo runs in another dtype
 
 
 def compare(
@@ -80,32 +82,32 @@ def compare(
     prompt: str,
     ids: torch.LongTensor,
     max_new_tokens: int,
-    k: int,
+    plan: DecodePlan,
     repeats: int,
-    drafter: str = "heads",
-    tree: int | None = None,
+    reference: PreTrainedModel | None = None,
 ) -> DemoRow:
     """Greedy and blockwise, both timed from outside, in turn `repeats` times (the benchmark's
-    rounds, so drift hits both alike); the median speedup kept. A translation stops at its EOS."""
-    base, drafters = model.base, model.drafters(drafter)
-    drafter = drafters if len(drafters) > 1 else drafters[0]
+    rounds, so drift hits both alike); the median speedup kept. `reference`, if given, is the base in
+    bf16, timed too, so a slower dtype's speedup can also be read against bf16 greedy. A translation
+    stops at its EOS."""
+    base = model.base
     eos = is_seq2seq(base)
     methods = [
         Method("greedy", "greedy", lambda x: transformers_run(base, x, max_new_tokens, stop_at_eos=eos)),
-        Method(
-            "blockwise",
-            "heads",
-            lambda x: blockwise_run(base, x, max_new_tokens, drafter, k, stop_at_eos=eos, tree=tree),
-            k=k,
-        ),
+        Method("blockwise", "heads", lambda x: blockwise_run(base, x, max_new_tokens, plan), k=plan.k),
     ]
+    if reference is not None:
+        methods.append(
+            Method("greedy bf16", "greedy", lambda x: transformers_run(reference, x, max_new_tokens, stop_at_eos=eos))
+        )
     results = measure(methods, [ids] * repeats, 1, show=False, warmup=False)
     greedy, ours = results["greedy"], results["blockwise"]
     source, start = decoder_prompt(base, ids)
     prompt_ids = start[0].tolist()
-    reference, output = (torch.tensor([prompt_ids + r["outputs"][0]], device=ids.device) for r in (greedy, ours))
-    diverged = first_divergence(base, reference, output, source=source)
+    reference_ids, output = (torch.tensor([prompt_ids + r["outputs"][0]], device=ids.device) for r in (greedy, ours))
+    diverged = first_divergence(base, reference_ids, output, source=source)
     new = len(ours["outputs"][0])
+    bf16 = results.get("greedy bf16")
     return DemoRow(
         prompt=prompt,
         greedy_tok_s=greedy["tokens_per_s"],
@@ -118,6 +120,7 @@ def compare(
         divergence=str(diverged) if diverged else "",
         near_tie=diverged is not None and diverged.near_tie(base.dtype),
         dtype=dtype_name(base.dtype),
+        speedup_bf16=ours["tokens_per_s"] / bf16["tokens_per_s"] if bf16 else None,
     )
 
 
@@ -125,7 +128,7 @@ def run_demo(
     model_dir: str | None = None,
     max_new_tokens: int = 128,
     k: int | None = None,
-    dtype: torch.dtype = torch.bfloat16,
+    dtype: torch.dtype | None = None,
     prompts: tuple[str, ...] = PROMPTS,
     repeats: int = 3,
     drafter: str = "auto",
@@ -133,7 +136,9 @@ def run_demo(
     task: str = "code",
 ) -> list[DemoRow]:
     """Stream, time and compare every prompt; print the table; return its rows. `task`: "code"
-    (a causal LM continues code) or "translate" (an encoder-decoder translates verses)."""
+    (a causal LM continues code) or "translate" (an encoder-decoder translates verses). `dtype`
+    defaults to bf16 where this machine computes it natively, else fp32; in any dtype but bf16 the
+    speedup is also stated against greedy in bf16."""
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # the demo's own output is the point
@@ -143,13 +148,18 @@ def run_demo(
     translate = task == "translate"
     prompts = HELD_OUT_VERSES if translate and prompts == PROMPTS else prompts
     model_dir = model_dir or (DEFAULT_TRANSLATION_MODEL if translate else DEFAULT_MODEL)
+    dtype = dtype or auto_dtype()
     model, tokenizer = load(model_dir, dtype)
     if translate != is_seq2seq(model.base):
         need = "an encoder-decoder (translation) model" if translate else "a causal LM"
         raise ValueError(f"demo --task {task} needs {need}; {model_dir} holds a {type(model.base).__name__}")
-    k = model.k if k is None else k
-    # "auto": measured once on these prompts, then cached (blockdecode.calibrate)
-    drafter, tree = resolve(model, [tokenizer(p, return_tensors="pt").input_ids for p in prompts], drafter, tree, k)
+    ids_of = {p: tokenizer(p, return_tensors="pt").input_ids for p in prompts}
+    eos = None if translate else []  # a translation ends at its EOS; code runs the whole budget
+    # "auto": chosen once for this model and machine, then cached (blockdecode.calibrate)
+    plan = model.plan(drafter, k, tree, eos_token_id=eos, prompts=list(ids_of.values()))
+    reference = None
+    if dtype != torch.bfloat16:
+        reference = load_base(model.base_location, torch.bfloat16).eval() if model.base_location else None
     colour = sys.stdout.isatty() and "NO_COLOR" not in os.environ
     params = sum(p.numel() for p in model.base.parameters()) / 1e6
     kind = type(model.base).__name__.removesuffix("ForCausalLM")
@@ -157,33 +167,38 @@ def run_demo(
     print(
         f"blockdecode demo: {params:.1f}M-parameter {kind}"
         + origin.get(model_dir, f" from {model_dir}, ")
-        + f"{DRAFTER_NAMES[drafter].format(head_type=model.config.head_type)}, k={k}, "
-        + (f"trees of {tree} candidates, " if tree else "")
+        + " + ".join(DRAFTER_NAMES.get(d.name, d.name) for d in plan.drafters).format(head_type=model.config.head_type)
+        + f", k={plan.k}, "
+        + (f"trees of {plan.tree} candidates, " if plan.tree else "")
         + f"{dtype_name(dtype)}, "
         f"{torch.get_num_threads()} threads, exact mode.\n"
         + ("Each colour is one accepted block: one call of the model.\n" if colour else "| ends each block.\n")
     )
     rows = []
-    for prompt in prompts:
-        ids = tokenizer(prompt, return_tensors="pt").input_ids
+    for prompt, ids in ids_of.items():
         sys.stdout.write(f"{prompt}\n  -> " if translate else prompt)
         printer = BlockPrinter(tokenizer, colour, skip_special_tokens=translate)
-        eos = None if translate else []  # a translation ends at its EOS; code runs the whole budget
-        model.generate(ids, max_new_tokens, eos_token_id=eos, k=k, drafter=drafter, on_block=printer, tree=tree)
+        model.generate(ids, max_new_tokens, plan=plan, on_block=printer)
         print("\n")
-        rows.append(compare(model, prompt, ids, max_new_tokens, k, repeats, drafter, tree))
+        rows.append(compare(model, prompt, ids, max_new_tokens, plan, repeats, reference))
     print_table(rows)
     return rows
 
 
 def print_table(rows: list[DemoRow]) -> None:
     """One line per prompt and the overall figures; every divergence stated plainly."""
-    print(f"{'prompt':34} {'greedy tok/s':>12} {'blockwise':>10} {'speedup':>8} {'calls':>6} {'block':>6}  identical")
+    bf16 = all(r.speedup_bf16 is not None for r in rows)  # another dtype: also against bf16 greedy
+    print(
+        f"{'prompt':34} {'greedy tok/s':>12} {'blockwise':>10} {'speedup':>8}"
+        + (f" {'vs bf16':>8}" if bf16 else "")
+        + f" {'calls':>6} {'block':>6}  identical"
+    )
     for r in rows:
         first_line = r.prompt.splitlines()[0][:32]
         print(
             f"{first_line:34} {r.greedy_tok_s:12.1f} {r.blockwise_tok_s:10.1f} {r.speedup:7.2f}x "
-            f"{r.calls:6d} {r.mean_block:6.2f}  {'yes' if r.identical else 'near tie' if r.near_tie else 'NO'}"
+            + (f"{r.speedup_bf16:7.2f}x " if bf16 else "")
+            + f"{r.calls:6d} {r.mean_block:6.2f}  {'yes' if r.identical else 'near tie' if r.near_tie else 'NO'}"
         )
     tokens = sum(r.new_tokens for r in rows)
     calls = sum(r.calls for r in rows)
@@ -192,9 +207,12 @@ def print_table(rows: list[DemoRow]) -> None:
     ties = sum(r.near_tie for r in rows)
     real = sum(not (r.identical or r.near_tie) for r in rows)
     verdict = "NO" if real else f"yes, but for {ties} near-tie flip{'s' * (ties > 1)}" if ties else "yes"
+    against = f" in {rows[0].dtype}" if rows else ""
+    if bf16:
+        against += f" ({statistics.median(r.speedup_bf16 for r in rows):.2f}x over its greedy in bf16)"
     print(
         f"\n{tokens} tokens in {calls} calls (mean accepted block {block:.2f}); median speedup "
-        f"{speedup:.2f}x over transformers' greedy generate; outputs identical: {verdict}"
+        f"{speedup:.2f}x over transformers' greedy generate{against}; outputs identical: {verdict}"
     )
     for r in rows:
         if r.near_tie:

@@ -1,9 +1,10 @@
 """Where proposals come from: the trained heads, n-gram lookup, or a scripted reference.
 
 Any object with `propose(tokens, hidden, n)` is a drafter; exactness never depends on it,
-only speed does, since every proposal is verified by the base model. A drafter that can offer
-several candidates for a tree also has `propose_paths(tokens, hidden, depth, budget)`: token
-lists, best first (see `blockdecode.tree`); any other offers its one chain.
+only speed does, since every proposal is verified by the base model. The drafters here derive from
+`BaseDrafter` and declare what more they can do: offer several paths for a tree, draw their ids from
+the vocabulary (so the loop need not check them), observe the tokens a decode accepts. Any other
+drafter is wrapped by `as_drafter` and offers its one chain. `DRAFTERS` names the built-in ones.
 """
 
 from __future__ import annotations
@@ -29,6 +30,62 @@ class Drafter(Protocol):
         ...
 
 
+class BaseDrafter:
+    """A drafter's abilities, with what a drafter that declares none does: one chain for a tree, ids
+    checked against the vocabulary, nothing to observe."""
+
+    in_vocabulary = False  # True: every id it proposes is a token of the vocabulary (no check needed)
+
+    @property
+    def name(self) -> str:
+        return type(self).__name__
+
+    def propose(self, tokens: torch.LongTensor, hidden: torch.Tensor, n: int) -> torch.LongTensor:
+        raise NotImplementedError
+
+    def propose_paths(self, tokens: torch.LongTensor, hidden: torch.Tensor, depth: int, budget: int) -> list[list[int]]:
+        """Candidate paths for a tree, best first: here the one chain."""
+        return [self.propose(tokens, hidden, depth)[0].tolist()]
+
+    def start(self, prompt: list[int]) -> None:
+        """A decode begins from `prompt` (the sequence the decoder extends)."""
+
+    def observe(self, accepted: list[int]) -> None:
+        """A call gained `accepted`: the tokens now at the sequence's end."""
+
+
+class ChainDrafter(BaseDrafter):
+    """Any object with `propose(tokens, hidden, n)`, decoded as it is: its one chain, its ids checked."""
+
+    def __init__(self, drafter: Drafter):
+        self.drafter = drafter
+
+    def propose(self, tokens: torch.LongTensor, hidden: torch.Tensor, n: int) -> torch.LongTensor:
+        return self.drafter.propose(tokens, hidden, n)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, ChainDrafter) and other.drafter is self.drafter
+
+    def __hash__(self) -> int:
+        return id(self.drafter)
+
+    @property
+    def name(self) -> str:
+        return type(self.drafter).__name__
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+def as_drafter(drafter: Drafter) -> BaseDrafter:
+    """`drafter` with its abilities declared: as it is if it derives from BaseDrafter, else wrapped."""
+    if isinstance(drafter, BaseDrafter):
+        return drafter
+    if not callable(getattr(drafter, "propose", None)):
+        raise TypeError(f"a drafter needs a propose(tokens, hidden, n) method; {type(drafter).__name__} has none")
+    return ChainDrafter(drafter)
+
+
 def check_proposal(draft: object, n: int, vocab_size: int, bounds: bool = True) -> None:
     """Raise a clear error for a drafter's output that is not n token ids of this vocabulary.
     `bounds=False` skips the id range check (a host sync) for drafters that draw ids from the
@@ -43,7 +100,7 @@ def check_proposal(draft: object, n: int, vocab_size: int, bounds: bool = True) 
         raise ValueError(f"the drafter proposed token ids outside the vocabulary [0, {vocab_size})")
 
 
-class HeadsDrafter:
+class HeadsDrafter(BaseDrafter):
     """The paper's proposals: argmax of heads p2..p(n+1) at the newest position; for a tree, the
     most probable paths through each head's top guesses (the product of the heads' probabilities).
 
@@ -68,7 +125,32 @@ class HeadsDrafter:
         self._run = fastest_copies(heads, output_projection)  # what computes the proposals
         self.width = width  # guesses per head considered for a tree
         self.rescore = rescore
-        self._context = ContextNgram([])  # rescoring's model of the context, kept up to date
+        self._context = ContextNgram([])  # rescoring's model of the context, fed what the decode accepts
+
+    def __eq__(self, other: object) -> bool:  # the same heads proposing the same way
+        return (
+            isinstance(other, HeadsDrafter)
+            and (other.heads, other.project) == (self.heads, self.project)
+            and (other.width, other.rescore) == (self.width, self.rescore)
+        )
+
+    def __hash__(self) -> int:
+        return hash((id(self.heads), self.width, self.rescore))
+
+    @property
+    def name(self) -> str:
+        return "heads-rescored" if self.rescore else "heads"
+
+    def __repr__(self) -> str:
+        return f"HeadsDrafter(rescore={self.rescore:g})" if self.rescore else "HeadsDrafter()"
+
+    def start(self, prompt: list[int]) -> None:
+        if self.rescore:
+            self._context = ContextNgram(prompt)
+
+    def observe(self, accepted: list[int]) -> None:
+        if self.rescore:
+            self._context.extend(accepted)
 
     def _logits(self, hidden: torch.Tensor, n: int) -> torch.Tensor:
         heads, project = self._run
@@ -91,14 +173,16 @@ class HeadsDrafter:
         return probs.topk(min(width, probs.shape[-1]), dim=-1)
 
     def _factor(self, tokens: torch.LongTensor) -> Callable[[tuple[int, ...], int], float]:
-        lm, power = self._context.update(tokens[0].tolist()), self.rescore
+        if len(self._context.seq) != tokens.shape[1]:  # proposing outside a decode that keeps it informed
+            self._context = ContextNgram(tokens[0].tolist())
+        lm, power = self._context, self.rescore
         return lambda path, token: lm.prob(path, token) ** power
 
 
 class ContextNgram:
     """An interpolated trigram model of the tokens decoded so far (Witten-Bell style, add-one
     unigrams): how likely `token` is to follow the context and then `path`. `update` counts only
-    what was appended since, so a drafter keeps one model through a generation."""
+    what is appended, so a drafter keeps one model through a generation."""
 
     def __init__(self, seq: list[int], order: int = 3):
         self.seq: list[int] = []
@@ -106,20 +190,20 @@ class ContextNgram:
         self.counts: dict[tuple[int, ...], dict[int, int]] = {}  # history -> following token -> count
         self.totals: dict[tuple[int, ...], int] = {}  # history -> count
         self._memo: dict[tuple[tuple[int, ...], int], float] = {}
-        self.update(seq)
+        self.extend(seq)
 
-    def update(self, seq: list[int]) -> ContextNgram:
-        """Count seq's tokens past those already counted; another sequence is counted afresh."""
-        if len(seq) < len(self.seq) or seq[: len(self.seq)] != self.seq:
-            self.seq, self.counts, self.totals = [], {}, {}
-        for i in range(len(self.seq), len(seq)):
+    def extend(self, tokens: list[int]) -> None:
+        """Count `tokens`, appended to the sequence."""
+        seq = self.seq
+        for token in tokens:
+            seq.append(token)
+            i = len(seq) - 1
             for n in range(min(self.order, i + 1)):
                 history = tuple(seq[i - n : i])
                 following = self.counts.setdefault(history, {})
-                following[seq[i]] = following.get(seq[i], 0) + 1
+                following[token] = following.get(token, 0) + 1
                 self.totals[history] = self.totals.get(history, 0) + 1
-        self.seq, self._memo = list(seq), {}
-        return self
+        self._memo = {}
 
     def prob(self, path: tuple[int, ...], token: int) -> float:
         keep = self.order - 1
@@ -174,7 +258,7 @@ def _seconds(pair: tuple[torch.nn.Module, torch.nn.Module], rows: torch.Tensor, 
     return statistics.median(samples[1:])
 
 
-class NgramDrafter:
+class NgramDrafter(BaseDrafter):
     """Prompt lookup: find the newest earlier occurrence of the last `max_ngram`..`min_ngram`
     tokens and propose what followed it; for a tree, up to `max_paths` distinct continuations of
     several occurrences. Needs no training; strong on repetitive text and code."""
@@ -185,6 +269,17 @@ class NgramDrafter:
         if not 1 <= min_ngram <= max_ngram:
             raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
         self.max_ngram, self.min_ngram, self.max_paths = max_ngram, min_ngram, max_paths
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, NgramDrafter) and vars(other) == vars(self)
+
+    def __hash__(self) -> int:
+        return hash((self.max_ngram, self.min_ngram, self.max_paths))
+
+    name = "ngram"
+
+    def __repr__(self) -> str:
+        return f"NgramDrafter(max_ngram={self.max_ngram}, min_ngram={self.min_ngram}, max_paths={self.max_paths})"
 
     def continuations(self, seq: list[int], depth: int) -> Iterator[list[int]]:
         """What followed each earlier occurrence of the sequence's suffix: longest suffix first,
@@ -212,7 +307,7 @@ class NgramDrafter:
         return paths
 
 
-class ScriptedDrafter:
+class ScriptedDrafter(BaseDrafter):
     """Proposes a known continuation (e.g. the greedy reference), each token right with
     probability `accuracy` and replaced by another id otherwise: every acceptance length
     can be exercised, and accuracy=1 gives the ceiling a perfect drafter reaches."""
@@ -232,3 +327,24 @@ class ScriptedDrafter:
         wrong = torch.rand(n, generator=self.rng) >= self.accuracy
         guess = [(t + 1) % self.vocab_size if bad else t for t, bad in zip(truth, wrong.tolist())]
         return torch.tensor([guess], dtype=torch.long, device=tokens.device)
+
+
+DRAFTERS: dict[str, Callable[[object], BaseDrafter]] = {
+    "heads": lambda lm: HeadsDrafter(lm.heads, lm.base.get_output_embeddings()),
+    "heads-rescored": lambda lm: HeadsDrafter(lm.heads, lm.base.get_output_embeddings(), rescore=1.0),
+    "ngram": lambda lm: NgramDrafter(),
+}
+"""The drafters known by name: each made from a BlockwiseLM. "a+b" names several sharing one tree."""
+CHOICES = ("heads", "ngram", "heads+ngram")
+"""What `drafter="auto"` chooses among (rescoring is opt-in: it lost the demo's median when chosen)."""
+
+
+def drafter_names(spec: str) -> list[str]:
+    """The names in `spec` ("heads", "ngram+heads", ...), in the order they fill a tree: n-gram lookup
+    first (its few paths are cheap and often long), the heads filling the rest; a clear error for an
+    unknown name."""
+    names = spec.split("+") if isinstance(spec, str) else []
+    if not names or any(name not in DRAFTERS for name in names) or len(set(names)) != len(names):
+        known = ", ".join([*DRAFTERS, "heads+ngram", "auto"])
+        raise ValueError(f"unknown drafter {spec!r}: choose {known}, or a Drafter object")
+    return sorted(names, key=lambda n: n != "ngram")

@@ -25,15 +25,26 @@ from transformers import (
     StaticCache,
 )
 
+from blockdecode.hardware import auto_dtype
 from blockdecode.io import CheckpointError
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+DTYPE_CHOICES = ("auto", *DTYPES)  # "auto": bf16 where the device computes it natively, else fp32
 CACHE_IMPLEMENTATIONS = ("dynamic", "static")
 
 
 def dtype_name(dtype: torch.dtype) -> str:
     """'fp32' / 'bf16' for the dtypes blockdecode names, torch's own name for any other."""
     return next((name for name, d in DTYPES.items() if d == dtype), str(dtype).removeprefix("torch."))
+
+
+def dtype_for(name: str, device: torch.device | str = "cpu") -> torch.dtype:
+    """The dtype a --dtype name stands for on `device` ("auto": `blockdecode.hardware.auto_dtype`)."""
+    if name == "auto":
+        return auto_dtype(device)
+    if name not in DTYPES:
+        raise ValueError(f"unknown dtype {name!r}: choose {', '.join(DTYPE_CHOICES)}")
+    return DTYPES[name]
 
 
 def is_seq2seq(model: PreTrainedModel) -> bool:

@@ -16,12 +16,14 @@ from transformers import AutoTokenizer, PreTrainedModel
 
 from blockdecode import builtin
 from blockdecode.acceptance import Acceptance, parse_acceptance
-from blockdecode.calibrate import resolve
-from blockdecode.decode import BlockwiseOutput, blockwise_generate, check_prompt
-from blockdecode.drafters import Drafter, HeadsDrafter, NgramDrafter
+from blockdecode.adapter import check_prompt
+from blockdecode.calibrate import calibrate
+from blockdecode.decode import BlockwiseOutput, decode
+from blockdecode.drafters import Drafter, HeadsDrafter
 from blockdecode.heads import HeadsConfig, build_heads
-from blockdecode.hf import context_length, load_base, resolve_eos, same_weights, vocab_size, weights_signature
+from blockdecode.hf import context_length, load_base, same_weights, weights_signature
 from blockdecode.io import CheckpointError, reading_folder, saving_folder, write_text
+from blockdecode.plan import DecodePlan, check_settings, make_plan
 
 HEADS_CONFIG = "blockdecode.json"
 HEADS_WEIGHTS = "heads.safetensors"
@@ -134,68 +136,73 @@ class BlockwiseLM(nn.Module):
         """Decoder outputs [..., D] -> logits of heads p2..pk [..., k-1, V]."""
         return self.base.get_output_embeddings()(self.heads(hidden))
 
+    def plan(
+        self,
+        drafter: str | Drafter | Sequence[Drafter] | None = "auto",
+        k: int | None = None,
+        tree: int | str | None = "default",
+        acceptance: str | Acceptance | None = None,
+        eos_token_id: int | Sequence[int] | None = None,
+        cache_implementation: str = "dynamic",
+        prompts: Sequence[torch.LongTensor] = (),
+    ) -> DecodePlan:
+        """Every setting of a decode, resolved and checked once (see `generate` for their meaning).
+
+        `drafter="auto"` with `tree="auto"` takes the drafters and budget predicted fastest for this
+        model, dtype and machine (`blockdecode.calibrate`: about a second the first time, then cached;
+        `prompts` are what it times on); "auto" with any other tree is the heads. `tree="default"` is
+        "auto" for named drafters and the drafter's own chain for a drafter object. Every setting is
+        checked before anything is measured."""
+        k = self.k if k is None else k
+        drafter = "auto" if drafter is None else drafter
+        if tree == "default":
+            tree = "auto" if isinstance(drafter, str) else None
+        if isinstance(tree, str) and tree != "auto":
+            raise ValueError(f"tree must be a node budget >= 1, 'auto' or None, got {tree!r}")
+        if tree == "auto" and parse_acceptance(acceptance).rule == "min-block":
+            tree = None  # min-block forces a chain's first proposals
+        if tree == "auto" or drafter == "auto":
+            uses_heads = drafter == "auto" or (isinstance(drafter, str) and "heads" in drafter)
+            if uses_heads and (isinstance(k, bool) or not isinstance(k, numbers.Integral) or not 1 <= k <= self.k):
+                raise ValueError(f"k must be between 1 and the heads' block size {self.k}, got {k!r}")
+            check_settings(self.base, k, None, acceptance, eos_token_id, cache_implementation)
+        if tree == "auto":
+            if not prompts:
+                raise ValueError("tree='auto' needs a prompt to measure on: pass prompts=[input_ids]")
+            chosen = calibrate(self, list(prompts), drafter, k)
+            drafter = chosen.drafter if isinstance(drafter, str) else drafter
+            tree = chosen.tree
+        elif drafter == "auto":
+            drafter = "heads"
+        return make_plan(self.base, drafter, k, tree, acceptance, eos_token_id, cache_implementation, lm=self)
+
     def generate(
         self,
         input_ids: torch.LongTensor,
         max_new_tokens: int,
         eos_token_id: int | Sequence[int] | None = None,
-        drafter: Drafter | Sequence[Drafter] | str | None = None,
+        drafter: str | Drafter | Sequence[Drafter] | None = "auto",
         k: int | None = None,
         cache_implementation: str = "dynamic",
         on_block: Callable[[list[int]], None] | None = None,
         acceptance: str | Acceptance | None = None,
-        tree: int | str | None = "auto",
+        tree: int | str | None = "default",
+        plan: DecodePlan | None = None,
     ) -> BlockwiseOutput:
         """Exact greedy decoding, several tokens per base-model call.
 
-        By default (`tree="auto"`, `drafter=None`) the drafters and tree budget are the ones
-        measured fastest for this model, dtype, machine and k (`blockdecode.calibrate`: measured on
-        this prompt the first time, seconds to a minute on a CPU, then cached on disk). `drafter`: a Drafter, a list of
-        them (sharing a tree), or a name: "heads", "ngram" or "heads+ngram". `tree=N` verifies a
-        tree of up to N candidate tokens a call, `tree=None` one chain (with the heads unless told
-        otherwise: the paper's method). k defaults to the heads' block size; with the heads it may
-        not exceed it, with other drafters it may be any k >= 1. `acceptance` (topk:N,
-        distance:EPS, min-block:L) trades exactness for speed; exact by default."""
-        k = self.k if k is None else k
-        drafter = None if drafter == "auto" else drafter
-        if drafter is None or any(
-            isinstance(d, HeadsDrafter) and d.heads is self.heads for d in self.drafters(drafter)
-        ):
-            if isinstance(k, bool) or not isinstance(k, numbers.Integral) or not 1 <= k <= self.k:
-                raise ValueError(f"k must be between 1 and the heads' block size {self.k}, got {k!r}")
-        if tree == "auto":  # the cheap checks first: a bad request fails before any calibration
-            input_ids = check_prompt(self.base, input_ids, max_new_tokens)
-            resolve_eos(self.base, eos_token_id)
-            rule = parse_acceptance(acceptance)
-            rule.check(k, vocab_size(self.base))
-            drafter, tree = resolve(self, [input_ids], drafter, tree, k, rule.rule)
-        elif isinstance(tree, str):
-            raise ValueError(f"tree must be a node budget >= 1, 'auto' or None, got {tree!r}")
-        drafters = self.drafters(drafter if drafter is not None else "heads")
-        return blockwise_generate(
-            self.base,
-            input_ids,
-            max_new_tokens,
-            drafters if len(drafters) > 1 else drafters[0],
-            k,
-            eos_token_id,
-            cache_implementation,
-            on_block,
-            acceptance,
-            tree,
-        )
-
-    def drafters(self, spec: Drafter | Sequence[Drafter] | str) -> list[Drafter]:
-        """Drafters from a name ("heads", "ngram", "heads+ngram": n-gram lookup first, the heads
-        filling the rest of a tree; "heads-rescored": the heads' paths ranked with an n-gram model
-        of the context), a drafter, or a list of them."""
-        if isinstance(spec, str):
-            named = {"heads": self.drafter, "heads-rescored": lambda: self.drafter(1.0), "ngram": NgramDrafter}
-            names = spec.split("+")
-            if not spec or any(name not in named for name in names):
-                raise ValueError(f"unknown drafter {spec!r}: choose heads, heads-rescored, ngram or heads+ngram")
-            return [named[name]() for name in sorted(names, key=lambda n: n != "ngram")]
-        return list(spec) if isinstance(spec, Sequence) else [spec]
+        By default (`drafter="auto"`, `tree="auto"`) the drafters and tree budget are the ones
+        predicted fastest for this model, dtype, machine and k (`blockdecode.calibrate`). `drafter`:
+        a name ("heads", "ngram", "heads+ngram", "heads-rescored"), a Drafter, or a list of them
+        sharing a tree. `tree=N` verifies a tree of up to N candidate tokens a call, `tree=None` one
+        chain (a drafter object decodes its chain unless told otherwise). k defaults to the heads'
+        block size; with the heads it may not exceed it. `acceptance` (topk:N, distance:EPS,
+        min-block:L) trades exactness for speed; exact by default. `plan`, if given (`lm.plan(...)`),
+        replaces all of these settings, so that many prompts share one resolution."""
+        input_ids = check_prompt(self.base, input_ids, max_new_tokens)  # before any planning
+        if plan is None:
+            plan = self.plan(drafter, k, tree, acceptance, eos_token_id, cache_implementation, prompts=[input_ids])
+        return decode(self.base, input_ids, max_new_tokens, plan, on_block)
 
     def save_pretrained(
         self,

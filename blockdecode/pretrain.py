@@ -97,7 +97,8 @@ def prepare_corpus(cfg: CorpusConfig, show: bool = True) -> PreTrainedTokenizerF
         for start in tqdm(range(0, len(chosen), 64), desc=f"tokenising {name}", disable=not show):
             for row in tokenizer([texts[f] for f in chosen[start : start + 64]]).input_ids:
                 ids += row + [eos]
-        atomic_write(out / f"{name}.npy", lambda p, a=np.asarray(ids, dtype=np.uint16): save_npy(p, a))
+        array = np.asarray(ids, dtype=np.uint16)
+        atomic_write(out / f"{name}.npy", lambda p, a=array: save_npy(p, a))
         size = sum(len(texts[f].encode()) for f in chosen)
         manifest[name] = {
             "files": [f.name for f in chosen],
@@ -216,7 +217,9 @@ def pretrain(cfg: PretrainConfig, show: bool = True) -> LlamaForCausalLM:
     corpus, out = Path(cfg.corpus), Path(cfg.out)
     tokenizer = PreTrainedTokenizerFast.from_pretrained(corpus)
     train_tokens = np.load(corpus / "train.npy", mmap_mode="r")
-    held_tokens = {s: np.load(corpus / f"{s}.npy", mmap_mode="r") for s in SPLITS[1:] if (corpus / f"{s}.npy").is_file()}
+    held_tokens = {
+        s: np.load(corpus / f"{s}.npy", mmap_mode="r") for s in SPLITS[1:] if (corpus / f"{s}.npy").is_file()
+    }
     held_tokens = {s: t for s, t in held_tokens.items() if s == "heldout" or len(t) > cfg.seq_len + 1}
     for name, tokens in (("train", train_tokens), ("heldout", held_tokens["heldout"])):
         if len(tokens) <= cfg.seq_len + 1:

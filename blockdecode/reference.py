@@ -10,7 +10,8 @@ from dataclasses import dataclass
 import torch
 from transformers import PreTrainedModel
 
-from blockdecode.hf import is_seq2seq, resolve_eos
+from blockdecode.adapter import sequence_logits
+from blockdecode.hf import resolve_eos
 
 
 @torch.inference_mode()
@@ -74,9 +75,6 @@ def first_divergence(
     pos = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
     if pos == 0 or pos >= len(a):
         return Divergence(pos, float("inf"))
-    if is_seq2seq(model):
-        logits = model(input_ids=source, decoder_input_ids=reference[:, :pos]).logits[0, -1].float()
-    else:
-        logits = model(reference[:, :pos]).logits[0, -1].float()
+    logits = sequence_logits(model, reference[:, :pos], source)[0, -1].float()
     top = logits.topk(2).values
     return Divergence(pos, float(top[0] - top[1]), float(top[0]))

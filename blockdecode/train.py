@@ -27,8 +27,9 @@ from tqdm.auto import tqdm
 from transformers import AutoTokenizer, PreTrainedModel
 
 from blockdecode import training
+from blockdecode.adapter import decoder_prompt
 from blockdecode.data import Pairs, fingerprint, load_pairs, load_tokens, pack, padded, split
-from blockdecode.decode import decode_prompts, decoder_prompt
+from blockdecode.decode import decode_prompts
 from blockdecode.hf import (
     context_length,
     decoder_output,
@@ -51,6 +52,7 @@ from blockdecode.io import (
 )
 from blockdecode.loss import IGNORE, linear_cross_entropy
 from blockdecode.model import BlockwiseLM
+from blockdecode.plan import make_plan
 from blockdecode.reference import greedy_generate
 from blockdecode.rules import greedy_rules
 
@@ -409,7 +411,9 @@ def evaluate(objective: Objective, held_out: torch.LongTensor, cfg: TrainConfig,
         prompts = [row[: cfg.eval_prompt_len].unsqueeze(0) for row in held_out[: cfg.eval_prompts]]
         budget = cfg.eval_new_tokens if limit is None else min(cfg.eval_new_tokens, limit - cfg.eval_prompt_len)
         eos = []
-    _, stats = decode_prompts(model.base, prompts, budget, model.drafter(), cfg.k, eos_token_id=eos)
+    _, stats = decode_prompts(
+        model.base, prompts, budget, make_plan(model.base, model.drafter(), cfg.k, eos_token_id=eos)
+    )
     objective.train(was_training)
     return {
         "eval_base_loss": float(sums[0] / tallies[0, 1].clamp(min=1)),

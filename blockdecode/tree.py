@@ -48,6 +48,10 @@ class Tree:
                 return
             node = self.add(node, int(token))
 
+    def is_chain(self) -> bool:
+        """Whether the nodes form one path from the root, each the child of the one before."""
+        return all(parent == i for i, parent in enumerate(self.parents))
+
     def ancestry(self) -> torch.Tensor:
         """mask [n+1, n+1] bool over the root and the nodes: mask[i, j] when j is i or an ancestor."""
         n = len(self) + 1

@@ -185,7 +185,19 @@ def test_cli_says_when_the_output_is_not_greedy(tmp_path: Path, capsys: pytest.C
     base = toy_model("llama", vocab=len(tokenizer), context=128)
     perturb_heads(BlockwiseLM.from_base(base, k=4)).save_pretrained(tmp_path)
     tokenizer.save_pretrained(tmp_path)
-    common = ["generate", "--model", str(tmp_path), "--prompt", "x1 = 1", "--max-new-tokens", "16", "--tree", "off"]
+    common = [
+        "generate",
+        "--model",
+        str(tmp_path),
+        "--prompt",
+        "x1 = 1",
+        "--max-new-tokens",
+        "16",
+        "--tree",
+        "off",
+        "--dtype",
+        "fp32",
+    ]
     main([*common, "--acceptance", "topk:3", "--compare"])
     err = capsys.readouterr().err
     assert "topk:3: approximate, this is NOT the exact greedy output" in err

@@ -1,4 +1,4 @@
-"""`tree="auto"`: the budget measured fastest, cached per model and setting, never another's."""
+"""`tree="auto"`: the setting predicted fastest, cached per model and setting, never another's."""
 
 from __future__ import annotations
 
@@ -9,30 +9,30 @@ import pytest
 import torch
 from conftest import NO_EOS, assert_greedy_equal, hf_greedy, make_prompt, perturb_heads
 
-from blockdecode import BlockwiseLM, calibrate
+from blockdecode import BlockwiseLM, NgramDrafter, calibrate
 from blockdecode.hf import weights_digest
 from blockdecode.toy import toy_model
 
 
 @pytest.fixture
 def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    return tmp_path / "blockdecode" / "calibration.json"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    return tmp_path / "cache" / "blockdecode" / "calibration.json"
 
 
 @pytest.fixture
 def measured(monkeypatch: pytest.MonkeyPatch) -> list:
-    """Replace the timing with fixed tables (a tree of 16 fastest), recording each calibration."""
+    """Replace the measurements with fixed tables (a tree of 16 fastest), recording each prediction."""
     calls = []
 
-    def fake_predict(lm, prompts, drafter, k, **kw):
-        calls.append((drafter, k))
-        return {b: 100.0 + (50.0 if b == 16 else b / 2) for b in range(1, calibrate.LARGEST + 1)}
+    def fake_predict(stats, t, loop_tree, loop_chain):
+        calls.append(stats)
+        return {b: 100.0 + (50.0 if b == 16 else b / 2) for b in range(0, calibrate.LARGEST + 1)}
 
-    monkeypatch.setattr(calibrate, "predict_budgets", fake_predict)
-    monkeypatch.setattr(
-        calibrate, "measure_settings", lambda lm, p, settings, k, **kw: {s: 100.0 + settings[s][1] for s in settings}
-    )
+    monkeypatch.setattr(calibrate, "predict", fake_predict)
+    monkeypatch.setattr(calibrate, "acceptance_statistics", lambda lm, p, spec, k, trees: {"spec": str(spec)})
+    monkeypatch.setattr(calibrate, "loop_seconds", lambda *a: 1e-3)
+    monkeypatch.setattr(calibrate, "forward_cost", lambda model, context, qs, reps: {1: 1e-3})
     return calls
 
 
@@ -47,6 +47,22 @@ def test_measured_once_then_served_from_the_cache(cache: Path, measured: list) -
     assert len(measured) == 2
 
 
+def test_the_cache_is_read_once_per_process_and_bounded(
+    cache: Path, measured: list, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    lm = BlockwiseLM.from_base(toy_model("llama", seed=2), k=4)
+    prompts = [make_prompt(5, 512)]
+    calibrate.calibrate(lm, prompts, "heads")
+    cache.write_text("{}")  # what is on disk is not read again in this process
+    calibrate.calibrate(lm, prompts, "heads")
+    assert len(measured) == 1
+    monkeypatch.setattr(calibrate, "CACHE_ENTRIES", 3)
+    for k in (1, 2, 3, 4):
+        calibrate.calibrate(lm, prompts, "heads", k)
+    kept = json.loads(cache.read_text())
+    assert len(kept) == 3 and all(key.endswith(f"k={k}") for key, k in zip(kept, (2, 3, 4)))  # oldest dropped
+
+
 def test_another_model_dtype_or_drafter_is_measured_anew(
     cache: Path, measured: list, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -58,19 +74,18 @@ def test_another_model_dtype_or_drafter_is_measured_anew(
     assert calibrate.calibrate(lm, prompts, "ngram").key != key
     assert calibrate.calibrate(lm.to(torch.bfloat16), prompts, "heads").key != key
     assert len(measured) == 4
+    calibrate._CACHE.clear()  # a new process
     cache.write_text("{not json")  # a damaged cache is measured again, never trusted
     calibrate.calibrate(lm, prompts, "heads")
     assert len(measured) == 5
     auto = calibrate.calibration_key(lm, "auto", 4)
-    monkeypatch.setattr(calibrate, "SOURCES", (*calibrate.SOURCES, "heads-rescored"))
+    monkeypatch.setattr(calibrate, "CHOICES", (*calibrate.CHOICES, "heads-rescored"))
     assert calibrate.calibration_key(lm, "auto", 4) != auto  # "auto" chosen among other sources: measured anew
 
 
 def test_the_chain_can_win_and_auto_stays_exact(cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(
-        calibrate,
-        "measure_settings",
-        lambda lm, p, settings, k, **kw: {s: 200.0 if s.endswith(":0") else 100.0 for s in settings},
+        calibrate, "predict", lambda stats, t, lt, lc: {b: 200.0 if b == 0 else 100.0 for b in range(0, 65)}
     )
     model = toy_model("qwen2", seed=4)
     ids = make_prompt(6, 512, seed=5)
@@ -83,50 +98,88 @@ def test_the_chain_can_win_and_auto_stays_exact(cache: Path, monkeypatch: pytest
 
 
 def test_prediction_gains_the_path_within_the_budget_and_pays_t_of_the_tokens_scored() -> None:
-    """Two calls: one accepted nodes 1, 3 and 9 of a 20-node tree, the other nothing. A budget of
-    3 keeps nodes 1 and 3 of the first path; t(q) = q ms, each call took 2 ms beyond it."""
+    """Two tree calls: one accepted nodes 1, 3 and 9 of a 20-node tree, the other nothing. A budget
+    of 3 keeps nodes 1 and 3 of the first path; t(q) = q ms, each call takes 2 ms beyond it. The
+    chain gained 3 and 1 tokens verifying 4 each, 1 ms beyond t(4)."""
     t = {1: 1e-3, 4: 4e-3, 21: 21e-3}
-    speeds = calibrate.predict([[1, 3, 9], []], [21, 21], [23e-3, 23e-3], t)
-    assert set(speeds) == set(range(1, calibrate.LARGEST + 1))
+    stats = {"tree": {"paths": [[1, 3, 9], []], "verified": [21, 21]}, "chain": {"gained": [3, 1], "verified": [4, 4]}}
+    speeds = calibrate.predict(stats, t, 2e-3, 1e-3)
+    assert set(speeds) == set(range(0, calibrate.LARGEST + 1))
+    assert speeds[0] == pytest.approx(2 / (1e-3 + 4e-3))
     assert speeds[3] == pytest.approx(((1 + 2) + 1) / 2 / (2e-3 + 4e-3))
     assert speeds[9] == pytest.approx(((1 + 3) + 1) / 2 / (2e-3 + 10e-3))
     assert speeds[64] == pytest.approx(speeds[20])  # past the tree's 20 nodes a budget buys nothing
 
 
-def test_real_calibration_predicts_every_budget_and_measures_the_best_against_the_chain(cache: Path) -> None:
+def test_real_calibration_predicts_the_chain_and_every_budget(cache: Path) -> None:
     lm = BlockwiseLM.from_base(toy_model("llama", seed=2), k=3)
-    result = calibrate.calibrate(lm, [make_prompt(4, 512)], "heads")
+    result = calibrate.calibrate(lm, [make_prompt(4, 512)], "heads", show=False)
     assert set(result.predicted) == {"heads"}
-    assert set(map(int, result.predicted["heads"])) == set(range(1, calibrate.LARGEST + 1))
+    assert set(map(int, result.predicted["heads"])) == set(range(0, calibrate.LARGEST + 1))
     assert all(s > 0 for s in result.predicted["heads"].values())
     best = max(result.predicted["heads"], key=result.predicted["heads"].get)
-    assert set(result.measured) == {"heads:0", f"heads:{best}"} and result.budget in (0, int(best))
+    assert result.budget == int(best) and result.statistics == "measured"
+
+
+def test_shipped_statistics_spare_the_decodes_and_match_the_measured(
+    cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Statistics recorded beside the model are used for its weights and k, and for no others."""
+    lm = perturb_heads(BlockwiseLM.from_base(toy_model("llama", seed=2), k=3))
+    lm.base_location = str(tmp_path)
+    prompts = [make_prompt(8, 512, seed=s) for s in (1, 2)]
+    recorded = calibrate.record_statistics(lm, prompts, tmp_path)
+    assert (
+        set(recorded) == set(calibrate.CHOICES)
+        and "chain" not in recorded["heads+ngram"]
+        or not (recorded["heads+ngram"]["chain"]["gained"])
+    )
+    measured = calibrate.acceptance_statistics(lm, prompts, "heads", 3, True)
+    assert measured == recorded["heads"]  # the same decodes: machine-independent
+    decoded = []
+    monkeypatch.setattr(calibrate, "acceptance_statistics", lambda *a: decoded.append(a) or measured)
+    result = calibrate.calibrate(lm, prompts, "auto", show=False)
+    assert result.statistics == "shipped" and not decoded
+    other = BlockwiseLM.from_base(toy_model("llama", seed=3), k=3)
+    other.base_location = str(tmp_path)  # another model's statistics in its folder: not used
+    calibrate.calibrate(other, prompts, "heads", show=False)
+    assert decoded
 
 
 def test_by_default_the_drafters_are_chosen_too_and_decoding_stays_exact(
     cache: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """drafter=None: every source is predicted; the best tree and the single drafters' chains are
-    measured; the fastest (here n-gram trees of 8) is what generate() then uses."""
-    predicted = {"heads": 100.0, "ngram": 300.0, "heads+ngram": 200.0}
-    monkeypatch.setattr(
-        calibrate, "predict_budgets", lambda lm, p, d, k, **kw: {b: predicted[d] - abs(b - 8) for b in range(1, 65)}
-    )
-    seen = {}
+    """drafter="auto": every source is predicted, chain and trees; the fastest (here n-gram trees of
+    8) is what generate() then uses."""
+    best = {"heads": 100.0, "ngram": 300.0, "heads+ngram": 200.0}
+    seen = []
 
-    def fake_measure(lm, p, settings, k, **kw):
-        seen.update(settings)
-        return {s: 500.0 if s == "ngram:8" else 100.0 for s in settings}
+    def fake_predict(stats, t, loop_tree, loop_chain):
+        seen.append(stats["name"])
+        return {b: best[stats["name"]] - abs(b - 8) for b in range(0, 65)}
 
-    monkeypatch.setattr(calibrate, "measure_settings", fake_measure)
+    monkeypatch.setattr(calibrate, "acceptance_statistics", lambda lm, p, spec, k, trees: {"name": spec})
+    monkeypatch.setattr(calibrate, "predict", fake_predict)
     model = toy_model("llama", seed=6)
     ids = make_prompt(12, 512, seed=1)
     lm = perturb_heads(BlockwiseLM.from_base(model, k=4))
     out = lm.generate(ids, 30, eos_token_id=NO_EOS)
-    assert set(seen) == {"ngram:8", "heads:0", "ngram:0"}  # shared drafters have no chain
+    assert sorted(seen) == sorted(calibrate.CHOICES)
     assert_greedy_equal(model, ids, out.sequences, hf_greedy(model, ids, 30, eos_token_id=NO_EOS))
     found = calibrate.calibrate(lm, [ids], "auto", 4)
     assert (found.drafter, found.tree) == ("ngram", 8)
+    assert lm.plan(prompts=[ids]) == lm.plan(prompts=[ids])  # resolved twice from the same inputs: equal
+
+
+def test_a_drafter_object_decodes_as_given_unless_auto_is_asked_for(cache: Path) -> None:
+    model = toy_model("llama", seed=6)
+    ids = make_prompt(12, 512, seed=1)
+    lm = BlockwiseLM.from_base(model, k=4)
+    out = lm.generate(ids, 12, eos_token_id=NO_EOS, drafter=NgramDrafter())
+    assert max(out.stats.verified) <= 4 and not cache.exists()  # its chain, nothing measured
+    out = lm.generate(ids, 12, eos_token_id=NO_EOS, drafter=NgramDrafter(), tree="auto")
+    assert cache.exists() and any("NgramDrafter" in key or "ngram" in key for key in json.loads(cache.read_text()))
+    assert_greedy_equal(model, ids, out.sequences, hf_greedy(model, ids, 12, eos_token_id=NO_EOS))
 
 
 def test_a_context_too_short_to_calibrate_in_decodes_with_the_chain(cache: Path) -> None:
@@ -144,6 +197,9 @@ def test_a_bad_request_fails_before_any_calibration(cache: Path) -> None:
         (dict(input_ids=make_prompt(4, 512), max_new_tokens=0), "max_new_tokens must be a positive integer"),
         (dict(input_ids=make_prompt(4, 512), max_new_tokens=5, eos_token_id="12"), "eos"),
         (dict(input_ids=make_prompt(4, 512), max_new_tokens=5, k=9), "heads' block size 4"),
+        (dict(input_ids=make_prompt(4, 512), max_new_tokens=5, acceptance="topk:0"), "topk:N"),
+        (dict(input_ids=make_prompt(4, 512), max_new_tokens=5, cache_implementation="paged"), "cache implementation"),
+        (dict(input_ids=make_prompt(4, 512), max_new_tokens=5, drafter="bigram"), "unknown drafter"),
     ):
         with pytest.raises((ValueError, TypeError), match=match):
             lm.generate(**kwargs)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import re
+import time
 from pathlib import Path
 
 import pytest
@@ -40,6 +42,8 @@ def test_generate_compare_reports_identical(model_dir: Path, capsys: pytest.Capt
             "--compare",
             "--tree",
             "off",
+            "--dtype",
+            "fp32",
         ]
     )
     out, err = capsys.readouterr()
@@ -77,7 +81,7 @@ def test_generate_translates_with_an_encoder_decoder(tmp_path: Path, capsys: pyt
     tokenizer = train_tokenizer(["the cat sat on the mat and the dog sat on the log " * 40], vocab_size=280)
     toy_model("marian", vocab=len(tokenizer), context=128).save_pretrained(tmp_path)
     tokenizer.save_pretrained(tmp_path)
-    main(["generate", "--model", str(tmp_path), "--prompt", "the cat sat", "--max-new-tokens", "16", "--compare",
+    main(["generate", "--model", str(tmp_path), "--prompt", "the cat sat", "--max-new-tokens", "16", "--compare", "--dtype", "fp32",
           "--k", "4"])  # fmt: skip
     out, err = capsys.readouterr()
     assert not out.startswith("the cat sat")  # a translation, not a continuation of the source
@@ -226,12 +230,13 @@ def test_calibrate_prints_the_budgets_and_caches_the_choice(
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     main(["calibrate", "--model", str(model_dir), "--dtype", "fp32", "--k", "3"])
     out = capsys.readouterr().out
-    for name in ("heads", "ngram", "heads+ngram"):  # --drafter auto predicts each, measures the chains
-        assert re.search(rf"^ *{re.escape(name)}: 1: \d+", out, re.M), out
-    assert re.search(r"^ *heads +chain: ", out, re.M) and re.search(r"^ *ngram +chain: ", out, re.M), out
-    assert "<- chosen" in out and "--tree auto decodes with" in out
+    for name in ("heads", "ngram", "heads+ngram"):  # --drafter auto predicts each, trees and chains
+        assert re.search(rf"^ *{re.escape(name)}: .*\b1: \d+", out, re.M), out
+    assert re.search(r"^ *heads: chain: \d+", out, re.M) and re.search(r"^ *ngram: chain: \d+", out, re.M), out
+    assert not re.search(r"^ *heads\+ngram: chain", out, re.M)  # shared drafters have no chain
+    assert out.count("*") == 3 and "--tree auto decodes with" in out  # each drafter's best marked
     assert (tmp_path / "blockdecode" / "calibration.json").is_file()
-    main(["generate", "--model", str(model_dir), "--prompt", "def f(x):", "--max-new-tokens", "8", "--tree", "auto",
+    main(["generate", "--model", str(model_dir), "--prompt", "def f(x):", "--max-new-tokens", "8", "--tree", "auto", "--dtype", "fp32",
           "--drafter", "ngram", "--k", "3", "--compare"])  # fmt: skip
     assert "identical: yes" in capsys.readouterr().err
 
@@ -328,3 +333,27 @@ def test_a_corrupt_tokenizer_names_its_file(model_dir: Path, tmp_path: Path) -> 
     (broken / "tokenizer.json").write_text("{not json")
     with pytest.raises(SystemExit, match="tokenizer.json cannot be read"):
         main(["generate", "--model", str(broken), "--prompt", "x"])
+
+
+def test_the_first_generate_chooses_its_setting_without_decoding_to_search(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    """With an empty cache, the built-in model's first `generate` predicts its setting from the
+    statistics shipped beside it and a few short timings: it decodes a few dozen tokens per drafter to
+    time the loop, never the hundreds a search by decoding took, and says so in one line."""
+    from blockdecode import calibrate
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    decoded, real = [], calibrate.decode
+    monkeypatch.setattr(
+        calibrate, "decode", lambda model, ids, n, plan, **kw: decoded.append(n) or real(model, ids, n, plan, **kw)
+    )
+    began = time.perf_counter()
+    main(["--threads", "2", "generate", "--prompt", "def fib(n):", "--max-new-tokens", "16"])
+    seconds = time.perf_counter() - began
+    err = capsys.readouterr().err
+    assert err.count("choosing drafters and tree") == 1
+    found = next(iter(json.loads((tmp_path / "blockdecode" / "calibration.json").read_text()).values()))
+    assert found["statistics"] == "shipped"
+    assert sum(decoded) <= len(calibrate.CHOICES) * 2 * (4 + calibrate.COST_TOKENS)  # timing decodes only
+    assert found["seconds"] < 20 and seconds < 60  # loose: a search by decoding took minutes on a slow CPU

@@ -15,6 +15,7 @@ from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from blockdecode import BlockwiseLM, NgramDrafter, ScriptedDrafter, blockwise_generate
 from blockdecode.toy import TOY_ARCHITECTURES, TOY_SEQ2SEQ, toy_config, toy_model
+from blockdecode.tree import Tree
 
 # k=1 paper heads are zero-width Linear layers; torch warns that initialising them is a no-op (see report).
 pytestmark = pytest.mark.filterwarnings("ignore:Initializing zero-element tensors:UserWarning")
@@ -100,6 +101,41 @@ def test_perfect_drafter_fills_every_block(arch: str, k: int) -> None:
     assert stats.calls == 1 + len(stats.block_sizes)
     assert all(b == k for b in stats.block_sizes[:-1]) and 1 <= stats.block_sizes[-1] <= k
     assert sum(stats.block_sizes) == 39  # the prefill gives the first token
+
+
+def chain_by_hand(ref: list[int], prompt_len: int, new: int, k: int, drafter: ScriptedDrafter) -> list[int]:
+    """The paper's chain, simulated from greedy's output alone: at each call the drafter proposes k-1
+    tokens, the prefix equal to greedy's is kept, plus greedy's own next token. The block sizes."""
+    length, blocks = prompt_len + 1, []  # the prefill gave the first new token
+    while length < prompt_len + new:
+        n = min(k - 1, prompt_len + new - length - 1)
+        guess = drafter.propose(torch.tensor([ref[:length]]), torch.zeros(1, 1), n)[0].tolist() if n else []
+        agreed = next((i for i, t in enumerate(guess) if t != ref[length + i]), n)
+        blocks.append(agreed + 1)
+        length += agreed + 1
+    return blocks
+
+
+@pytest.mark.parametrize("k", [2, 4, 8])
+@pytest.mark.parametrize("arch", TOY_ARCHITECTURES)
+def test_the_chain_is_a_tree_of_one_path(arch: str, k: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One loop serves chains and trees. A chain's calls and blocks are the paper's, simulated from
+    greedy's output alone; and scoring the chain through the tree's masked pass (positions and an
+    ancestor mask, not the causal fast path) gives the same tokens, calls and blocks."""
+    model, ids, ref = no_eos_case(arch)
+    runs = []
+    for masked in (False, True):
+        if masked:
+            monkeypatch.setattr(Tree, "is_chain", lambda self: False)
+        drafter = ScriptedDrafter(ref, accuracy=0.6, seed=k, vocab_size=vocab_size(model))
+        runs.append(blockwise_generate(model, ids, 40, drafter, k, eos_token_id=NO_EOS))
+    chain, masked = runs
+    assert_greedy_equal(model, ids, chain.sequences, ref)
+    assert torch.equal(chain.sequences, masked.sequences)
+    assert (chain.stats.calls, chain.stats.block_sizes) == (masked.stats.calls, masked.stats.block_sizes)
+    by_hand = ScriptedDrafter(ref, accuracy=0.6, seed=k, vocab_size=vocab_size(model))
+    assert chain.stats.block_sizes == chain_by_hand(ref[0].tolist(), ids.shape[1], 40, k, by_hand)
+    assert chain.stats.calls == 1 + len(chain.stats.block_sizes)
 
 
 def eos_mid_block(ref: torch.LongTensor, prompt_len: int, k: int) -> tuple[int, int]:

@@ -81,7 +81,8 @@ def test_demo_runs_on_the_shipped_model_and_states_any_difference(capsys: pytest
 
 
 def test_the_built_in_model_is_the_cli_default(capsys: pytest.CaptureFixture) -> None:
-    main(["generate", "--prompt", "def add(a, b):\n", "--max-new-tokens", "8", "--compare", "--tree", "off"])
+    main(["generate", "--prompt", "def add(a, b):\n", "--max-new-tokens", "8", "--compare", "--tree", "off",
+          "--dtype", "fp32"])  # fmt: skip
     err = capsys.readouterr().err
     assert "identical: yes" in err
 

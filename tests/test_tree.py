@@ -9,8 +9,8 @@ import pytest
 import torch
 from conftest import NO_EOS, assert_greedy_equal, hf_greedy, make_prompt, perturb_heads, tiny, vocab_size
 
-from blockdecode import BlockwiseLM, NgramDrafter, ScriptedDrafter, blockwise_generate
-from blockdecode.decode import takes_tree_masks
+from blockdecode import BaseDrafter, BlockwiseLM, NgramDrafter, ScriptedDrafter, blockwise_generate
+from blockdecode.adapter import takes_tree_masks
 from blockdecode.toy import TOY_ARCHITECTURES, toy_model
 from blockdecode.tree import Tree, best_path, lattice_paths
 
@@ -95,7 +95,7 @@ def test_trees_match_transformers_generate(arch: str) -> None:
         assert_greedy_equal(model, ids, out.sequences, ref, what=f"scripted {accuracy} + n-gram tree")
 
 
-class Candidates:
+class Candidates(BaseDrafter):
     """A drafter that offers fixed paths: wrong branches beside (or without) the right one."""
 
     in_vocabulary = True

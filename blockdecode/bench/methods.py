@@ -16,9 +16,9 @@ import torch
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel
 
-from blockdecode.decode import blockwise_generate, decoder_prompt
-from blockdecode.drafters import Drafter
-from blockdecode.hf import is_seq2seq
+from blockdecode.adapter import decoder_prompt, sequence_logits
+from blockdecode.decode import decode
+from blockdecode.plan import DecodePlan
 from blockdecode.reference import first_divergence, greedy_generate
 from blockdecode.timing import metered, sync
 
@@ -68,22 +68,14 @@ def transformers_run(
 
 def new_part(model: PreTrainedModel, ids: torch.LongTensor, out: torch.LongTensor) -> list[int]:
     """The generated tokens of `out`: after the prompt, or after an encoder-decoder's start token."""
-    return out[0, 1 if is_seq2seq(model) else ids.shape[1] :].tolist()
+    return out[0, decoder_prompt(model, ids)[1].shape[1] :].tolist()
 
 
-def blockwise_run(
-    model: PreTrainedModel,
-    ids: torch.LongTensor,
-    new_tokens: int,
-    drafter: Drafter,
-    k: int,
-    stop_at_eos: bool = False,
-    **kwargs,
-) -> Run:
-    """blockdecode, timed and counted from outside exactly as `transformers_run` is."""
+def blockwise_run(model: PreTrainedModel, ids: torch.LongTensor, new_tokens: int, plan: DecodePlan) -> Run:
+    """blockdecode as `plan` says, timed and counted from outside exactly as `transformers_run` is."""
     with metered(model) as meters:
         start = time.perf_counter()
-        out = blockwise_generate(model, ids, new_tokens, drafter, k, eos_token_id=None if stop_at_eos else [], **kwargs)
+        out = decode(model, ids, new_tokens, plan)
         sync(ids.device)
         seconds = time.perf_counter() - start
     sequence = new_part(model, ids, out.sequences)
@@ -181,8 +173,7 @@ def continuation_loss(base: PreTrainedModel, prompt: torch.LongTensor, tokens: l
     encoder-decoder, of the decoder's tokens given the source)."""
     source, start = decoder_prompt(base, prompt)
     ids = torch.cat([start, torch.tensor([tokens], device=prompt.device)], dim=1)
-    inputs = {"input_ids": source, "decoder_input_ids": ids} if source is not None else {"input_ids": ids}
-    logits = base(**inputs, use_cache=False).logits[0, start.shape[1] - 1 : -1].float()
+    logits = sequence_logits(base, ids, source)[0, start.shape[1] - 1 : -1].float()
     return float(torch.nn.functional.cross_entropy(logits, ids[0, start.shape[1] :]))
 
 

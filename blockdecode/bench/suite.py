@@ -33,10 +33,11 @@ from blockdecode.bench.report import environment, write_report
 from blockdecode.bible import HELD_OUT_VERSES
 from blockdecode.builtin import DEFAULT_DRAFT_MODEL, DEFAULT_MODEL
 from blockdecode.calibrate import calibrate
-from blockdecode.decode import blockwise_generate
-from blockdecode.drafters import NgramDrafter, ScriptedDrafter
-from blockdecode.hf import CACHE_IMPLEMENTATIONS, DTYPES, is_seq2seq, load_base, vocab_size
+from blockdecode.decode import decode
+from blockdecode.drafters import CHOICES, ScriptedDrafter
+from blockdecode.hf import CACHE_IMPLEMENTATIONS, DTYPES, dtype_for, dtype_name, is_seq2seq, load_base, vocab_size
 from blockdecode.model import BlockwiseLM, load
+from blockdecode.plan import make_plan
 from blockdecode.timing import forward_cost
 from blockdecode.toy import toy_model
 
@@ -49,7 +50,7 @@ class BenchConfig:
     draft: str | None = None  # a small causal LM with the same tokenizer, for assisted generation
     prompts: str | None = None  # a JSON list of prompt texts; None: the model's held-out prompts
     ks: list[int] = field(default_factory=lambda: [2, 4, 6, 8, 10])
-    dtype: str = "bf16"
+    dtype: str = "auto"  # bf16 where the device computes it natively, else fp32
     new_tokens: int = 128
     n_prompts: int = 12
     repeats: int = 2
@@ -69,9 +70,10 @@ class BenchConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        for name in ("dtype", "system_dtype"):
-            if getattr(self, name) not in DTYPES:
-                raise ValueError(f"unknown {name} {getattr(self, name)!r}: choose {', '.join(DTYPES)}")
+        if self.device.startswith("cuda") and not torch.cuda.is_available():
+            raise ValueError(f"--device {self.device}: this torch has no CUDA device")
+        for name in ("dtype", "system_dtype"):  # "auto" recorded as what it stands for here
+            setattr(self, name, dtype_name(dtype_for(getattr(self, name), self.device)))
         if not self.ks or min(self.ks) < 1:
             raise ValueError(f"ks must be block sizes >= 1, got {self.ks}")
         if any(t != "auto" and (not isinstance(t, int) or isinstance(t, bool) or t < 1) for t in self.trees):
@@ -84,8 +86,6 @@ class BenchConfig:
         unknown = set(self.system_caches) - set(CACHE_IMPLEMENTATIONS)
         if unknown or not self.system_caches:
             raise ValueError(f"system_caches must name some of {', '.join(CACHE_IMPLEMENTATIONS)}, got {unknown}")
-        if self.device.startswith("cuda") and not torch.cuda.is_available():
-            raise ValueError(f"--device {self.device}: this torch has no CUDA device")
         if not (self.methods or self.system):
             raise ValueError("nothing to measure: enable methods or the scripted-drafter study")
 
@@ -127,8 +127,10 @@ def methods_for(cfg: BenchConfig, lm: BlockwiseLM, draft, prompts: list[torch.Lo
     def transformers(ids: torch.LongTensor, **kwargs) -> Run:
         return transformers_run(lm.base, ids, n, stop_at_eos=eos, **kwargs)
 
-    def blockwise(ids: torch.LongTensor, drafter, k: int, **kwargs) -> Run:
-        return blockwise_run(lm.base, ids, n, drafter, k, stop_at_eos=eos, **kwargs)
+    def blockwise(drafter, k: int, **settings):
+        """A method's run: its plan made once, every prompt decoded through it."""
+        plan = make_plan(lm.base, drafter, k, eos_token_id=None if eos else [], lm=lm, **settings)
+        return lambda ids: blockwise_run(lm.base, ids, n, plan)
 
     ms = [
         Method("greedy", "greedy", transformers),
@@ -136,11 +138,10 @@ def methods_for(cfg: BenchConfig, lm: BlockwiseLM, draft, prompts: list[torch.Lo
     ]
     if draft is not None:
         ms.append(Method("assisted", "assisted", lambda ids: transformers(ids, assistant_model=draft)))
-    heads, ngram = lm.drafter(), NgramDrafter()  # stateless: one serves every k and tree
     for k in cfg.ks:
         if k <= lm.k:
-            ms.append(Method(f"heads k={k}", "heads", lambda ids, k=k: blockwise(ids, heads, k), k=k))
-        ms.append(Method(f"n-gram k={k}", "ngram", lambda ids, k=k: blockwise(ids, ngram, k), k=k))
+            ms.append(Method(f"heads k={k}", "heads", blockwise("heads", k), k=k))
+        ms.append(Method(f"n-gram k={k}", "ngram", blockwise("ngram", k), k=k))
         for spec in cfg.acceptance:
             if k > lm.k or (spec.startswith("min-block") and parse_acceptance(spec).min_block > k):
                 continue
@@ -148,30 +149,28 @@ def methods_for(cfg: BenchConfig, lm: BlockwiseLM, draft, prompts: list[torch.Lo
                 Method(
                     f"heads k={k} {spec}",
                     "heads",
-                    lambda ids, k=k, spec=spec: blockwise(ids, heads, k, acceptance=spec),
+                    blockwise("heads", k, acceptance=spec),
                     k=k,
                     acceptance=spec,
                 )
             )
     top = max(cfg.ks)
     if top <= lm.k:  # Kim et al.'s rescoring of the heads' lattice by an n-gram model of the context
-        rescored = lm.drafter(rescore=1.0)
-        ms.append(Method(f"heads-rescored k={top}", "heads", lambda ids: blockwise(ids, rescored, top), k=top))
+        ms.append(Method(f"heads-rescored k={top}", "heads", blockwise("heads-rescored", top), k=top))
     if cfg.static_cache:  # the same calls with a preallocated cache, against the same greedy baseline
         static = dict(cache_implementation="static")
         ms.append(Method("greedy static", "greedy", lambda ids: transformers(ids, **static)))
         if top <= lm.k:
-            ms.append(Method(f"heads k={top} static", "heads", lambda ids: blockwise(ids, heads, top, **static), k=top))
-        ms.append(Method(f"n-gram k={top} static", "ngram", lambda ids: blockwise(ids, ngram, top, **static), k=top))
+            ms.append(Method(f"heads k={top} static", "heads", blockwise("heads", top, **static), k=top))
+        ms.append(Method(f"n-gram k={top} static", "ngram", blockwise("ngram", top, **static), k=top))
     k = max((k for k in cfg.ks if k <= lm.k), default=None)
     for budget in cfg.trees if k else []:
-        for family, drafter in (("heads", heads), ("ngram", ngram), ("heads+ngram", [ngram, heads])):
+        for family in CHOICES:
             nodes, name = budget, f"{family} tree {budget} k={k}"
             if budget == "auto":
-                nodes = calibrate(lm, prompts[:2], family, k, drafters=drafter).budget
+                nodes = calibrate(lm, prompts[:2], family, k).budget
                 name = f"{family} tree auto ({nodes or 'chain'}) k={k}"
-            run = lambda ids, d=drafter, b=nodes or None: blockwise(ids, d, k, tree=b)  # noqa: E731
-            ms.append(Method(name, f"{family} tree", run, k=k))
+            ms.append(Method(name, f"{family} tree", blockwise(family, k, tree=nodes or None), k=k))
     return ms
 
 
@@ -237,7 +236,7 @@ def system_ceiling(cfg: BenchConfig, show: bool) -> dict:
     def script(ids: torch.LongTensor) -> torch.LongTensor:
         seq = torch.tensor([ids[0].tolist() + transformers_run(model, ids, n).sequence], device=ids.device)
         for _ in range(3):
-            out = blockwise_generate(model, ids, n, ScriptedDrafter(seq, vocab), k, eos_token_id=[])
+            out = decode(model, ids, n, make_plan(model, ScriptedDrafter(seq, vocab), k, eos_token_id=[]))
             if torch.equal(out.sequences, seq):
                 break
             seq = out.sequences
@@ -248,7 +247,8 @@ def system_ceiling(cfg: BenchConfig, show: bool) -> dict:
     def scripted(acc: float, impl: str):
         def run(ids: torch.LongTensor) -> Run:
             drafter = ScriptedDrafter(scripts[tuple(ids[0].tolist())], vocab, accuracy=acc, seed=cfg.seed)
-            return blockwise_run(model, ids, n, drafter, k, cache_implementation=impl)
+            plan = make_plan(model, drafter, k, eos_token_id=[], cache_implementation=impl)
+            return blockwise_run(model, ids, n, plan)
 
         return run
 

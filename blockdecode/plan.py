@@ -1,0 +1,113 @@
+"""The decode plan: every setting of a decode, resolved and checked once, before the first model call.
+
+`generate()`, the CLI, the demo, the benchmark and calibration all build a `DecodePlan` and decode
+through it (`blockdecode.decode.decode`), so a setting means the same everywhere and a bad one
+fails before anything runs. Choosing settings by measurement ("auto") happens above this module,
+in `blockdecode.calibrate`; a plan holds only what was chosen."""
+
+from __future__ import annotations
+
+import numbers
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from transformers import PreTrainedModel
+
+from blockdecode.acceptance import Acceptance, parse_acceptance
+from blockdecode.adapter import takes_tree_masks
+from blockdecode.drafters import DRAFTERS, BaseDrafter, Drafter, HeadsDrafter, as_drafter, drafter_names
+from blockdecode.hf import CACHE_IMPLEMENTATIONS, resolve_eos, vocab_size
+
+
+@dataclass(frozen=True)
+class DecodePlan:
+    """What one decode does: who proposes, how far ahead, how many candidates a call, which proposals
+    stand, where it stops, and which cache holds the context."""
+
+    drafters: tuple[BaseDrafter, ...]  # the first alone proposes a chain; all share a tree
+    k: int  # tokens a call at best: the newest token's successor and k-1 proposals
+    tree: int | None = None  # None: one chain a call; N: a tree of up to N candidate tokens
+    acceptance: Acceptance = Acceptance()
+    eos: frozenset[int] = frozenset()
+    cache_implementation: str = "dynamic"
+
+    @property
+    def drafter_name(self) -> str:
+        """The drafters as the CLI names them: "heads", "ngram+heads", or a drafter's class name."""
+        return "+".join(d.name for d in self.drafters)
+
+    @property
+    def setting(self) -> str:
+        return f"trees of {self.tree}" if self.tree else "chain"
+
+
+def positive(value: object, message: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        raise ValueError(f"{message}, got {value!r}")
+    return int(value)
+
+
+def check_settings(
+    model: PreTrainedModel,
+    k: int,
+    tree: int | None,
+    acceptance: str | Acceptance | None,
+    eos_token_id: int | Sequence[int] | None,
+    cache_implementation: str,
+) -> tuple[int, int | None, Acceptance, frozenset[int]]:
+    """The settings that need no drafter, checked without calling the model: k, the tree budget, the
+    acceptance rule, EOS and the cache."""
+    k = positive(k, "k must be an integer >= 1 (the block size, head 1 included)")
+    if tree is not None:
+        tree = positive(tree, "tree must be a node budget >= 1 (or None for a chain)")
+    if cache_implementation not in CACHE_IMPLEMENTATIONS:
+        raise ValueError(
+            f"unknown cache implementation {cache_implementation!r}: choose one of {', '.join(CACHE_IMPLEMENTATIONS)}"
+        )
+    rule = parse_acceptance(acceptance)
+    rule.check(k, vocab_size(model))
+    if tree is not None and rule.rule == "min-block":
+        raise ValueError("min-block:L forces the first proposals of a chain; it does not apply to a tree")
+    return k, tree, rule, frozenset(resolve_eos(model, eos_token_id))
+
+
+def make_plan(
+    model: PreTrainedModel,
+    drafter: str | Drafter | Sequence[Drafter],
+    k: int,
+    tree: int | None = None,
+    acceptance: str | Acceptance | None = None,
+    eos_token_id: int | Sequence[int] | None = None,
+    cache_implementation: str = "dynamic",
+    lm=None,
+) -> DecodePlan:
+    """The plan for decoding `model` (a BlockwiseLM's base when `lm` is given): `drafter` a name
+    ("heads", "ngram", "heads+ngram", "heads-rescored"; the heads need `lm`), a drafter or a list of
+    them; `tree=None` a chain, N a budget of candidate tokens. Every setting is checked here. A model
+    that cannot score a tree (ALiBi, T5's relative positions) gets the first drafter's chain, with a
+    warning."""
+    if isinstance(drafter, str):
+        names = drafter_names(drafter)
+        if lm is None and any(name.startswith("heads") for name in names):
+            raise ValueError(f"drafter {drafter!r} needs a BlockwiseLM's heads: decode with lm.generate")
+        drafters = tuple(DRAFTERS[name](lm) for name in names)
+    else:
+        given = list(drafter) if isinstance(drafter, Sequence) else [drafter]
+        if not given:
+            raise ValueError("no drafter given: pass a drafter, a list of them, or a name")
+        drafters = tuple(as_drafter(d) for d in given)
+    if lm is not None and any(isinstance(d, HeadsDrafter) and d.heads is lm.heads for d in drafters):
+        if isinstance(k, bool) or not isinstance(k, numbers.Integral) or not 1 <= k <= lm.k:
+            raise ValueError(f"k must be between 1 and the heads' block size {lm.k}, got {k!r}")
+    k, tree, rule, eos = check_settings(model, k, tree, acceptance, eos_token_id, cache_implementation)
+    if tree is None and len(drafters) != 1:
+        raise ValueError(f"{len(drafters)} drafters need a tree to share: pass tree=N")
+    if tree is not None and not takes_tree_masks(model):
+        warnings.warn(
+            f"{type(model).__name__} does not score a tree as given (custom attention mask and position ids, checked "
+            f"on its logits): decoding with one chain from {drafters[0]!r} instead of a tree",
+            stacklevel=2,
+        )
+        tree, drafters = None, drafters[:1]
+    return DecodePlan(drafters, k, tree, rule, eos, cache_implementation)

@@ -1,0 +1,84 @@
+"""The decode plan: settings resolved and checked once, before any model call."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import make_prompt, tiny
+
+from blockdecode import BlockwiseLM, NgramDrafter, ScriptedDrafter
+from blockdecode.acceptance import parse_acceptance
+from blockdecode.drafters import ChainDrafter, HeadsDrafter
+from blockdecode.plan import DecodePlan, make_plan
+
+
+@pytest.fixture
+def lm() -> BlockwiseLM:
+    return BlockwiseLM.from_base(tiny("llama"), k=4)
+
+
+class Plain:
+    def propose(self, tokens: torch.LongTensor, hidden: torch.Tensor, n: int) -> torch.LongTensor:
+        return tokens[:, -1:].repeat(1, n)
+
+
+class Counting:
+    """Counts the base model's forward calls, which a bad setting must never reach."""
+
+    def __init__(self, model: torch.nn.Module):
+        self.calls = 0
+        model.register_forward_pre_hook(lambda *_: setattr(self, "calls", self.calls + 1))
+
+
+def test_a_plan_resolved_twice_from_the_same_inputs_is_equal(lm: BlockwiseLM) -> None:
+    for drafter, tree in (("heads", None), ("heads+ngram", 8), ("ngram", 3), ("heads-rescored", None)):
+        first = make_plan(lm.base, drafter, 3, tree, "topk:2" if tree is None else None, [1, 2], lm=lm)
+        assert first == make_plan(lm.base, drafter, 3, tree, "topk:2" if tree is None else None, [1, 2], lm=lm)
+        assert hash(first) == hash(
+            make_plan(lm.base, drafter, 3, tree, parse_acceptance("topk:2") if tree is None else None, [2, 1], lm=lm)
+        )
+    ngram_first = make_plan(lm.base, "heads+ngram", 4, 8, lm=lm)
+    assert [type(d) for d in ngram_first.drafters] == [NgramDrafter, HeadsDrafter]  # n-gram fills a tree first
+    assert ngram_first.drafter_name == "ngram+heads" and ngram_first.setting == "trees of 8"
+    assert make_plan(lm.base, "heads", 4, lm=lm) != make_plan(lm.base, "heads", 3, lm=lm)
+    assert lm.plan("heads", tree=None) == make_plan(lm.base, "heads", 4, lm=lm)
+    script = ScriptedDrafter(torch.arange(10), 512)
+    assert make_plan(lm.base, script, 2) == make_plan(lm.base, script, 2)  # the same object: the same plan
+    plain = Plain()  # a drafter of the protocol alone is wrapped, its abilities declared
+    assert make_plan(lm.base, plain, 2).drafters == (ChainDrafter(plain),)
+    assert make_plan(lm.base, plain, 2) != make_plan(lm.base, Plain(), 2)
+
+
+@pytest.mark.parametrize(
+    ("settings", "match"),
+    [
+        (dict(drafter="heads", k=0), "k must be an integer >= 1"),
+        (dict(drafter="heads", k=5), "heads' block size 4"),
+        (dict(drafter="heads", k=2, tree=0), "tree must be a node budget >= 1"),
+        (dict(drafter="heads", k=2, tree="8"), "tree must be a node budget >= 1"),
+        (dict(drafter="heads+ngram", k=2), "2 drafters need a tree"),
+        (dict(drafter="bigram", k=2), "unknown drafter 'bigram'"),
+        (dict(drafter="heads", k=2, acceptance="topk:0"), "topk:N"),
+        (dict(drafter="heads", k=2, acceptance="min-block:3"), "more tokens per call than the block size"),
+        (dict(drafter="heads", k=3, tree=4, acceptance="min-block:2"), "does not apply to a tree"),
+        (dict(drafter="heads", k=2, eos_token_id="12"), "eos_token_id must be an integer"),
+        (dict(drafter="heads", k=2, cache_implementation="paged"), "unknown cache implementation"),
+        (dict(drafter=[], k=2), "no drafter given"),
+        (dict(drafter=object(), k=2), "needs a propose"),
+    ],
+)
+def test_a_bad_setting_fails_before_any_model_call(lm: BlockwiseLM, settings: dict, match: str) -> None:
+    counting = Counting(lm.base)
+    with pytest.raises((ValueError, TypeError), match=match):
+        make_plan(lm.base, lm=lm, **settings)
+    if "need a tree" not in match:  # under tree="auto" the drafters get a tree
+        with pytest.raises((ValueError, TypeError), match=match):  # before anything is measured
+            lm.generate(make_prompt(4, 512), 8, **{"tree": "auto", **settings})
+    assert counting.calls == 0
+
+
+def test_named_heads_need_a_blockwise_lm() -> None:
+    with pytest.raises(ValueError, match="needs a BlockwiseLM's heads"):
+        make_plan(tiny("llama"), "heads", 3)
+    plan = make_plan(tiny("llama"), "ngram", 3, tree=4)
+    assert isinstance(plan, DecodePlan) and plan.drafters == (NgramDrafter(),)
