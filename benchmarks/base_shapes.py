@@ -45,22 +45,26 @@ def flops_per_token(cfg: PretrainConfig, vocab_size: int) -> float:
 
 
 @torch.inference_mode()
-def decode_step_ms(model: LlamaForCausalLM, context: int = 300, repeats: int = 20) -> float:
-    """t(1): one new token over a cache of `context` tokens, in the dtype this machine decodes in."""
+def decode_step_ms(models: dict[str, LlamaForCausalLM], context: int = 300, rounds: int = 30) -> dict[str, float]:
+    """t(1) of each model: one new token over a cache of `context` tokens, in the dtype this machine
+    decodes in, the models taking turns so that whatever else runs slows them alike."""
     from transformers import DynamicCache
 
     from blockdecode.hardware import auto_dtype
 
-    model = model.to(auto_dtype()).eval()
-    cache = DynamicCache(config=model.config)
-    model(input_ids=torch.zeros(1, context, dtype=torch.long), past_key_values=cache)
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        model(input_ids=torch.zeros(1, 1, dtype=torch.long), past_key_values=cache)
-        times.append(time.perf_counter() - t0)
-        cache.crop(-1)
-    return 1000 * float(np.median(times))
+    caches = {}
+    for name, model in models.items():
+        model.to(auto_dtype()).eval()
+        caches[name] = DynamicCache(config=model.config)
+        model(input_ids=torch.zeros(1, context, dtype=torch.long), past_key_values=caches[name])
+    times: dict[str, list[float]] = {name: [] for name in models}
+    for _ in range(rounds):
+        for name, model in models.items():
+            t0 = time.perf_counter()
+            model(input_ids=torch.zeros(1, 1, dtype=torch.long), past_key_values=caches[name])
+            times[name].append(time.perf_counter() - t0)
+            caches[name].crop(-1)
+    return {name: 1000 * float(np.median(t)) for name, t in times.items()}
 
 
 def main() -> None:
@@ -76,12 +80,12 @@ def main() -> None:
     torch.set_num_threads(int(os.environ.get("THREADS", "2")))
     corpus = Path(args.corpus)
     vocab_size = len(json.loads((corpus / "tokenizer.json").read_text())["model"]["vocab"])
-    rows = []
+    rows, models = [], {}
     for name in args.shapes:
         cfg = PretrainConfig(corpus=args.corpus, out=str(Path(args.out) / name), resume=True, **SHAPES[name])
         steps = max(20, round(args.budget / (flops_per_token(cfg, vocab_size) * cfg.batch_size * cfg.seq_len)))
         cfg.steps, cfg.warmup_steps, cfg.eval_every = steps, max(5, steps // 25), max(10, steps // 5)
-        model = pretrain(cfg)
+        model = models[name] = pretrain(cfg)
         params = sum(p.numel() for p in model.parameters())
         evals = [json.loads(line) for line in (Path(cfg.out) / "metrics.jsonl").read_text().splitlines()]
         evals = [r for r in evals if "heldout_loss" in r]
@@ -95,13 +99,14 @@ def main() -> None:
                 "tokens": steps * cfg.batch_size * cfg.seq_len,
                 "heldout_loss": evals[-1]["heldout_loss"],
                 "curve": [(r["step"] * cfg.batch_size * cfg.seq_len, r["heldout_loss"]) for r in evals],
-                "decode_step_ms": decode_step_ms(model),
             }
         )
-        print(json.dumps({k: v for k, v in rows[-1].items() if k not in ("config", "curve")}), flush=True)
+    for row, ms in zip(rows, decode_step_ms(models).values()):
+        row["decode_step_ms"] = ms
+        print(json.dumps({k: v for k, v in row.items() if k not in ("config", "curve")}), flush=True)
     results = Path(args.results)
     meta = {
-        "minutes_each": args.minutes,
+        "flops_each": args.budget,
         "threads": torch.get_num_threads(),
         "cpu": torch.backends.cpu.get_cpu_capability(),
     }
