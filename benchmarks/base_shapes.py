@@ -63,8 +63,9 @@ def seconds_per_step(cfg: PretrainConfig, vocab_size: int, tokens: np.ndarray, s
 @torch.inference_mode()
 def decode_step_ms(model: LlamaForCausalLM, context: int = 300, repeats: int = 20) -> float:
     """t(1): one new token over a cache of `context` tokens, in the dtype this machine decodes in."""
-    from blockdecode.hardware import auto_dtype
     from transformers import DynamicCache
+
+    from blockdecode.hardware import auto_dtype
 
     model = model.to(auto_dtype()).eval()
     cache = DynamicCache(config=model.config)
@@ -115,7 +116,11 @@ def main() -> None:
         )
         print(json.dumps({k: v for k, v in rows[-1].items() if k not in ("config", "curve")}), flush=True)
     results = Path(args.results)
-    meta = {"minutes_each": args.minutes, "threads": torch.get_num_threads(), "cpu": torch.backends.cpu.get_cpu_capability()}
+    meta = {
+        "minutes_each": args.minutes,
+        "threads": torch.get_num_threads(),
+        "cpu": torch.backends.cpu.get_cpu_capability(),
+    }
     write_json(results / "base_shapes.json", {"what": "base shapes at equal training time", **meta, "rows": rows})
     import matplotlib
 
@@ -125,7 +130,12 @@ def main() -> None:
     fig, ax = plt.subplots(figsize=(7, 4))
     for row in rows:
         xs, ys = zip(*row["curve"])
-        ax.plot(np.array(xs) / 1e6, ys, "o-", label=f"{row['shape']} ({row['params'] / 1e6:.1f}M, t(1) {row['decode_step_ms']:.1f} ms)")
+        ax.plot(
+            np.array(xs) / 1e6,
+            ys,
+            "o-",
+            label=f"{row['shape']} ({row['params'] / 1e6:.1f}M, t(1) {row['decode_step_ms']:.1f} ms)",
+        )
     ax.set_xlabel(f"training tokens (M), {args.minutes:g} min each")
     ax.set_ylabel("held-out stdlib loss (nats/token)")
     ax.legend()
