@@ -629,20 +629,6 @@ def run_record(records: list[dict], cfg: TrainConfig, row_tokens: float) -> dict
     }
 
 
-def tradeoff(records: list[dict]) -> list[dict]:
-    """A run's speed against its quality at each held-out evaluation: the mean accepted block and
-    the base's held-out loss relative to the first evaluation's (the base before training)."""
-    evals = [r for r in records if "eval_base_loss" in r]
-    return [
-        {
-            "step": r["step"],
-            "mean_block_size": r["eval_mean_block_size"],
-            "relative_loss": r["eval_base_loss"] / evals[0]["eval_base_loss"] - 1,
-        }
-        for r in evals
-    ]
-
-
 def training_summary(out: str | Path) -> str:
     """Held-out base loss, heads' accuracy and decoded mean accepted block size before and after a run."""
     evals = [r for r in read_jsonl(Path(out) / "metrics.jsonl") if "eval_base_loss" in r]

@@ -340,30 +340,3 @@ def plot_translation(rows: list[dict], png: Path) -> None:
     bleu_ax.set_xlabel("step")
     bleu_ax.set_ylabel("validation BLEU (greedy)")
     save_figure(fig, png)
-
-
-@torch.inference_mode()
-def table_row(lm, tokenizer: PreTrainedTokenizerFast, pairs: list, ks: list[int], show: bool = True) -> dict:
-    """One row of the paper's Table 1 for a BlockwiseLM on an encoder-decoder: the BLEU of its
-    exact (greedy) translations of `pairs` (bible.VersePair), and at each k the mean accepted
-    block of the heads' chain; every k's tokens are checked against k=1's, which is greedy itself."""
-    from blockdecode.decode import blockwise_generate
-
-    sources = [tokenizer(p.source, return_tensors="pt").input_ids.to(lm.base.device) for p in pairs]
-    limit = lm.base.config.max_position_embeddings - 1
-    budgets = [min(limit, 2 * s.shape[1] + 10) for s in sources]
-    drafter = lm.drafter()
-    greedy, by_k = None, {}
-    for k in tqdm(sorted(set([1, *ks])), desc="k", leave=False, disable=not show):
-        outs = [blockwise_generate(lm.base, s, n, drafter, k) for s, n in zip(sources, budgets)]
-        tokens = [o.sequences[0].tolist() for o in outs]
-        greedy = greedy or tokens
-        per_verse = [o.stats.mean_block_size for o in outs]
-        blocks = [b for o in outs for b in o.stats.block_sizes]
-        by_k[k] = {
-            "mean_block_size": sum(blocks) / max(1, len(blocks)),
-            "median_block_size": float(np.median(per_verse)),
-            "identical_to_greedy": sum(t == g for t, g in zip(tokens, greedy)) / len(tokens),
-        }
-    hypotheses = [tokenizer.decode(t, skip_special_tokens=True).strip() for t in greedy]
-    return {"bleu": sacrebleu.corpus_bleu(hypotheses, [[p.target for p in pairs]]).score, "by_k": by_k}

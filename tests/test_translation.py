@@ -127,21 +127,3 @@ def test_cli_trains_the_translation_model_and_a_draft_that_shares_its_tokenizer(
         main(["pretrain-translation", "--corpus", str(CORPUS), "--out", str(tmp_path / "x"), *args, "--tokenizer",
               str(other)])  # fmt: skip
     assert not (tmp_path / "x").exists()
-
-
-def test_a_table_row_is_bleu_and_the_block_at_each_k(tmp_path: Path) -> None:
-    from blockdecode.translation import table_row
-
-    train_translation(TranslationConfig(corpus=str(CORPUS), out=str(tmp_path), **TINY), show=False)
-    model = AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "model").eval()
-    tokenizer = PreTrainedTokenizerFast.from_pretrained(tmp_path / "model")
-    pairs = read_tsv(CORPUS / "test.tsv")[:4]
-    row = table_row(BlockwiseLM.from_base(model, k=4), tokenizer, pairs, [2, 4], show=False)
-    assert set(row["by_k"]) == {1, 2, 4} and row["by_k"][1]["mean_block_size"] == 1.0
-    assert all(entry["identical_to_greedy"] == 1.0 for entry in row["by_k"].values())
-    import sacrebleu
-
-    sources = [tokenizer(p.source, return_tensors="pt").input_ids for p in pairs]
-    greedy = [hf_greedy(model, s, min(127, 2 * s.shape[1] + 10))[0] for s in sources]  # the table's budgets
-    texts = [tokenizer.decode(g, skip_special_tokens=True).strip() for g in greedy]
-    assert row["bleu"] == pytest.approx(sacrebleu.corpus_bleu(texts, [[p.target for p in pairs]]).score)

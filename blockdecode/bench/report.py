@@ -1,5 +1,6 @@
 """What a benchmark run leaves behind: the environment it ran in, bench.json, the PNGs and the
-markdown tables (the README's tables are generated from these, never typed)."""
+markdown tables (the documentation's tables are generated from these, never typed; the package
+itself writes only into the run's folder)."""
 
 from __future__ import annotations
 
@@ -56,16 +57,6 @@ def write_report(report: dict, out: Path) -> None:
     write_text(out / "table.md", "\n\n".join(tables) + "\n")
 
 
-def update_readme(readme: Path, name: str, text: str) -> None:
-    """Replace what lies between `<!-- {name}:start -->` and `<!-- {name}:end -->` in the README."""
-    start_mark, end_mark = f"<!-- {name}:start -->", f"<!-- {name}:end -->"
-    old = readme.read_text()
-    if start_mark not in old or end_mark not in old:
-        raise ValueError(f"{readme} has no {start_mark} ... {end_mark} section")
-    head, rest = old.split(start_mark, 1)
-    write_text(readme, f"{head}{start_mark}\n{text}\n{end_mark}{rest.split(end_mark, 1)[1]}")
-
-
 def best(report: dict, family: str) -> dict | None:
     """The fastest exact row of a family."""
     rows = [r for r in report["methods"].values() if r["family"] == family and r["exact_method"]]
@@ -96,7 +87,7 @@ def identical(r: dict) -> str:
 
 
 def markdown(report: dict) -> str:
-    """The README's table: one row per method, exact rows first, then the approximate ones."""
+    """The benchmark table: one row per method, exact rows first, then the approximate ones."""
     lines = [
         _header(report),
         "",
