@@ -15,7 +15,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
-import blockdecode.pretrain as pretrain_module
+from blockdecode import training
 from blockdecode.cli import main
 from blockdecode.corpus import SPECIAL_TOKENS, corpus_files, is_heldout, stdlib_files
 from blockdecode.model import BlockwiseLM
@@ -129,7 +129,7 @@ def test_pretrain_then_heads_end_to_end(corpus: Path, tmp_path: Path) -> None:
 
 
 def test_pretrain_resumes_to_the_same_weights(corpus: Path, tmp_path: Path, monkeypatch) -> None:
-    keep_checkpoint_at(monkeypatch, pretrain_module, 2, tmp_path / "b" / "checkpoint")  # as a kill at step 3 left it
+    keep_checkpoint_at(monkeypatch, training, 2, tmp_path / "b" / "checkpoint")  # as a kill at step 3 left it
     whole = pretrain(PretrainConfig(corpus=str(corpus), out=str(tmp_path / "a"), **TINY), False)
     resumed = pretrain(PretrainConfig(corpus=str(corpus), out=str(tmp_path / "b"), resume=True, **TINY), False)
     for (name, p), q in zip(whole.state_dict().items(), resumed.state_dict().values()):
