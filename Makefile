@@ -33,7 +33,8 @@ bench-quick: $(STAMP)
 
 # The decode loop alone: scripted drafters on a GPT-2-small-sized model, dynamic and static cache (~5 min).
 bench-core: $(STAMP)
-	.venv/bin/blockdecode --threads 2 bench --preset core --readme README.md
+	.venv/bin/blockdecode --threads 2 bench --preset core
+	$(PY) benchmarks/results_doc.py benchmarks/results/core
 
 # Rebuild the built-in model from the standard library (about two hours on 2 cores; resumable).
 default-model: $(STAMP)

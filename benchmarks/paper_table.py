@@ -26,21 +26,20 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from results_doc import DOC, update_section
+from ship import install
 from tqdm.auto import tqdm
 from transformers import AutoTokenizer
 
-from blockdecode.bench.report import cpu_name, update_readme
-from blockdecode.builtin import install
+from blockdecode.bench.report import cpu_name
 from blockdecode.decode import decode_prompts
 from blockdecode.hf import load_base
 from blockdecode.io import read_jsonl, save_figure, write_json
 from blockdecode.model import BlockwiseLM
 from blockdecode.pretrain import PretrainConfig, heldout_batches, heldout_loss
 from blockdecode.reference import first_divergence, greedy_generate
-from blockdecode.train import tradeoff as run_tradeoff
 
 RESULTS = Path(__file__).parent / "results"
-README = Path(__file__).parents[1] / "README.md"
 
 
 PAPER = {"frozen": {8: 1.76}, "distill": {8: 1.91}, "finetune+distill": {8: 4.69, 10: 4.95}}
@@ -171,6 +170,20 @@ def plot(rows: list[dict], ks: list[int], png: Path) -> None:
     save_figure(fig, png)
 
 
+def curve(records: list[dict]) -> list[dict]:
+    """A run's speed against its quality at each held-out evaluation: the mean accepted block and
+    the base's held-out loss relative to the first evaluation's (the base before training)."""
+    evals = [r for r in records if "eval_base_loss" in r]
+    return [
+        {
+            "step": r["step"],
+            "mean_block_size": r["eval_mean_block_size"],
+            "relative_loss": r["eval_base_loss"] / evals[0]["eval_base_loss"] - 1,
+        }
+        for r in evals
+    ]
+
+
 def tradeoff(run_dirs: list[Path], png: Path) -> dict:
     """Each run's held-out evaluations during training: the base's held-out loss relative to the
     run's first evaluation (the original base) against the mean accepted block measured by
@@ -180,7 +193,7 @@ def tradeoff(run_dirs: list[Path], png: Path) -> dict:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    curves = {run.name: curve for run in run_dirs if (curve := run_tradeoff(read_jsonl(run / "metrics.jsonl")))}
+    curves = {run.name: points for run in run_dirs if (points := curve(read_jsonl(run / "metrics.jsonl")))}
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for name, points in curves.items():
         ax.plot([100 * p["relative_loss"] for p in points], [p["mean_block_size"] for p in points], "o-", label=name)
@@ -292,7 +305,9 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--third-party", action="store_true", help=f"also measure on {', '.join(THIRD_PARTY)}")
     parser.add_argument("--out", default=str(RESULTS / "paper_table.json"))
-    parser.add_argument("--readme", action="store_true", help="write the table into README.md")
+    parser.add_argument(
+        "--doc", nargs="?", const=str(DOC), default=None, help="write the table into this file (docs/results.md)"
+    )
     parser.add_argument("--device", default="cpu", help="where to decode: cpu (default) or cuda")
     parser.add_argument("--ship", default=None, help="save the best run (mean block at k=8) here, in bf16")
     args = parser.parse_args()
@@ -343,8 +358,8 @@ def main() -> None:
     plot(rows, ks, out.with_suffix(".png"))
     tables = [f"{name}: mean (median) accepted block\n\n{markdown(rows, ks, name)}" for name in prompt_sets]
     print("\n\n".join(tables))
-    if args.readme:
-        update_readme(README, "paper-table", "\n\n".join(tables))
+    if args.doc:
+        update_section(Path(args.doc), "paper-table", "\n\n".join(tables))
     if args.ship:
         chosen = "third-party" if "third-party" in prompt_sets else "stdlib held-out"
         best = ship(rows, Path(args.ship), prompt_sets["stdlib held-out"], original, chosen)

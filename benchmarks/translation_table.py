@@ -17,21 +17,48 @@ import json
 import time
 from pathlib import Path
 
+import numpy as np
+import sacrebleu
 import torch
+from results_doc import DOC, update_section
+from ship import install
 from tqdm.auto import tqdm
 from transformers import AutoTokenizer
 
-from blockdecode.bench.report import cpu_name, update_readme
+from blockdecode.bench.report import cpu_name
 from blockdecode.bible import read_tsv
-from blockdecode.builtin import install
+from blockdecode.decode import decode
 from blockdecode.io import save_figure, write_json
 from blockdecode.model import BlockwiseLM
-from blockdecode.translation import table_row
 
 RESULTS = Path(__file__).parent / "results"
-README = Path(__file__).parents[1] / "README.md"
 PAPER = {"frozen": {8: 1.76}, "distill": {8: 1.91}, "finetune+distill": {8: 4.69, 10: 4.95}}
 """Stern et al. (2018), Table 1, WMT En-De: k̂ of Regular, Distillation and Both, as cited here."""
+
+
+@torch.inference_mode()
+def table_row(lm, tokenizer, pairs: list, ks: list[int], show: bool = True) -> dict:
+    """One row of the paper's Table 1 for a BlockwiseLM on an encoder-decoder: the BLEU of its
+    exact (greedy) translations of `pairs` (bible.VersePair), and at each k the mean accepted
+    block of the heads' chain; every k's tokens are checked against k=1's, which is greedy itself."""
+    sources = [tokenizer(p.source, return_tensors="pt").input_ids.to(lm.base.device) for p in pairs]
+    limit = lm.base.config.max_position_embeddings - 1
+    budgets = [min(limit, 2 * s.shape[1] + 10) for s in sources]
+    greedy, by_k = None, {}
+    for k in tqdm(sorted(set([1, *ks])), desc="k", leave=False, disable=not show):
+        plan = lm.plan("heads", k, tree=None)
+        outs = [decode(lm.base, s, n, plan) for s, n in zip(sources, budgets)]
+        tokens = [o.sequences[0].tolist() for o in outs]
+        greedy = greedy or tokens
+        per_verse = [o.stats.mean_block_size for o in outs]
+        blocks = [b for o in outs for b in o.stats.block_sizes]
+        by_k[k] = {
+            "mean_block_size": sum(blocks) / max(1, len(blocks)),
+            "median_block_size": float(np.median(per_verse)),
+            "identical_to_greedy": sum(t == g for t, g in zip(tokens, greedy)) / len(tokens),
+        }
+    hypotheses = [tokenizer.decode(t, skip_special_tokens=True).strip() for t in greedy]
+    return {"bleu": sacrebleu.corpus_bleu(hypotheses, [[p.target for p in pairs]]).score, "by_k": by_k}
 
 
 def markdown(rows: list[dict], ks: list[int]) -> str:
@@ -98,7 +125,9 @@ def main() -> None:
     parser.add_argument("--ks", default="1,2,4,6,8,10")
     parser.add_argument("--verses", type=int, default=300, help="held-out verses, spread evenly over test.tsv")
     parser.add_argument("--out", default=str(RESULTS / "translation_table.json"))
-    parser.add_argument("--readme", action="store_true", help="write the table into README.md")
+    parser.add_argument(
+        "--doc", nargs="?", const=str(DOC), default=None, help="write the table into this file (docs/results.md)"
+    )
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--ship", default=None, help="install the best run (k̂ at k=8, BLEU kept) here, in bf16")
     args = parser.parse_args()
@@ -133,8 +162,8 @@ def main() -> None:
     plot(rows, ks, out.with_suffix(".png"))
     table = markdown(rows, ks)
     print(table)
-    if args.readme:
-        update_readme(README, "translation-table", table)
+    if args.doc:
+        update_section(Path(args.doc), "translation-table", table)
     if args.ship:
         best = ship(rows, Path(args.ship), [p.source for p in pairs[:: max(1, len(pairs) // 32)]])
         print(f"shipped {best['run']} ({best['mode']}) to {args.ship}")

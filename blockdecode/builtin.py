@@ -1,4 +1,6 @@
-"""Where the models shipped inside the package live: importable from any layer."""
+"""Where the models shipped inside the package live: importable from any layer (it imports none).
+
+`benchmarks/ship.py` installs a trained run into one of these folders."""
 
 from pathlib import Path
 
@@ -8,30 +10,3 @@ DEFAULT_DRAFT_MODEL = str(Path(__file__).parent / "draft_model")
 """A much smaller Llama on the same corpus and tokenizer: the draft model for assisted generation."""
 DEFAULT_TRANSLATION_MODEL = str(Path(__file__).parent / "translation_model")
 """The built-in English-Spanish Marian (`recipes/translation.sh`), with trained heads, once shipped."""
-
-
-def install(run: str | Path, directory: str | Path, training: dict, prompts: list[str]) -> None:
-    """Make a trained run a built-in model: base and heads in bf16 (half the bytes of the package),
-    its tokenizer, how it was trained and what it measured (kept in blockdecode.json), and held-out
-    prompts as text (prompts.json, which `bench` and `drafter="auto"` calibration use). What was
-    there is moved aside only once the new copy is whole."""
-    import shutil
-
-    import torch
-    from transformers import AutoTokenizer
-
-    from blockdecode.io import write_json
-    from blockdecode.model import BlockwiseLM
-
-    directory = Path(directory)
-    model = BlockwiseLM.from_pretrained(run, dtype=torch.bfloat16).to(torch.bfloat16)
-    staging = directory.with_name(directory.name + ".new")
-    shutil.rmtree(staging, ignore_errors=True)
-    model.save_pretrained(staging, save_base=True, training=training, tokenizer=AutoTokenizer.from_pretrained(run))
-    write_json(staging / "prompts.json", prompts)
-    old = directory.with_name(directory.name + ".old")
-    shutil.rmtree(old, ignore_errors=True)
-    if directory.exists():
-        directory.rename(old)
-    staging.rename(directory)
-    shutil.rmtree(old, ignore_errors=True)

@@ -246,7 +246,7 @@ def causal_only(model_dir: str | None, command: str) -> None:
 
 
 def cmd_bench(args: argparse.Namespace) -> None:
-    from blockdecode.bench import PRESETS, acceptance_markdown, core_markdown, markdown, run_bench, update_readme
+    from blockdecode.bench import PRESETS, acceptance_markdown, core_markdown, markdown, run_bench
 
     preset = "quick" if args.quick else args.preset
     chosen = {"model": args.model, "draft": args.draft, "prompts": args.prompts}
@@ -274,15 +274,6 @@ def cmd_bench(args: argparse.Namespace) -> None:
     if "system_ceiling" in report:
         print(f"\nScripted drafters (the decode loop alone):\n\n{core_markdown(report['system_ceiling'])}")
     print(f"\nresults, plots and tables in {cfg.out} ({report['seconds']:.0f} s)", file=sys.stderr)
-    if args.readme:
-        readme = Path(args.readme)
-        if report["methods"]:  # an encoder-decoder's run is the paper's Table 4, with its own table
-            table = "translation-speed-table" if report.get("task") == "translation" else "bench-table"
-            update_readme(readme, table, markdown(report))
-        if cfg.acceptance:
-            update_readme(readme, "acceptance-table", acceptance_markdown(report))
-        if "system_ceiling" in report and not cfg.methods:
-            update_readme(readme, "core-table", core_markdown(report["system_ceiling"]))
 
 
 def add_bench_parser(sub) -> None:
@@ -317,7 +308,6 @@ def add_bench_parser(sub) -> None:
     p.add_argument(
         "--static-cache", action="store_true", help="also greedy and the chains at the largest k with a static cache"
     )
-    p.add_argument("--readme", default=None, metavar="PATH", help="also write the tables into this README")
     p.set_defaults(func=cmd_bench)
 
 

@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-import shutil
 import sysconfig
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,7 +19,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-from blockdecode import training
+from blockdecode import plots, training
 from blockdecode.corpus import (
     CORPUS_PACKAGES,
     SPECIAL_TOKENS,
@@ -32,15 +30,7 @@ from blockdecode.corpus import (
     train_tokenizer,
 )
 from blockdecode.data import fingerprint
-from blockdecode.io import (
-    atomic_write,
-    load_checkpoint,
-    remove_temporaries,
-    save_checkpoint,
-    save_figure,
-    save_npy,
-    write_json,
-)
+from blockdecode.io import atomic_write, save_npy, saving_folder, write_json
 
 SPLITS = ("train", "heldout", "heldout_packages")
 """`heldout` holds the standard library's held-out files alone (the same files as the first built-in
@@ -210,90 +200,78 @@ RESUME_MUST_MATCH = (
 )
 
 
+def lm_loss(model: LlamaForCausalLM, batch: torch.LongTensor) -> torch.Tensor:
+    """Mean next-token cross-entropy of a batch of token windows: the step `compile` compiles."""
+    logits = model(input_ids=batch, use_cache=False).logits
+    return F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), batch[:, 1:].flatten())
+
+
+class Pretraining(training.Task):
+    """The base model trained from scratch on the corpus' token stream, for `training.Loop`."""
+
+    name, png = "pretrain", "pretrain.png"
+    curves = plots.Curves(
+        heldout={"heldout_loss": "held-out stdlib", "heldout_packages_loss": "held-out torch + transformers"}
+    )
+
+    def __init__(self, cfg: PretrainConfig, device: torch.device, autocast):
+        self.config, self.device, self.autocast = cfg, device, autocast
+        self.corpus = Path(cfg.corpus)
+        self.tokenizer = PreTrainedTokenizerFast.from_pretrained(self.corpus)
+        self.tokens = np.load(self.corpus / "train.npy", mmap_mode="r")
+        paths = {s: self.corpus / f"{s}.npy" for s in SPLITS[1:]}
+        held = {s: np.load(path, mmap_mode="r") for s, path in paths.items() if path.is_file()}
+        held = {s: t for s, t in held.items() if s == "heldout" or len(t) > cfg.seq_len + 1}
+        for name, tokens in (("train", self.tokens), ("heldout", held["heldout"])):
+            if len(tokens) <= cfg.seq_len + 1:
+                raise ValueError(f"the {name} split holds {len(tokens)} tokens, too few for seq_len {cfg.seq_len}")
+        self.heldout = {s: heldout_batches(t, cfg) for s, t in held.items()}
+        self.eos = self.tokenizer.convert_tokens_to_ids(SPECIAL_TOKENS[0])
+        self.data_digest = fingerprint(self.tokens)
+        torch.manual_seed(cfg.seed)
+        self.model = LlamaForCausalLM(llama_config(cfg, len(self.tokenizer), self.eos))
+        self.optimizer = training.adamw(self.model, cfg.lr, cfg.weight_decay, betas=(0.9, 0.95))
+        self.scheduler = training.scheduler(self.optimizer, cfg.warmup_steps, cfg.steps, floor=cfg.min_lr / cfg.lr)
+        self.step_loss = torch.compile(lm_loss) if cfg.compile else lm_loss
+
+    def loss(self, model, step: int) -> tuple[torch.Tensor, int]:
+        batch = windows(self.tokens, step, self.config.batch_size, self.config.seq_len, self.config.seed)
+        return self.step_loss(model, batch.to(self.device)), batch.numel()
+
+    def evaluate(self, model: LlamaForCausalLM) -> dict:
+        return {f"{split}_loss": heldout_loss(model, batches, self.autocast) for split, batches in self.heldout.items()}
+
+    def state(self, model: LlamaForCausalLM) -> dict:
+        return {"model": model.state_dict(), "vocab_size": len(self.tokenizer)}
+
+    def load_state(self, state: dict) -> None:
+        if state.get("vocab_size", len(self.tokenizer)) != len(self.tokenizer):
+            raise ValueError(
+                f"--resume: the checkpoint was trained on a vocabulary of {state['vocab_size']}, this corpus has "
+                f"{len(self.tokenizer)}"
+            )
+        self.model.load_state_dict(state["model"])
+
+    def save(self, model: LlamaForCausalLM, records: list[dict]) -> None:
+        """model/ (safetensors, tokenizer, generation config), saved whole, and pretrain.json."""
+        eos = self.eos
+        model.generation_config = GenerationConfig(
+            bos_token_id=eos, eos_token_id=eos, pad_token_id=eos, do_sample=False
+        )
+        out = Path(self.config.out)
+        with saving_folder(out / "model", "config.json") as staging:
+            model.save_pretrained(staging)
+            self.tokenizer.save_pretrained(staging)
+        write_json(out / "pretrain.json", summary(self.config, records, self.corpus))
+
+
 def pretrain(cfg: PretrainConfig, show: bool = True) -> LlamaForCausalLM:
     """Train the base model as cfg says; metrics.jsonl, pretrain.png, atomic checkpoints and the
     final model (safetensors, tokenizer, generation config) go to cfg.out, and pretrain.json says
     what it reached: held-out losses per token and per byte of text, and the tokens it saw."""
-    corpus, out = Path(cfg.corpus), Path(cfg.out)
-    tokenizer = PreTrainedTokenizerFast.from_pretrained(corpus)
-    train_tokens = np.load(corpus / "train.npy", mmap_mode="r")
-    held_tokens = {
-        s: np.load(corpus / f"{s}.npy", mmap_mode="r") for s in SPLITS[1:] if (corpus / f"{s}.npy").is_file()
-    }
-    held_tokens = {s: t for s, t in held_tokens.items() if s == "heldout" or len(t) > cfg.seq_len + 1}
-    for name, tokens in (("train", train_tokens), ("heldout", held_tokens["heldout"])):
-        if len(tokens) <= cfg.seq_len + 1:
-            raise ValueError(f"the {name} split holds {len(tokens)} tokens, too few for seq_len {cfg.seq_len}")
-    eos = tokenizer.convert_tokens_to_ids(SPECIAL_TOKENS[0])
-    data_digest = fingerprint(train_tokens)
-    accelerator = training.accelerator()
-    precision = training.Precision(cfg.mixed_precision, accelerator.device)
-    torch.manual_seed(cfg.seed)
-    model = LlamaForCausalLM(llama_config(cfg, len(tokenizer), eos))
-    optimizer = training.adamw(model, cfg.lr, cfg.weight_decay, betas=(0.9, 0.95))
-    scheduler = training.scheduler(optimizer, cfg.warmup_steps, cfg.steps, floor=cfg.min_lr / cfg.lr)
-    ckpt_path = out / "checkpoint" / "state.pt"
-    remove_temporaries(ckpt_path.parent)  # what a killed checkpoint write left
-    start = 0
-    if cfg.resume and ckpt_path.is_file():
-        state = _load_state(ckpt_path, cfg, len(tokenizer), data_digest)
-        start = training.restore_run(state, model, optimizer, scheduler, precision, cfg.steps)
-    model, optimizer = accelerator.prepare(model, optimizer)
-    held = {s: heldout_batches(t, cfg) for s, t in held_tokens.items()}
-    metrics = training.MetricsLog(out / "metrics.jsonl", start)
-
-    def lm_loss(batch: torch.LongTensor) -> torch.Tensor:
-        with precision.autocast():
-            logits = model(input_ids=batch, use_cache=False).logits
-        return F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), batch[:, 1:].flatten())
-
-    step_loss = torch.compile(lm_loss) if cfg.compile else lm_loss
-    model.train()
-    bar = tqdm(range(start, cfg.steps), initial=start, total=cfg.steps, desc="pretrain", disable=not show)
-    t0, tokens_seen = time.perf_counter(), 0
-    for step in bar:
-        batch = windows(train_tokens, step, cfg.batch_size, cfg.seq_len, cfg.seed).to(accelerator.device)
-        loss = step_loss(batch)
-        precision.backward(accelerator, loss)
-        precision.step(optimizer, model.parameters(), max_norm=1.0)
-        scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
-        tokens_seen += batch.numel()
-        done = step + 1
-        record: dict = {"step": done}
-        if done % cfg.log_every == 0 or done == cfg.steps:
-            rate = tokens_seen / (time.perf_counter() - t0)
-            record.update(loss=loss.item(), lr=scheduler.get_last_lr()[0], tokens_per_s=rate)
-            bar.set_postfix(loss=f"{record['loss']:.3f}", tok_s=f"{rate:.0f}")
-        if done % cfg.eval_every == 0 or done == cfg.steps:
-            unwrapped = accelerator.unwrap_model(model)
-            for split, batches in held.items():
-                record[f"{split}_loss"] = heldout_loss(unwrapped, batches, precision.autocast)
-            bar.write(f"step {done}: held-out loss {record['heldout_loss']:.3f}")
-        if len(record) > 1:
-            metrics.append(record)
-            t0, tokens_seen = time.perf_counter(), 0
-        if done % cfg.checkpoint_every == 0 or done == cfg.steps:
-            unwrapped = accelerator.unwrap_model(model)
-            state = training.run_state(
-                done, cfg, data_digest, unwrapped, optimizer, scheduler, precision, vocab_size=len(tokenizer)
-            )
-            save_checkpoint(ckpt_path, state)
-
-    model = accelerator.unwrap_model(model).eval()
-    model.generation_config = GenerationConfig(bos_token_id=eos, eos_token_id=eos, pad_token_id=eos, do_sample=False)
-    atomic_dir = out / "model.tmp"
-    model.save_pretrained(atomic_dir)
-    tokenizer.save_pretrained(atomic_dir)
-    final = out / "model"
-    if final.exists():
-        shutil.rmtree(final)
-    atomic_dir.rename(final)
-    records = metrics.records()
-    write_json(out / "pretrain.json", summary(cfg, records, corpus))
-    plot_pretrain(records, out / "pretrain.png")
-    accelerator.end_training()
-    return model
+    loop = training.Loop(training.LoopConfig.of(cfg, max_norm=1.0), show=show)
+    task = Pretraining(cfg, loop.device, loop.precision.autocast)
+    return loop.fit(task, loop.resume(cfg, RESUME_MUST_MATCH, task.data_digest))
 
 
 def summary(cfg: PretrainConfig, records: list[dict], corpus: Path) -> dict:
@@ -307,33 +285,3 @@ def summary(cfg: PretrainConfig, records: list[dict], corpus: Path) -> dict:
             per_token, bpt = last[f"{split}_loss"], stats[split]["bytes_per_token"]
             reached[split] = {"loss": per_token, "bytes_per_token": bpt, "loss_per_byte": per_token / bpt}
     return reached
-
-
-def _load_state(path: Path, cfg: PretrainConfig, vocab_size: int, data_digest: str) -> dict:
-    state = load_checkpoint(path, cfg, RESUME_MUST_MATCH, data_digest)
-    if state.get("vocab_size", vocab_size) != vocab_size:
-        raise ValueError(
-            f"--resume: the checkpoint was trained on a vocabulary of {state['vocab_size']}, this corpus has "
-            f"{vocab_size}"
-        )
-    return state
-
-
-def plot_pretrain(rows: list[dict], png: Path) -> None:
-    """Training and held-out loss over steps."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4))
-    logged = [r for r in rows if "loss" in r]
-    ax.plot([r["step"] for r in logged], [r["loss"] for r in logged], label="train loss")
-    for split, label in (("heldout", "held-out stdlib"), ("heldout_packages", "held-out torch + transformers")):
-        evals = [r for r in rows if f"{split}_loss" in r]
-        if evals:
-            ax.plot([r["step"] for r in evals], [r[f"{split}_loss"] for r in evals], "o-", label=label)
-    ax.set_xlabel("step")
-    ax.set_ylabel("nats / token")
-    ax.legend()
-    save_figure(fig, png)

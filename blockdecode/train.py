@@ -5,15 +5,12 @@ prediction. The same code runs on one CPU or under `accelerate launch` on many d
 
 from __future__ import annotations
 
-import gc
 import hashlib
 import json
 import math
-import os
 import random
 import shutil
 import time
-import warnings
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -26,7 +23,7 @@ from torch import nn
 from tqdm.auto import tqdm
 from transformers import AutoTokenizer, PreTrainedModel
 
-from blockdecode import training
+from blockdecode import plots, training
 from blockdecode.adapter import decoder_prompt
 from blockdecode.data import Pairs, fingerprint, load_pairs, load_tokens, pack, padded, split
 from blockdecode.decode import decode_prompts
@@ -39,17 +36,7 @@ from blockdecode.hf import (
     vocab_size,
     weights_digest,
 )
-from blockdecode.io import (
-    CheckpointError,
-    atomic_write,
-    load_checkpoint,
-    read_jsonl,
-    remove_temporaries,
-    save_checkpoint,
-    save_figure,
-    save_npy,
-    write_json,
-)
+from blockdecode.io import CheckpointError, atomic_write, read_jsonl, save_npy, write_json
 from blockdecode.loss import IGNORE, linear_cross_entropy
 from blockdecode.model import BlockwiseLM
 from blockdecode.plan import make_plan
@@ -113,7 +100,7 @@ class TrainConfig:
     checkpoint_every: int = 100
     resume: bool = False
     seed: int = 0
-    mixed_precision: str = "no"
+    mixed_precision: str = "auto"  # bf16 autocast where the device computes bf16 natively
     distill_prompts: int = 256
     distill_prompt_len: int = 32
     distill_new_tokens: int = 128
@@ -433,23 +420,80 @@ def base_and_tokenizer(cfg: TrainConfig) -> tuple[PreTrainedModel, object]:
     return base, tokenizer
 
 
+class HeadTraining(training.Task):
+    """Proposal heads trained on a base (and the base too in finetune modes), for `training.Loop`:
+    each process takes its share of the global batch, and the loss is the global batch's token mean."""
+
+    evaluate_first = True  # the first evaluation is the original base's
+    curves = plots.Curves(heldout={"eval_base_loss": "held-out base loss"}, ylabel=None, side=plots.head_accuracy)
+
+    def __init__(self, cfg: TrainConfig, objective: Objective, sequences, held_out, data_digest: str, tokenizer, acc):
+        self.config, self.name, self.model, self.tokenizer, self.accelerator = cfg, cfg.mode, objective, tokenizer, acc
+        self.sequences, self.held_out, self.data_digest = sequences, held_out, data_digest
+        # distilled rows end at their EOS and pairs are short: count the tokens a row really holds
+        rows = self.sequences.decoder if isinstance(self.sequences, Pairs) else self.sequences
+        self.row_tokens = float((rows >= 0).sum()) / len(rows)
+        groups = [{"params": list(objective.model.heads.parameters()), "lr": cfg.lr}]
+        if cfg.finetune:
+            groups.append({"params": list(objective.model.base.parameters()), "lr": cfg.base_lr})
+        self.optimizer = torch.optim.AdamW(groups, weight_decay=cfg.weight_decay)
+        self.scheduler = training.scheduler(self.optimizer, cfg.warmup_steps, cfg.steps, floor=0.1)
+        self.tallies = torch.zeros(cfg.k, 2)  # per head (correct, count) since the last log
+
+    def loss(self, model, step: int) -> tuple[torch.Tensor, int]:
+        cfg, acc = self.config, self.accelerator
+        world = acc.num_processes
+        idx = batch_indices(step, len(self.sequences), cfg.batch_size, cfg.seed)[acc.process_index :: world]
+        batch = self.sequences[idx].to(acc.device)
+        heads = sampled_heads(step, cfg)
+        sums, tallies = model(batch, heads)
+        counts = acc.reduce(tallies[:, 1], reduction="sum")
+        self.tallies += acc.reduce(tallies.detach(), reduction="sum").cpu()
+        # DDP averages gradients over processes; scaling by `world` turns that into the global token mean.
+        return combine_loss(sums, counts, heads, cfg) * world, batch.numel()
+
+    def logged(self) -> dict:
+        accuracy = (self.tallies[:, 0] / self.tallies[:, 1].clamp(min=1)).tolist()
+        self.tallies.zero_()
+        return {"head_acc": accuracy}
+
+    def evaluate(self, model: Objective) -> dict:
+        return evaluate(model, self.held_out, self.config, self.accelerator.device)
+
+    def stopped(self, records: list[dict]) -> str | None:
+        cfg = self.config
+        if cfg.patience and plateaued(records, cfg.patience, cfg.min_delta):
+            return f"held-out block size has not grown for {cfg.patience} evaluations (--patience 0 trains on)"
+        return None
+
+    def state(self, model: Objective) -> dict:
+        return {
+            "heads": model.model.heads.state_dict(),
+            "base": model.model.base.state_dict() if self.config.finetune else None,
+            "python_rng": random.getstate(),
+        }
+
+    def load_state(self, state: dict) -> None:
+        self.model.model.heads.load_state_dict(state["heads"])
+        if self.config.finetune:
+            self.model.model.base.load_state_dict(state["base"])
+        random.setstate(state["python_rng"])
+
+    def save(self, model: Objective, records: list[dict]) -> None:
+        """The heads (and in finetune modes the base), with the tokenizer and the run's record."""
+        cfg, record = self.config, run_record(records, self.config, self.row_tokens)
+        model.model.save_pretrained(cfg.out, save_base=cfg.finetune, training=record, tokenizer=self.tokenizer)
+
+
 def train(cfg: TrainConfig, callback: Callable[[int, dict], None] | None = None) -> BlockwiseLM:
     """Train heads as `cfg` says; write checkpoints, metrics.jsonl, training.png and the model to cfg.out."""
     ddp = DistributedDataParallelKwargs(find_unused_parameters=cfg.head_loss == "random")
-    accelerator = training.accelerator(kwargs_handlers=[ddp])
-    precision = training.Precision(cfg.mixed_precision, accelerator.device)
+    loop = training.Loop(training.LoopConfig.of(cfg), kwargs_handlers=[ddp])
+    accelerator = loop.accelerator
     if cfg.batch_size % accelerator.num_processes:
         raise ValueError(
             f"batch_size {cfg.batch_size} does not split evenly over {accelerator.num_processes} processes"
         )
-    out = Path(cfg.out)
-    ckpt_path = out / "checkpoint" / "state.pt"
-    main = accelerator.is_main_process
-    if main:  # before the base, the data and any distillation: an unwritable --out fails at once
-        check_writable(out)
-    if main:  # a killed checkpoint write leaves a temporary as large as the state: not kept
-        remove_temporaries(ckpt_path.parent)
-
     base, tokenizer = base_and_tokenizer(cfg)
     limit = context_length(base)
     if limit is not None and cfg.seq_len > limit:
@@ -470,7 +514,7 @@ def train(cfg: TrainConfig, callback: Callable[[int, dict], None] | None = None)
     train_seqs, held_out = split(sequences, cfg.holdout)
 
     data_digest = fingerprint(sequences.content() if isinstance(sequences, Pairs) else sequences)
-    state = _load_checkpoint(ckpt_path, cfg, data_digest) if cfg.resume else None
+    state = loop.resume(cfg, RESUME_MUST_MATCH, data_digest)
     torch.manual_seed(cfg.seed)
     model = BlockwiseLM.from_base(base, k=cfg.k, head_type=cfg.head_type, head_hidden_size=cfg.head_hidden_size)
     if cfg.init_heads and state is None:
@@ -478,106 +522,13 @@ def train(cfg: TrainConfig, callback: Callable[[int, dict], None] | None = None)
     if cfg.distill:
         distill = distill_pairs if isinstance(train_seqs, Pairs) else distill_sequences
         with accelerator.main_process_first():
-            train_seqs = distill(base.to(accelerator.device), train_seqs, cfg, show=main)
-
-    pairs = isinstance(train_seqs, Pairs)
-    # distilled rows end at their EOS and pairs are short: count the tokens a row really holds
-    row_tokens = float(((train_seqs.decoder if pairs else train_seqs) >= 0).sum()) / len(train_seqs)
+            train_seqs = distill(base.to(accelerator.device), train_seqs, cfg, show=loop.main)
     model.base.requires_grad_(cfg.finetune)
-    groups = [{"params": list(model.heads.parameters()), "lr": cfg.lr}]
-    if cfg.finetune:
-        groups.append({"params": list(model.base.parameters()), "lr": cfg.base_lr})
-    optimizer = torch.optim.AdamW(groups, weight_decay=cfg.weight_decay)
-    scheduler = training.scheduler(optimizer, cfg.warmup_steps, cfg.steps, floor=0.1)
     objective = Objective(model, cfg).train()
-    start_step = 0
-    if state is not None:
-        model.heads.load_state_dict(state["heads"])
-        if cfg.finetune:
-            model.base.load_state_dict(state["base"])
-        start_step = training.restore_schedule(state, optimizer, scheduler, cfg.steps)
-        if state.get("scaler"):  # absent from checkpoints written before fp16 scaling was saved
-            precision.scaler.load_state_dict(state["scaler"])
-        torch.set_rng_state(state["torch_rng"])
-        random.setstate(state["python_rng"])
-    objective, optimizer = accelerator.prepare(objective, optimizer)
-
-    metrics = training.MetricsLog(out / "metrics.jsonl", start_step, write=main)
-    if main:
-        write_json(out / "train_config.json", asdict(cfg))
-        if start_step == 0:
-            first = evaluate(accelerator.unwrap_model(objective), held_out, cfg, accelerator.device)
-            metrics.append({"step": 0, **first})
-
-    rank, world = accelerator.process_index, accelerator.num_processes
-    end = cfg.steps
-    if start_step and cfg.patience and plateaued(metrics.records(), cfg.patience, cfg.min_delta):
-        end = start_step  # it stopped early, as it would again: resumed, it only writes its outputs
-        if main:
-            tqdm.write(f"--resume: this run stopped at step {end} on a plateau; --patience 0 trains on")
-    bar = tqdm(range(start_step, end), initial=start_step, total=cfg.steps, desc=cfg.mode, disable=not main)
-    window_tokens, window_start = 0, time.perf_counter()
-    tallies = torch.zeros(cfg.k, 2)
-    for step in bar:
-        idx = batch_indices(step, len(train_seqs), cfg.batch_size, cfg.seed)[rank::world]
-        batch = train_seqs[idx].to(accelerator.device)
-        heads = sampled_heads(step, cfg)
-        with precision.autocast():
-            sums, t = objective(batch, heads)
-        counts = accelerator.reduce(t[:, 1], reduction="sum")
-        # DDP averages gradients over processes; scaling by `world` turns that into the global token mean.
-        loss = combine_loss(sums, counts, heads, cfg) * world
-        precision.backward(accelerator, loss)
-        loss = accelerator.reduce(loss.detach(), reduction="sum") / world
-        if not torch.isfinite(loss):  # stop before a NaN reaches the weights, and save nothing
-            kept = f"the checkpoint in {ckpt_path.parent} is intact" if ckpt_path.is_file() else "no checkpoint yet"
-            raise ValueError(f"step {step + 1}: the training loss is {float(loss)}; stopped ({kept}): try a lower --lr")
-        precision.step(optimizer)
-        scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
-        tallies += accelerator.reduce(t.detach(), reduction="sum").cpu()
-        window_tokens += batch.numel() * world
-        done = step + 1
-        record: dict = {"step": done}
-        if done % cfg.log_every == 0 or done == cfg.steps:
-            acc = (tallies[:, 0] / tallies[:, 1].clamp(min=1)).tolist()
-            rate = window_tokens / (time.perf_counter() - window_start)
-            record.update(loss=float(loss), head_acc=acc, tokens_per_s=rate)
-            bar.set_postfix(loss=f"{float(loss):.3f}", acc="/".join(f"{a:.2f}" for a in acc), tok_s=f"{rate:.0f}")
-            tallies.zero_()
-        if (done % cfg.eval_every == 0 or done == cfg.steps) and main:
-            record.update(evaluate(accelerator.unwrap_model(objective), held_out, cfg, accelerator.device))
-        if len(record) > 1:
-            metrics.append(record)
-            window_tokens, window_start = 0, time.perf_counter()  # after any evaluation, so it is not counted
-        stop = False
-        if cfg.patience and done % cfg.eval_every == 0 and done < cfg.steps:
-            plateau = torch.tensor(float(main and plateaued(metrics.records(), cfg.patience, cfg.min_delta)))
-            stop = bool(accelerator.reduce(plateau.to(accelerator.device), reduction="sum") > 0)  # all stop
-        if done % cfg.checkpoint_every == 0 or done == cfg.steps or stop:  # the last step too: see resume
-            _save_checkpoint(accelerator, objective, optimizer, scheduler, precision, cfg, done, ckpt_path, data_digest)
-        if callback is not None:
-            callback(done, record)
-        if stop:
-            bar.write(f"step {done}: held-out block size has not grown for {cfg.patience} evaluations; stopping")
-            break
-
-    accelerator.wait_for_everyone()
-    model = accelerator.unwrap_model(objective).model
-    if main:
-        model.eval()
-        model.save_pretrained(
-            out, save_base=cfg.finetune, training=run_record(metrics.records(), cfg, row_tokens), tokenizer=tokenizer
-        )
-        _plot(metrics.records(), out / "training.png")
-    # Drop the DDP wrapper while every process is still here, then end the process group: left
-    # to interpreter exit, gloo's destructors can wait on a peer that is already gone.
-    del objective, optimizer, scheduler
-    accelerator.free_memory()
-    gc.collect()
-    accelerator.wait_for_everyone()
-    accelerator.end_training()
-    return model
+    task = HeadTraining(cfg, objective, train_seqs, held_out, data_digest, tokenizer, accelerator)
+    if loop.main:
+        write_json(Path(cfg.out) / "train_config.json", asdict(cfg))
+    return loop.fit(task, state, callback).model
 
 
 def trained_heads(directory: str, model: BlockwiseLM) -> dict[str, torch.Tensor]:
@@ -593,16 +544,6 @@ def trained_heads(directory: str, model: BlockwiseLM) -> dict[str, torch.Tensor]
     if wrong:
         raise CheckpointError(f"--init-heads {directory} holds heads that do not fit this run: {', '.join(wrong)}")
     return saved.heads.state_dict()
-
-
-def check_writable(out: Path) -> None:
-    """Refuse an output folder that cannot be made or written, without making it: a run that fails
-    later leaves nothing behind."""
-    existing = out.absolute()
-    while not existing.exists():
-        existing = existing.parent
-    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
-        raise OSError(f"--out {out} cannot be written: {existing} is not a writable folder")
 
 
 def plateaued(records: list[dict], patience: int, min_delta: float) -> bool:
@@ -631,20 +572,6 @@ def run_record(records: list[dict], cfg: TrainConfig, row_tokens: float) -> dict
         "base_heldout_loss": evals[-1]["eval_base_loss"] if evals else None,
         "mean_block_size": evals[-1]["eval_mean_block_size"] if evals else None,
     }
-
-
-def tradeoff(records: list[dict]) -> list[dict]:
-    """A run's speed against its quality at each held-out evaluation: the mean accepted block and
-    the base's held-out loss relative to the first evaluation's (the base before training)."""
-    evals = [r for r in records if "eval_base_loss" in r]
-    return [
-        {
-            "step": r["step"],
-            "mean_block_size": r["eval_mean_block_size"],
-            "relative_loss": r["eval_base_loss"] / evals[0]["eval_base_loss"] - 1,
-        }
-        for r in evals
-    ]
 
 
 def training_summary(out: str | Path) -> str:
@@ -676,59 +603,3 @@ RESUME_MUST_MATCH = (
     "init_heads",
     *("distill_prompts", "distill_prompt_len", "distill_new_tokens", "distill_beams"),  # the distilled data
 )
-
-
-def _load_checkpoint(path: Path, cfg: TrainConfig, data_digest: str) -> dict | None:
-    """The checkpoint a resumed run continues from, checked against this run's config and data."""
-    if not path.is_file():
-        warnings.warn(f"--resume: no checkpoint at {path}; starting from step 0", stacklevel=3)
-        return None
-    return load_checkpoint(path, cfg, RESUME_MUST_MATCH, data_digest)
-
-
-def _save_checkpoint(
-    accelerator, objective, optimizer, scheduler, precision, cfg: TrainConfig, step: int, path: Path, data_digest: str
-) -> None:
-    """Everything a resumed run needs to continue as if never stopped, written atomically."""
-    accelerator.wait_for_everyone()
-    if not accelerator.is_main_process:
-        return
-    model = accelerator.unwrap_model(objective).model
-    state = {
-        "step": step,
-        "config": asdict(cfg),
-        "data_digest": data_digest,
-        "heads": model.heads.state_dict(),
-        "base": model.base.state_dict() if cfg.finetune else None,
-        "optimizer": optimizer.state_dict(),
-        "scheduler": scheduler.state_dict(),
-        "scaler": precision.scaler.state_dict(),
-        "torch_rng": torch.get_rng_state(),
-        "python_rng": random.getstate(),
-    }
-    save_checkpoint(path, state)
-
-
-def _plot(rows: list[dict], png: Path) -> None:
-    """Loss and per-head accuracy over steps."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    train_rows = [r for r in rows if "loss" in r]
-    fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(11, 4))
-    ax_loss.plot([r["step"] for r in train_rows], [r["loss"] for r in train_rows], label="train loss")
-    evals = [r for r in rows if "eval_base_loss" in r]
-    ax_loss.plot([r["step"] for r in evals], [r["eval_base_loss"] for r in evals], "o-", label="held-out base loss")
-    ax_loss.set_xlabel("step")
-    ax_loss.legend()
-    if train_rows:
-        for i in range(len(train_rows[0]["head_acc"])):
-            ax_acc.plot([r["step"] for r in train_rows], [r["head_acc"][i] for r in train_rows], label=f"head {i + 1}")
-        ax_acc.legend(fontsize="small", ncol=2)
-    ax_acc.set_xlabel("step")
-    ax_acc.set_ylabel("top-1 accuracy (train)")
-    if evals:
-        ax_acc.set_title(f"held-out mean accepted block: {evals[-1]['eval_mean_block_size']:.2f}")
-    save_figure(fig, png)

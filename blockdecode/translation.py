@@ -10,8 +10,6 @@ forced at the length limit and the pad token is banned, rules blockwise decoding
 from __future__ import annotations
 
 import contextlib
-import math
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,14 +18,13 @@ import sacrebleu
 import torch
 import torch.nn.functional as F
 from tokenizers import processors
-from tqdm.auto import tqdm
 from transformers import GenerationConfig, MarianConfig, MarianMTModel, PreTrainedTokenizerFast
 
-from blockdecode import training
+from blockdecode import plots, training
 from blockdecode.bible import read_tsv
 from blockdecode.corpus import train_tokenizer
 from blockdecode.data import fingerprint
-from blockdecode.io import load_checkpoint, remove_temporaries, save_checkpoint, save_figure, saving_folder
+from blockdecode.io import saving_folder
 
 EOS, PAD = "</s>", "<pad>"
 
@@ -68,7 +65,7 @@ class TranslationConfig:
     eval_verses: int = 200  # validation verses translated greedily for BLEU at each evaluation
     checkpoint_every: int = 50
     log_every: int = 10
-    mixed_precision: str = "no"
+    mixed_precision: str = "auto"  # bf16 autocast where the device computes bf16 natively
     resume: bool = False
     seed: int = 0
 
@@ -248,122 +245,68 @@ def translate(
     return [text.strip() for text in out]
 
 
+class TranslationTraining(training.Task):
+    """The translation model trained from scratch on length-bucketed batches of verse pairs, for
+    `training.Loop`."""
+
+    name, png, rate = "translation model", "translation.png", "target_tokens_per_s"
+    curves = plots.Curves(
+        train="train loss (smoothed labels)", heldout={"heldout_loss": "held-out loss"}, side=plots.bleu
+    )
+
+    def __init__(self, cfg: TranslationConfig, device: torch.device, autocast, show: bool = True):
+        self.config, self.device, self.autocast = cfg, device, autocast
+        self.tokenizer, data = prepare(cfg, show)
+        self.pairs, self.valid = data["train"], data["valid"]
+        self.references = [p.target for p in data["valid_text"][: cfg.eval_verses]]
+        self.lengths = [len(t) for _, t in self.pairs]
+        tokens = [tok for s, t in self.pairs for tok in (*s, -1, *t, -2)]
+        self.data_digest = fingerprint(np.asarray(tokens, dtype=np.int32))
+        self.per_epoch = len(epoch_batches(self.lengths, cfg.batch_tokens, cfg.seed, 0))
+        self.epoch, self.batches = -1, []
+        torch.manual_seed(cfg.seed)
+        self.model = MarianMTModel(marian_config(cfg, self.tokenizer))
+        self.model.generation_config = marian_generation_config(self.tokenizer, cfg.context)
+        self.optimizer = training.adamw(self.model, cfg.lr, cfg.weight_decay, betas=(0.9, 0.98))
+        self.scheduler = training.scheduler(self.optimizer, cfg.warmup_steps, cfg.steps, floor=cfg.min_lr / cfg.lr)
+
+    def loss(self, model, step: int) -> tuple[torch.Tensor, int]:
+        """Label-smoothed cross-entropy of the step's batch; its tokens are the targets'."""
+        if step // self.per_epoch != self.epoch:  # an epoch's batches are drawn once, when it begins
+            self.epoch = step // self.per_epoch
+            self.batches = epoch_batches(self.lengths, self.config.batch_tokens, self.config.seed, self.epoch)
+        batch = [self.pairs[i] for i in self.batches[step % self.per_epoch]]
+        inputs = {k: v.to(self.device) for k, v in collate(batch, self.tokenizer.pad_token_id).items()}
+        labels = inputs.pop("labels")
+        logits = model(**inputs, use_cache=False).logits
+        loss = F.cross_entropy(
+            logits.flatten(0, 1).float(), labels.flatten(), label_smoothing=self.config.label_smoothing
+        )
+        return loss, int((labels != -100).sum())
+
+    def progress(self, done: int) -> dict:
+        return {"epoch": round(done / self.per_epoch, 3)}
+
+    def evaluate(self, model: MarianMTModel) -> dict:
+        batch_tokens = self.config.batch_tokens
+        return evaluate(model, self.tokenizer, self.valid, self.references, batch_tokens, self.autocast)
+
+    def state(self, model: MarianMTModel) -> dict:
+        return {"model": model.state_dict()}
+
+    def load_state(self, state: dict) -> None:
+        self.model.load_state_dict(state["model"])
+
+    def save(self, model: MarianMTModel, records: list[dict]) -> None:
+        """model/: the weights, Marian's generation config and the tokenizer, saved whole."""
+        with saving_folder(Path(self.config.out) / "model", "config.json") as staging:
+            self.tokenizer.save_pretrained(staging)
+            model.save_pretrained(staging)
+
+
 def train_translation(cfg: TranslationConfig, show: bool = True) -> MarianMTModel:
     """Train the translation model as cfg says; metrics.jsonl, translation.png, atomic checkpoints
     and the final model (safetensors, tokenizer, Marian's generation config) go to cfg.out."""
-    out = Path(cfg.out)
-    tokenizer, data = prepare(cfg, show)
-    train_pairs, valid_pairs = data["train"], data["valid"]
-    references = [p.target for p in data["valid_text"][: cfg.eval_verses]]
-    lengths = [len(t) for _, t in train_pairs]
-    data_digest = fingerprint(np.asarray([tok for s, t in train_pairs for tok in (*s, -1, *t, -2)], dtype=np.int32))
-    per_epoch = len(epoch_batches(lengths, cfg.batch_tokens, cfg.seed, 0))
-    accelerator = training.accelerator()
-    precision = training.Precision(cfg.mixed_precision, accelerator.device)
-    torch.manual_seed(cfg.seed)
-    model = MarianMTModel(marian_config(cfg, tokenizer))
-    model.generation_config = marian_generation_config(tokenizer, cfg.context)
-    optimizer = training.adamw(model, cfg.lr, cfg.weight_decay, betas=(0.9, 0.98))
-    scheduler = training.scheduler(optimizer, cfg.warmup_steps, cfg.steps, floor=cfg.min_lr / cfg.lr)
-    ckpt_path = out / "checkpoint" / "state.pt"
-    remove_temporaries(ckpt_path.parent)
-    start = 0
-    if cfg.resume and ckpt_path.is_file():
-        state = load_checkpoint(ckpt_path, cfg, RESUME_MUST_MATCH, data_digest)
-        start = training.restore_run(state, model, optimizer, scheduler, precision, cfg.steps)  # dropout's RNG too
-    model, optimizer = accelerator.prepare(model, optimizer)
-    metrics = training.MetricsLog(out / "metrics.jsonl", start)
-    model.train()
-    bar = tqdm(range(start, cfg.steps), initial=start, total=cfg.steps, desc="translation model", disable=not show)
-    t0, tokens_seen, batches, epoch = time.perf_counter(), 0, [], -1
-    for step in bar:
-        if step // per_epoch != epoch:
-            epoch = step // per_epoch
-            batches = epoch_batches(lengths, cfg.batch_tokens, cfg.seed, epoch)
-        inputs = collate([train_pairs[i] for i in batches[step % per_epoch]], tokenizer.pad_token_id)
-        inputs = {k: v.to(accelerator.device) for k, v in inputs.items()}
-        labels = inputs.pop("labels")
-        with precision.autocast():
-            logits = model(**inputs, use_cache=False).logits
-        loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), label_smoothing=cfg.label_smoothing)
-        if not math.isfinite(loss.item()):
-            raise FloatingPointError(f"step {step + 1}: the loss is {loss.item()}; the last checkpoint is kept")
-        precision.backward(accelerator, loss)
-        precision.step(optimizer, model.parameters(), max_norm=1.0)
-        scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
-        tokens_seen += int((labels != -100).sum())
-        done = step + 1
-        record: dict = {"step": done, "epoch": round(done / per_epoch, 3)}
-        if done % cfg.log_every == 0 or done == cfg.steps:
-            rate = tokens_seen / (time.perf_counter() - t0)
-            record.update(loss=loss.item(), lr=scheduler.get_last_lr()[0], target_tokens_per_s=rate)
-            bar.set_postfix(loss=f"{record['loss']:.3f}", tok_s=f"{rate:.0f}", epoch=f"{record['epoch']:.2f}")
-        if done % cfg.eval_every == 0 or done == cfg.steps:
-            unwrapped = accelerator.unwrap_model(model)
-            record |= evaluate(unwrapped, tokenizer, valid_pairs, references, cfg.batch_tokens, precision.autocast)
-            bar.write(f"step {done}: held-out loss {record['heldout_loss']:.3f}, BLEU {record['bleu']:.1f}")
-        if len(record) > 2:
-            metrics.append(record)
-            t0, tokens_seen = time.perf_counter(), 0
-        if done % cfg.checkpoint_every == 0 or done == cfg.steps:
-            state = training.run_state(
-                done, cfg, data_digest, accelerator.unwrap_model(model), optimizer, scheduler, precision
-            )
-            save_checkpoint(ckpt_path, state)
-
-    model = accelerator.unwrap_model(model).eval()
-    with saving_folder(out / "model", "config.json") as staging:
-        tokenizer.save_pretrained(staging)
-        model.save_pretrained(staging)
-    plot_translation(metrics.records(), out / "translation.png")
-    accelerator.end_training()
-    return model
-
-
-def plot_translation(rows: list[dict], png: Path) -> None:
-    """Training and held-out loss, and validation BLEU, over steps."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (loss_ax, bleu_ax) = plt.subplots(1, 2, figsize=(10, 4))
-    logged = [r for r in rows if "loss" in r]
-    loss_ax.plot([r["step"] for r in logged], [r["loss"] for r in logged], label="train loss (smoothed labels)")
-    evals = [r for r in rows if "heldout_loss" in r]
-    loss_ax.plot([r["step"] for r in evals], [r["heldout_loss"] for r in evals], "o-", label="held-out loss")
-    loss_ax.set_xlabel("step")
-    loss_ax.set_ylabel("nats / token")
-    loss_ax.legend()
-    bleu_ax.plot([r["step"] for r in evals], [r["bleu"] for r in evals], "o-")
-    bleu_ax.set_xlabel("step")
-    bleu_ax.set_ylabel("validation BLEU (greedy)")
-    save_figure(fig, png)
-
-
-@torch.inference_mode()
-def table_row(lm, tokenizer: PreTrainedTokenizerFast, pairs: list, ks: list[int], show: bool = True) -> dict:
-    """One row of the paper's Table 1 for a BlockwiseLM on an encoder-decoder: the BLEU of its
-    exact (greedy) translations of `pairs` (bible.VersePair), and at each k the mean accepted
-    block of the heads' chain; every k's tokens are checked against k=1's, which is greedy itself."""
-    from blockdecode.decode import blockwise_generate
-
-    sources = [tokenizer(p.source, return_tensors="pt").input_ids.to(lm.base.device) for p in pairs]
-    limit = lm.base.config.max_position_embeddings - 1
-    budgets = [min(limit, 2 * s.shape[1] + 10) for s in sources]
-    drafter = lm.drafter()
-    greedy, by_k = None, {}
-    for k in tqdm(sorted(set([1, *ks])), desc="k", leave=False, disable=not show):
-        outs = [blockwise_generate(lm.base, s, n, drafter, k) for s, n in zip(sources, budgets)]
-        tokens = [o.sequences[0].tolist() for o in outs]
-        greedy = greedy or tokens
-        per_verse = [o.stats.mean_block_size for o in outs]
-        blocks = [b for o in outs for b in o.stats.block_sizes]
-        by_k[k] = {
-            "mean_block_size": sum(blocks) / max(1, len(blocks)),
-            "median_block_size": float(np.median(per_verse)),
-            "identical_to_greedy": sum(t == g for t, g in zip(tokens, greedy)) / len(tokens),
-        }
-    hypotheses = [tokenizer.decode(t, skip_special_tokens=True).strip() for t in greedy]
-    return {"bleu": sacrebleu.corpus_bleu(hypotheses, [[p.target for p in pairs]]).score, "by_k": by_k}
+    loop = training.Loop(training.LoopConfig.of(cfg, max_norm=1.0), show=show)
+    task = TranslationTraining(cfg, loop.device, loop.precision.autocast, show)
+    return loop.fit(task, loop.resume(cfg, RESUME_MUST_MATCH, task.data_digest))

@@ -30,7 +30,7 @@ for mode in frozen distill finetune finetune+distill; do
 done
 
 # 3. The paper's table on held-out files, written to benchmarks/results/paper_table_150steps.*
-#    (recipes/paper_heads.sh writes the README's, from its longer runs); SHIP=1 also saves the heads with
+#    (recipes/paper_heads.sh writes docs/results.md's, from its longer runs); SHIP=1 also saves the heads with
 #    the largest mean accepted block at k=8, and their base, into the package in bf16.
 SHIP_ARGS=(); [ "${SHIP:-0}" = 1 ] && SHIP_ARGS=(--ship blockdecode/default_model)
 .venv/bin/python benchmarks/paper_table.py --corpus "$RUNS/corpus" --out benchmarks/results/paper_table_150steps.json \

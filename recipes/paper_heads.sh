@@ -70,8 +70,8 @@ run paper-distill-h256 --mode distill --steps "$WIDTH_STEPS" --head-hidden-size 
 [ "${HEADS_ONLY:-0}" = 1 ] && exit 0
 
 # 3. Table 1 on both prompt sets, the speed/quality curves and the width comparison, into
-#    benchmarks/results/ and the README; SHIP=1 ships the winner.
+#    benchmarks/results/ and docs/results.md; SHIP=1 ships the winner (benchmarks/ship.py).
 SHIP_ARGS=(); [ "${SHIP:-0}" = 1 ] && SHIP_ARGS=(--ship blockdecode/default_model)
-.venv/bin/python benchmarks/paper_table.py --corpus "$RUNS/corpus" --original "$BASE" --third-party --readme \
+.venv/bin/python benchmarks/paper_table.py --corpus "$RUNS/corpus" --original "$BASE" --third-party --doc \
   --widths "$RUNS/paper-distill" "$RUNS/paper-distill-h256" "${SHIP_ARGS[@]}" --runs "$RUNS/paper-frozen" "$RUNS/paper-distill" "$RUNS/paper-finetune" \
   "$RUNS"/paper-finetune+distill-w*

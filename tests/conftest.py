@@ -38,10 +38,15 @@ def tiny(arch: str, seed: int = 0, **size: int) -> PreTrainedModel:
 
 
 def script(name: str):
-    """A benchmark script (benchmarks/<name>.py) as a module, for testing what it decides."""
+    """A benchmark script (benchmarks/<name>.py) as a module, for testing what it decides. Its folder
+    goes first on sys.path, as when the script runs, so that it finds the scripts it imports."""
     import importlib.util
+    import sys
 
-    spec = importlib.util.spec_from_file_location(name, Path(__file__).parents[1] / "benchmarks" / f"{name}.py")
+    folder = Path(__file__).parents[1] / "benchmarks"
+    if str(folder) not in sys.path:
+        sys.path.insert(0, str(folder))
+    spec = importlib.util.spec_from_file_location(name, folder / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

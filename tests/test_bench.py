@@ -1,5 +1,5 @@
 """`blockdecode bench` on a tiny model: every method and metric is there, exact methods match greedy,
-the plots are written, and the README table comes from the JSON."""
+the plots are written, and the tables come from the JSON."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from blockdecode import BlockwiseLM
-from blockdecode.bench import PRESETS, BenchConfig, Run, block_stats, markdown, run_bench, update_readme
+from blockdecode.bench import PRESETS, BenchConfig, Run, block_stats, run_bench
 from blockdecode.cli import main
 from blockdecode.corpus import train_tokenizer
 from blockdecode.toy import toy_model
@@ -107,17 +107,6 @@ def test_quick_bench_reports_every_method_and_metric(setup: dict) -> None:
     assert "| topk:2 | 4 |" in table and "| min-block:2 | 2 |" in table and "| exact | 4 |" in table
 
 
-def test_readme_table_is_generated_from_the_results(setup: dict, tmp_path: Path) -> None:
-    report = run_bench(quick_config(setup, ks=[2], out=str(tmp_path)), show=False)
-    readme = tmp_path / "README.md"
-    readme.write_text("# x\n<!-- bench-table:start -->\nold\n<!-- bench-table:end -->\nafter\n")
-    update_readme(readme, "bench-table", markdown(report))
-    text = readme.read_text()
-    assert "old" not in text and "| heads k=2 |" in text and text.endswith("after\n")
-    with pytest.raises(ValueError, match="no <!-- paper-table:start -->"):
-        update_readme(readme, "paper-table", "x")
-
-
 def test_block_stats_per_head_rates() -> None:
     runs = [Run([], 1.0, 4, block_sizes=[1, 2, 3, 3])]
     stats = block_stats(runs, 3)
@@ -149,9 +138,7 @@ def test_core_preset_measures_the_loop_with_both_caches(
     tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """--preset core: the scripted-drafter study alone, dynamic and static cache, its table written
-    into the README it is given and nowhere else."""
-    readme = tmp_path / "README.md"
-    readme.write_text("# x\n<!-- core-table:start -->\nold\n<!-- core-table:end -->\n")
+    into the run's folder and nowhere else."""
     cfg = BenchConfig.core(
         out=str(tmp_path / "out"),
         new_tokens=12,
@@ -171,12 +158,12 @@ def test_core_preset_measures_the_loop_with_both_caches(
             assert r["ceiling"] > 0 and r["efficiency"] > 0
     assert study["scripted p=1 static"]["mean_block_size"] > study["scripted p=0.5 static"]["mean_block_size"]
     assert "| scripted p=1 static |" in (tmp_path / "out" / "table.md").read_text()
-    args = ["bench", "--preset", "core", "--out", str(tmp_path / "cli"), "--new-tokens", "6", "--readme", str(readme)]
+    args = ["bench", "--preset", "core", "--out", str(tmp_path / "cli"), "--new-tokens", "6"]
     small = dict(system_model=cfg.system_model, system_accuracies=[1.0], fwd_reps=1, repeats=1)
     monkeypatch.setitem(PRESETS, "core", lambda **kw: BenchConfig.core(**{**small, **kw}))
     main(args)
-    text = readme.read_text()
-    assert "old" not in text and "| scripted p=1 static |" in text
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cli", "out"]
+    assert "| scripted p=1 static |" in (tmp_path / "cli" / "table.md").read_text()
     assert "Scripted drafters" in capsys.readouterr().out
 
 
@@ -197,7 +184,7 @@ def test_bench_on_an_encoder_decoder_translates_to_eos_and_stays_exact(tmp_path:
     cfg = BenchConfig.quick(model=str(tmp_path / "model"), draft=str(tmp_path / "draft"), ks=[2, 4], dtype="fp32",
                             new_tokens=40, n_prompts=2, max_q=4, trees=[8], out=str(tmp_path / "out"))  # fmt: skip
     report = run_bench(cfg, show=False)
-    assert report["task"] == "translation"  # `--readme` writes it to its own table, not the code one
+    assert report["task"] == "translation"  # docs/results.md gives it a table of its own, not the code one
     methods = report["methods"]
     assert {"greedy", "prompt lookup", "assisted", "heads k=4", "n-gram k=2", "heads+ngram tree 8 k=4"} <= set(methods)
     for name, r in methods.items():

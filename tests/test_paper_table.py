@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from blockdecode.io import append_jsonl
+from blockdecode.io import append_jsonl, read_jsonl
 from tests.conftest import script
 
 
@@ -25,6 +25,21 @@ def training_folder(path: Path, width: int, tokens_per_s: float, blocks: dict[in
         append_jsonl(path / "metrics.jsonl", {"step": step, "tokens_per_s": tokens_per_s if step else None})
         append_jsonl(path / "metrics.jsonl", {"step": step, "eval_mean_block_size": block, "eval_base_loss": 3.0})
     return path
+
+
+def test_the_tradeoff_curve_is_each_evaluation_against_the_first(paper_table, tmp_path):
+    """Speed against quality at each of a run's evaluations, read from its metrics.jsonl with the
+    log records between them."""
+    run = training_folder(tmp_path / "run", 128, 200.0, {0: 1.0, 30: 1.8})
+    append_jsonl(run / "metrics.jsonl", {"step": 60, "loss": 1.0, "eval_mean_block_size": 2.6, "eval_base_loss": 3.3})
+    records = read_jsonl(run / "metrics.jsonl")
+    evals = [r for r in records if "eval_base_loss" in r]
+    end = evals[-1]["eval_mean_block_size"]
+    curve = paper_table.curve(records)  # speed against quality at each evaluation
+    assert [p["step"] for p in curve] == [0, 30, 60] and curve[0]["relative_loss"] == 0
+    assert curve[-1]["mean_block_size"] == end
+    assert curve[-1]["relative_loss"] == pytest.approx(evals[-1]["eval_base_loss"] / evals[0]["eval_base_loss"] - 1)
+    assert paper_table.tradeoff([run], tmp_path / "tradeoff.png") == {"run": curve}
 
 
 def test_widths_are_compared_at_equal_time_not_equal_steps(paper_table, tmp_path):

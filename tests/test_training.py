@@ -1,7 +1,9 @@
-"""What training runs share: the schedule, precision and the metrics log a resumed run truncates."""
+"""What training runs share: the schedule, precision, the metrics log a resumed run truncates, and
+the loop itself on a toy task: its cadence, exact resume, early stop and non-finite losses."""
 
 from __future__ import annotations
 
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import pytest
@@ -68,3 +70,117 @@ def test_precision_runs_twice_in_one_process_with_different_modes() -> None:
         assert layer(x).dtype == torch.float32
     with pytest.raises(ValueError, match="unknown mixed precision 'fp8'"):
         Precision("fp8", torch.device("cpu"))
+
+
+@dataclass
+class ToyConfig:
+    out: str
+    steps: int = 8
+    log_every: int = 2
+    eval_every: int = 4
+    checkpoint_every: int = 3
+    resume: bool = False
+    lr: float = 0.05
+    stop_at: int = 0  # the step after whose evaluation the task asks to stop; 0: never
+
+
+class Toy(training.Task):
+    """A linear map learnt through dropout (so a resume must restore the RNG), batches drawn from the step."""
+
+    name = "toy"
+
+    def __init__(self, cfg: ToyConfig):
+        self.config, self.data_digest = cfg, "toy data"
+        torch.manual_seed(0)
+        self.model = torch.nn.Sequential(torch.nn.Dropout(0.2), torch.nn.Linear(4, 1))
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr)
+        self.scheduler = training.scheduler(self.optimizer, 2, cfg.steps, floor=0.1)
+        self.target = torch.randn(4, 1, generator=torch.Generator().manual_seed(1))
+
+    def batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        x = torch.randn(8, 4, generator=torch.Generator().manual_seed(step))
+        return x, x @ self.target
+
+    def loss(self, model, step: int) -> tuple[torch.Tensor, int]:
+        x, y = self.batch(step)
+        return torch.nn.functional.mse_loss(model(x), y), len(x)
+
+    @torch.no_grad()
+    def evaluate(self, model) -> dict:
+        x, y = self.batch(10**6)
+        return {"heldout_loss": float(torch.nn.functional.mse_loss(model(x), y))}
+
+    def stopped(self, records: list[dict]) -> str | None:
+        return "asked to" if self.config.stop_at and records and records[-1]["step"] >= self.config.stop_at else None
+
+    def state(self, model) -> dict:
+        return {"model": model.state_dict()}
+
+    def load_state(self, state: dict) -> None:
+        self.model.load_state_dict(state["model"])
+
+    def save(self, model, records: list[dict]) -> None:
+        torch.save(model.state_dict(), Path(self.config.out) / "model.pt")
+
+
+def fit(cfg: ToyConfig, callback=None) -> torch.nn.Module:
+    loop = training.Loop(training.LoopConfig.of(cfg), show=False)
+    return loop.fit(Toy(cfg), loop.resume(cfg, ("lr",), "toy data"), callback)
+
+
+class Killed(Exception):
+    """Raised from the loop's callback to stop a run the way a kill would, mid-way."""
+
+
+def kill_at(step: int):
+    def callback(done: int, record: dict) -> None:
+        if done == step:
+            raise Killed
+
+    return callback
+
+
+def test_the_loop_keeps_its_cadence_and_a_killed_run_resumes_exactly(tmp_path: Path) -> None:
+    whole = fit(ToyConfig(out=str(tmp_path / "a")))
+    rows = MetricsLog(tmp_path / "a" / "metrics.jsonl", write=False).records()
+    assert [r["step"] for r in rows] == [2, 4, 6, 8]  # logged every 2 steps, evaluated every 4
+    assert ["heldout_loss" in r for r in rows] == [False, True, False, True]
+    assert all({"loss", "lr", "tokens_per_s"} <= set(r) for r in rows)
+    assert (tmp_path / "a" / "model.pt").is_file() and (tmp_path / "a" / "training.png").stat().st_size > 0
+
+    with pytest.raises(Killed):
+        fit(ToyConfig(out=str(tmp_path / "b")), callback=kill_at(5))
+    state = torch.load(tmp_path / "b" / "checkpoint" / "state.pt", weights_only=True)
+    assert state["step"] == 3 and state["config"] == asdict(ToyConfig(out=str(tmp_path / "b")))
+    assert set(state) == {
+        "step",
+        "config",
+        "data_digest",
+        "model",
+        *("optimizer", "scheduler", "scaler", "rng", "cuda_rng"),
+    }
+    torch.manual_seed(123)  # the resumed run must not depend on the process's RNG state
+    resumed = fit(ToyConfig(out=str(tmp_path / "b"), resume=True))
+    for (name, p), q in zip(whole.state_dict().items(), resumed.state_dict().values()):
+        torch.testing.assert_close(p, q, rtol=0, atol=0, msg=name)
+    again = MetricsLog(tmp_path / "b" / "metrics.jsonl", write=False).records()
+    assert [r["step"] for r in again] == [2, 4, 6, 8]
+    assert [r["loss"] for r in again] == [r["loss"] for r in rows]
+    with pytest.raises(ValueError, match="lr=0.05, this run asks for 0.1"):
+        fit(ToyConfig(out=str(tmp_path / "b"), resume=True, lr=0.1))
+
+
+def test_a_task_that_asks_to_stop_stops_and_stays_stopped(tmp_path: Path) -> None:
+    cfg = ToyConfig(out=str(tmp_path), steps=20, stop_at=4, checkpoint_every=100)
+    fit(cfg)
+    rows = MetricsLog(tmp_path / "metrics.jsonl", write=False).records()
+    assert rows[-1]["step"] == 4 and (tmp_path / "model.pt").is_file()
+    assert torch.load(tmp_path / "checkpoint" / "state.pt", weights_only=True)["step"] == 4  # saved where it stopped
+    fit(replace(cfg, resume=True))
+    assert MetricsLog(tmp_path / "metrics.jsonl", write=False).records() == rows
+
+
+def test_a_non_finite_loss_stops_the_run_before_it_reaches_the_weights(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"step \d+: the training loss is (nan|inf); stopped \(no checkpoint yet\)"):
+        fit(ToyConfig(out=str(tmp_path), lr=1e30, checkpoint_every=100))
+    assert not (tmp_path / "model.pt").exists()

@@ -12,7 +12,7 @@ import torch
 from conftest import assert_greedy_equal, hf_greedy, keep_checkpoint_at
 from transformers import AutoModelForSeq2SeqLM, PreTrainedTokenizerFast
 
-from blockdecode import BlockwiseLM, ScriptedDrafter, translation
+from blockdecode import BlockwiseLM, ScriptedDrafter, training
 from blockdecode.bible import read_tsv
 from blockdecode.cli import main
 from blockdecode.corpus import train_tokenizer
@@ -92,13 +92,15 @@ def test_trained_from_scratch_saved_like_a_marian_and_decoded_exactly(tmp_path: 
 
 
 def test_a_resumed_run_ends_with_the_same_weights(tmp_path: Path, monkeypatch) -> None:
-    keep_checkpoint_at(monkeypatch, translation, 2, tmp_path / "b" / "checkpoint")  # as a kill at step 3 left it
+    keep_checkpoint_at(monkeypatch, training, 2, tmp_path / "b" / "checkpoint")  # as a kill at step 3 left it
     whole = train_translation(TranslationConfig(corpus=str(CORPUS), out=str(tmp_path / "a"), **TINY), show=False)
     shutil.copytree(tmp_path / "a" / "tokenizer", tmp_path / "b" / "tokenizer")
     cfg = TranslationConfig(corpus=str(CORPUS), out=str(tmp_path / "b"), resume=True, **TINY)
     resumed = train_translation(cfg, show=False)
     for (name, p), q in zip(whole.state_dict().items(), resumed.state_dict().values()):
         torch.testing.assert_close(p, q, msg=name)
+    steps = [json.loads(line)["step"] for line in (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [4]  # the resumed run logs only the steps after its checkpoint
     with pytest.raises(ValueError, match="hidden_size=32"):
         train_translation(TranslationConfig(corpus=str(CORPUS), out=str(tmp_path / "b"), resume=True,
                                             **{**TINY, "hidden_size": 64}), show=False)  # fmt: skip
@@ -127,21 +129,3 @@ def test_cli_trains_the_translation_model_and_a_draft_that_shares_its_tokenizer(
         main(["pretrain-translation", "--corpus", str(CORPUS), "--out", str(tmp_path / "x"), *args, "--tokenizer",
               str(other)])  # fmt: skip
     assert not (tmp_path / "x").exists()
-
-
-def test_a_table_row_is_bleu_and_the_block_at_each_k(tmp_path: Path) -> None:
-    from blockdecode.translation import table_row
-
-    train_translation(TranslationConfig(corpus=str(CORPUS), out=str(tmp_path), **TINY), show=False)
-    model = AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "model").eval()
-    tokenizer = PreTrainedTokenizerFast.from_pretrained(tmp_path / "model")
-    pairs = read_tsv(CORPUS / "test.tsv")[:4]
-    row = table_row(BlockwiseLM.from_base(model, k=4), tokenizer, pairs, [2, 4], show=False)
-    assert set(row["by_k"]) == {1, 2, 4} and row["by_k"][1]["mean_block_size"] == 1.0
-    assert all(entry["identical_to_greedy"] == 1.0 for entry in row["by_k"].values())
-    import sacrebleu
-
-    sources = [tokenizer(p.source, return_tensors="pt").input_ids for p in pairs]
-    greedy = [hf_greedy(model, s, min(127, 2 * s.shape[1] + 10))[0] for s in sources]  # the table's budgets
-    texts = [tokenizer.decode(g, skip_special_tokens=True).strip() for g in greedy]
-    assert row["bleu"] == pytest.approx(sacrebleu.corpus_bleu(texts, [[p.target for p in pairs]]).score)

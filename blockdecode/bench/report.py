@@ -1,5 +1,6 @@
 """What a benchmark run leaves behind: the environment it ran in, bench.json, the PNGs and the
-markdown tables (the README's tables are generated from these, never typed)."""
+markdown tables (the documentation's tables are generated from these, never typed; the package
+itself writes only into the run's folder)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ from pathlib import Path
 
 import torch
 
-from blockdecode.io import save_figure, write_json, write_text
+from blockdecode import plots
+from blockdecode.io import write_json, write_text
 
 
 def cpu_name() -> str:
@@ -49,27 +51,11 @@ def write_report(report: dict, out: Path) -> None:
     """bench.json, the plots and table.md in `out`, each written atomically."""
     out = Path(out)
     write_json(out / "bench.json", report)
-    plot(report, out)
+    plots.bench(report, out)
     tables = [markdown(report), acceptance_markdown(report)] if report["methods"] else []
     if "system_ceiling" in report:
         tables.append(core_markdown(report["system_ceiling"]))
     write_text(out / "table.md", "\n\n".join(tables) + "\n")
-
-
-def update_readme(readme: Path, name: str, text: str) -> None:
-    """Replace what lies between `<!-- {name}:start -->` and `<!-- {name}:end -->` in the README."""
-    start_mark, end_mark = f"<!-- {name}:start -->", f"<!-- {name}:end -->"
-    old = readme.read_text()
-    if start_mark not in old or end_mark not in old:
-        raise ValueError(f"{readme} has no {start_mark} ... {end_mark} section")
-    head, rest = old.split(start_mark, 1)
-    write_text(readme, f"{head}{start_mark}\n{text}\n{end_mark}{rest.split(end_mark, 1)[1]}")
-
-
-def best(report: dict, family: str) -> dict | None:
-    """The fastest exact row of a family."""
-    rows = [r for r in report["methods"].values() if r["family"] == family and r["exact_method"]]
-    return max(rows, key=lambda r: r["speedup"], default=None)
 
 
 def _header(report: dict) -> str:
@@ -96,7 +82,7 @@ def identical(r: dict) -> str:
 
 
 def markdown(report: dict) -> str:
-    """The README's table: one row per method, exact rows first, then the approximate ones."""
+    """The benchmark table: one row per method, exact rows first, then the approximate ones."""
     lines = [
         _header(report),
         "",
@@ -164,78 +150,3 @@ def core_markdown(study: dict) -> str:
 def _str_keys(cost: dict) -> dict:
     """Cost curves keyed by str(q), whether they come from memory (int keys) or from JSON."""
     return {impl: {str(q): t for q, t in c.items()} for impl, c in cost.items()}
-
-
-def plot(report: dict, out: Path) -> None:
-    """speedup.png (speedup against k per method), blocks.png (block-size histograms at the best
-    k) and cost.png (t(q) / t(1), the price of verifying a block)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    methods = report["methods"]
-
-    if methods:
-        fig, ax = plt.subplots(figsize=(7, 4.5))
-        for family, label in (("heads", "blockdecode, heads"), ("ngram", "blockdecode, n-gram")):
-            rows = sorted(
-                (r for r in methods.values() if r["family"] == family and r["exact_method"]), key=lambda r: r["k"]
-            )
-            ax.plot([r["k"] for r in rows], [r["speedup"] for r in rows], "o-", label=label)
-            if family == "heads":
-                ax.plot(
-                    [r["k"] for r in rows if "ceiling" in r],
-                    [r["ceiling"] for r in rows if "ceiling" in r],
-                    "x:",
-                    label="heads' ceiling k̂·t(1)/t(k)",
-                )
-        for spec in report["config"]["acceptance"]:
-            rows = sorted((r for r in methods.values() if r["acceptance"] == spec), key=lambda r: r["k"])
-            ax.plot(
-                [r["k"] for r in rows], [r["speedup"] for r in rows], "s--", alpha=0.7, label=f"heads, {spec} (approx.)"
-            )
-        for name in ("prompt lookup", "assisted"):
-            if name in methods:
-                ax.axhline(
-                    methods[name]["speedup"],
-                    linestyle="--",
-                    color="grey" if name == "assisted" else "tan",
-                    label=f"transformers {name}",
-                )
-        ax.axhline(1.0, color="black", linewidth=0.8, label="transformers greedy")
-        ax.set_xlabel("k (block size)")
-        ax.set_ylabel("speedup over greedy generate")
-        ax.legend(fontsize="small")
-        save_figure(fig, out / "speedup.png")
-
-        fig, ax = plt.subplots(figsize=(7, 4))
-        for family in ("heads", "ngram"):
-            top = best(report, family)
-            if top:
-                ax.bar(
-                    [b + (0.2 if family == "ngram" else -0.2) for b in range(1, top["k"] + 1)],
-                    top["block_histogram"],
-                    width=0.4,
-                    label=f"{family}, k={top['k']}",
-                )
-        ax.set_xlabel("accepted block size (tokens per call)")
-        ax.set_ylabel("calls")
-        ax.legend()
-        save_figure(fig, out / "blocks.png")
-
-    fig, ax = plt.subplots(figsize=(6, 4))
-    curves = []
-    if "cost" in report:
-        curves.append(("built-in model", report["cost"]["seconds"]))
-    if "system_ceiling" in report:
-        study = report["system_ceiling"]
-        curves += [(f"{study['model']} ({study['dtype']}, {impl})", c) for impl, c in study["cost"].items()]
-    for label, cost in curves:
-        cost = {int(q): t for q, t in cost.items()}
-        qs = sorted(cost)
-        ax.plot(qs, [cost[q] / cost[1] for q in qs], "o-", label=label)
-    ax.set_xlabel("q (tokens in one forward pass)")
-    ax.set_ylabel("t(q) / t(1)")
-    ax.legend(fontsize="small")
-    save_figure(fig, out / "cost.png")

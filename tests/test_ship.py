@@ -1,4 +1,4 @@
-"""Installing a trained run as a built-in model (blockdecode.builtin.install)."""
+"""Installing a trained run as a built-in model (benchmarks/ship.py)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,8 @@ import torch
 from safetensors import safe_open
 
 from blockdecode import BlockwiseLM
-from blockdecode.builtin import install
 from blockdecode.corpus import train_tokenizer
-from tests.conftest import make_prompt, perturb_heads, toy_model
+from tests.conftest import make_prompt, perturb_heads, script, toy_model
 
 
 @pytest.fixture(scope="module")
@@ -29,6 +28,7 @@ def test_install_writes_a_whole_bf16_model_with_its_record_and_prompts(run, tmp_
     target = tmp_path / "builtin"
     target.mkdir()
     (target / "stale.txt").write_text("from the model shipped before")
+    install = script("ship").install
     install(run, target, {"mode": "distill", "steps": 5, "mean_block_size": {"8": 2.5}}, ["def main():\\n"])
     assert not (target / "stale.txt").exists() and not target.with_name("builtin.new").exists()
     assert json.loads((target / "prompts.json").read_text()) == ["def main():\\n"]
