@@ -81,8 +81,8 @@ def test_generate_translates_with_an_encoder_decoder(tmp_path: Path, capsys: pyt
     tokenizer = train_tokenizer(["the cat sat on the mat and the dog sat on the log " * 40], vocab_size=280)
     toy_model("marian", vocab=len(tokenizer), context=128).save_pretrained(tmp_path)
     tokenizer.save_pretrained(tmp_path)
-    main(["generate", "--model", str(tmp_path), "--prompt", "the cat sat", "--max-new-tokens", "16", "--compare", "--dtype", "fp32",
-          "--k", "4"])  # fmt: skip
+    main(["generate", "--model", str(tmp_path), "--prompt", "the cat sat", "--max-new-tokens", "16", "--compare",
+          "--dtype", "fp32", "--k", "4"])  # fmt: skip
     out, err = capsys.readouterr()
     assert not out.startswith("the cat sat")  # a translation, not a continuation of the source
     assert "identical: yes" in err and "greedy (transformers): 16 tokens" in err
@@ -236,7 +236,8 @@ def test_calibrate_prints_the_budgets_and_caches_the_choice(
     assert not re.search(r"^ *heads\+ngram: chain", out, re.M)  # shared drafters have no chain
     assert out.count("*") == 3 and "--tree auto decodes with" in out  # each drafter's best marked
     assert (tmp_path / "blockdecode" / "calibration.json").is_file()
-    main(["generate", "--model", str(model_dir), "--prompt", "def f(x):", "--max-new-tokens", "8", "--tree", "auto", "--dtype", "fp32",
+    main(["generate", "--model", str(model_dir), "--prompt", "def f(x):", "--max-new-tokens", "8", "--tree", "auto",
+          "--dtype", "fp32",
           "--drafter", "ngram", "--k", "3", "--compare"])  # fmt: skip
     assert "identical: yes" in capsys.readouterr().err
 
