@@ -52,7 +52,8 @@ def test_a_plan_resolved_twice_from_the_same_inputs_is_equal(lm: BlockwiseLM) ->
 @pytest.mark.parametrize(
     ("settings", "match"),
     [
-        (dict(drafter="heads", k=0), "k must be an integer >= 1"),
+        (dict(drafter="ngram", k=0), "k must be an integer >= 1"),
+        (dict(drafter="heads", k=0), "heads' block size 4, got 0"),
         (dict(drafter="heads", k=5), "heads' block size 4"),
         (dict(drafter="heads", k=2, tree=0), "tree must be a node budget >= 1"),
         (dict(drafter="heads", k=2, tree="8"), "tree must be a node budget >= 1"),

@@ -107,6 +107,7 @@ def make_cfg(tiny_base: SimpleNamespace, out: Path, **overrides) -> TrainConfig:
         distill_prompts=32,
         distill_new_tokens=48,
         distill_prompt_len=16,
+        mixed_precision="no",  # fp32 numerics, compared at 1e-5; "auto" would be bf16 on some CPUs
     )
     kw.update(overrides)
     return TrainConfig(**kw)
