@@ -242,13 +242,18 @@ def open_decoder(
     return adapter_for(model, source, cache_implementation, start.shape[1] + room), start
 
 
-@torch.inference_mode()
-def sequence_logits(model: PreTrainedModel, ids: torch.LongTensor, source: torch.LongTensor | None = None):
+def sequence_logits(
+    model: PreTrainedModel,
+    ids: torch.LongTensor,
+    source: torch.LongTensor | None = None,
+    source_mask: torch.LongTensor | None = None,
+) -> torch.Tensor:
     """Logits [B, T, V] of every position of `ids` in one teacher-forced pass: a causal LM's tokens,
-    or an encoder-decoder's decoder tokens given its `source`."""
+    or an encoder-decoder's decoder tokens given its `source` (`source_mask`: 0 on padding)."""
     if is_seq2seq(model):
-        return model(input_ids=source, decoder_input_ids=ids).logits
-    return model(input_ids=ids).logits
+        mask = source_mask if source_mask is not None else torch.ones_like(source)
+        return model(input_ids=source, attention_mask=mask, decoder_input_ids=ids, use_cache=False).logits
+    return model(input_ids=ids, use_cache=False).logits
 
 
 _TREE_MASK_CHECKED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {attention: ok}

@@ -43,7 +43,7 @@ from blockdecode.timing import forward_cost
 LARGEST = 64  # the largest tree, decoded to predict every smaller one
 STAT_TOKENS = 48  # decoded per prompt for the acceptance statistics
 STAT_PROMPTS = 4
-COST_TOKENS = 24  # decoded to time a setting's own cost per call
+COST_TOKENS = 40  # decoded to time a setting's own cost per call
 COST_POINTS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 65)  # t(q) is measured here and interpolated between
 CACHE_ENTRIES = 256
 STATISTICS = "calibration.json"  # beside a saved model: its acceptance statistics
@@ -168,8 +168,8 @@ def acceptance_statistics(lm, prompts: list[torch.LongTensor], spec, k: int, tre
 
 
 def loop_seconds(lm, prompt: torch.LongTensor, spec, k: int, tree: int | None, t: dict[int, float]) -> float:
-    """Seconds a call spends outside its forward with this setting: one short decode, each call's wall
-    time less t(tokens it verified)."""
+    """Seconds a call spends outside its forward with this setting: one short decode, the median of
+    each call's wall time less t(tokens it verified)."""
     plan = lm.plan(spec, k, tree=tree, eos_token_id=[])
     decode(lm.base, prompt, 4, plan)  # warm-up
     stamps: list[float] = []
@@ -177,7 +177,8 @@ def loop_seconds(lm, prompt: torch.LongTensor, spec, k: int, tree: int | None, t
     calls = [b - a for a, b in zip(stamps, stamps[1:])]  # call i's time lies between blocks i-1 and i
     if not calls:
         return 0.0
-    return max(0.0, statistics.mean(calls) - statistics.mean(t_at(t, q) for q in out.stats.verified))
+    # the median call's excess: one call slowed by something else on the machine does not move it
+    return max(0.0, statistics.median(c - t_at(t, q) for c, q in zip(calls, out.stats.verified)))
 
 
 def shipped_statistics(lm, k: int) -> dict | None:
@@ -244,7 +245,7 @@ def calibrate(
     stats = {n: shipped[n] for n in names} if shipped and all(n in shipped for n in names) else None
     if stats is None:
         stats = {n: acceptance_statistics(lm, prompts, spec[n], k, trees) for n in names}
-    t = forward_cost(lm.base, prompts[0], COST_POINTS, reps=3)
+    t = forward_cost(lm.base, prompts[0], COST_POINTS, reps=5)
     predicted = {}
     for n in names:
         loop_tree = loop_seconds(lm, prompts[0], spec[n], k, LARGEST, t) if trees else 0.0

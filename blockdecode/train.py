@@ -24,7 +24,7 @@ from tqdm.auto import tqdm
 from transformers import AutoTokenizer, PreTrainedModel
 
 from blockdecode import plots, training
-from blockdecode.adapter import decoder_prompt
+from blockdecode.adapter import decoder_prompt, sequence_logits
 from blockdecode.data import Pairs, fingerprint, load_pairs, load_tokens, pack, padded, split
 from blockdecode.decode import decode_prompts
 from blockdecode.hf import (
@@ -193,20 +193,13 @@ class Objective(nn.Module):
         k-1 projections through the vocabulary go chunk by chunk (`linear_cross_entropy`), so
         their [B, T, k-1, V] logits never exist at once."""
         base, k = self.model.base, self.cfg.k
-        if isinstance(batch, Pairs):
-            input_ids = batch.decoder
-            inputs = {
-                "input_ids": batch.source.clamp(min=0),
-                "attention_mask": (batch.source >= 0).long(),
-                "decoder_input_ids": input_ids.clamp(min=0),
-            }
-        else:
-            input_ids = batch
-            inputs = {"input_ids": input_ids.clamp(min=0)}
+        pairs = isinstance(batch, Pairs)
+        input_ids = batch.decoder if pairs else batch
+        source, source_mask = (batch.source.clamp(min=0), (batch.source >= 0).long()) if pairs else (None, None)
         labels = head_targets(input_ids, k)
         trains_base = self.cfg.finetune and self.training
         with decoder_output(base) as hidden, torch.enable_grad() if trains_base else torch.inference_mode():
-            logits = base(**inputs, use_cache=False).logits
+            logits = sequence_logits(base, input_ids.clamp(min=0), source, source_mask)
         h = hidden[0] if trains_base else hidden[0].clone()  # an inference tensor cannot enter the graph
         counts = (labels != IGNORE).sum(dim=(0, 1)).float()  # [k]: target tokens per head
         target = labels[..., 0].flatten()
