@@ -38,6 +38,7 @@ from blockdecode.decode import decode
 from blockdecode.drafters import CHOICES, drafter_names
 from blockdecode.hf import context_length, dtype_name, same_weights, weights_digest, weights_signature
 from blockdecode.io import write_json
+from blockdecode.plan import make_plan
 from blockdecode.timing import forward_cost
 
 LARGEST = 64  # the largest tree, decoded to predict every smaller one
@@ -156,7 +157,7 @@ def acceptance_statistics(lm, prompts: list[torch.LongTensor], spec, k: int, tre
     if not shared(spec):
         settings.append(("chain", None))
     for mode, tree in settings:
-        plan = lm.plan(spec, k, tree=tree, eos_token_id=[])
+        plan = make_plan(lm.base, spec, k, tree, eos_token_id=[], lm=lm)
         for ids in prompts:
             s = decode(lm.base, ids, STAT_TOKENS, plan).stats
             stats[mode]["verified"] += s.verified
@@ -170,7 +171,7 @@ def acceptance_statistics(lm, prompts: list[torch.LongTensor], spec, k: int, tre
 def loop_seconds(lm, prompt: torch.LongTensor, spec, k: int, tree: int | None, t: dict[int, float]) -> float:
     """Seconds a call spends outside its forward with this setting: one short decode, the median of
     each call's wall time less t(tokens it verified)."""
-    plan = lm.plan(spec, k, tree=tree, eos_token_id=[])
+    plan = make_plan(lm.base, spec, k, tree, eos_token_id=[], lm=lm)
     decode(lm.base, prompt, 4, plan)  # warm-up
     stamps: list[float] = []
     out = decode(lm.base, prompt, COST_TOKENS, plan, on_block=lambda _: stamps.append(time.perf_counter()))
@@ -213,7 +214,7 @@ def calibrate(
     from the cache when it was chosen for exactly this model and setting, else predicted now and
     stored. `drafter` is a name or a drafter object. One line on stderr says when it measures."""
     k = k or lm.k
-    name = drafter if isinstance(drafter, str) else "+".join(d.name for d in lm.plan(drafter, k, tree=1).drafters)
+    name = drafter if isinstance(drafter, str) else make_plan(lm.base, drafter, k, 1, lm=lm).drafter_name
     key = calibration_key(lm, name, k)
     entry = _entries().get(key)
     if not refresh and isinstance(entry, dict) and entry.get("key") == key:
