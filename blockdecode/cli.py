@@ -122,6 +122,9 @@ def add_train_parser(sub) -> None:
     p.add_argument("--mode", choices=tuple(MODES), default=d.mode)
     p.add_argument("--head-type", choices=HEAD_TYPES, default=d.head_type)
     p.add_argument("--head-hidden-size", type=int, default=d.head_hidden_size, help="0: the base's hidden size")
+    p.add_argument(
+        "--draft-vocab", type=int, default=d.draft_vocab, help="N: the heads score only their N most frequent targets"
+    )
     p.add_argument("--steps", type=int, default=d.steps)
     p.add_argument("--batch-size", type=int, default=d.batch_size, help="global batch, split over processes")
     p.add_argument("--seq-len", type=int, default=d.seq_len)

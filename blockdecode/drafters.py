@@ -18,6 +18,7 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
+from blockdecode.heads import short_projection
 from blockdecode.tree import best_path, lattice_paths
 
 
@@ -117,12 +118,19 @@ class HeadsDrafter(BaseDrafter):
     in_vocabulary = True  # an argmax over the vocabulary: no range check needed
 
     def __init__(
-        self, heads: torch.nn.Module, output_projection: torch.nn.Module, width: int = 8, rescore: float = 0.0
+        self,
+        heads: torch.nn.Module,
+        output_projection: torch.nn.Module,
+        width: int = 8,
+        rescore: float = 0.0,
+        token_map: torch.LongTensor | None = None,
     ):
+        """`token_map`: the draft vocabulary, the only ids the heads score (None: all of them)."""
         if not rescore >= 0:
             raise ValueError(f"rescore must be >= 0, got {rescore}")
-        self.heads, self.project = heads, output_projection
-        self._run = fastest_copies(heads, output_projection)  # what computes the proposals
+        self.heads, self.project, self.token_map = heads, output_projection, token_map
+        short = short_rows(output_projection, token_map) if token_map is not None else output_projection
+        self._run = fastest_copies(heads, short)  # what computes the proposals
         self.width = width  # guesses per head considered for a tree
         self.rescore = rescore
         self._context = ContextNgram([])  # rescoring's model of the context, fed what the decode accepts
@@ -156,21 +164,27 @@ class HeadsDrafter(BaseDrafter):
         heads, project = self._run
         return project(heads(hidden.to(project.weight.dtype))[..., :n, :])
 
+    def _ids(self, indices: torch.Tensor) -> torch.Tensor:
+        """Token ids of positions in the scored vocabulary."""
+        return indices if self.token_map is None else self.token_map.to(indices.device)[indices]
+
     def propose(self, tokens: torch.LongTensor, hidden: torch.Tensor, n: int) -> torch.LongTensor:
         if not self.rescore or not n:
-            return self._logits(hidden, n).argmax(-1)  # [1, n]
-        top = self._top(hidden, n, self.width)
-        path = best_path(top.values, top.indices, self._factor(tokens))
+            return self._ids(self._logits(hidden, n).argmax(-1))  # [1, n]
+        values, ids = self._top(hidden, n, self.width)
+        path = best_path(values, ids, self._factor(tokens))
         return torch.tensor([path], dtype=torch.long, device=tokens.device)
 
     def propose_paths(self, tokens: torch.LongTensor, hidden: torch.Tensor, depth: int, budget: int) -> list[list[int]]:
-        top = self._top(hidden, depth, min(self.width, budget))
+        values, ids = self._top(hidden, depth, min(self.width, budget))
         factor = self._factor(tokens) if self.rescore else None
-        return [path for path, _ in lattice_paths(top.values, top.indices, budget, factor)]
+        return [path for path, _ in lattice_paths(values, ids, budget, factor)]
 
-    def _top(self, hidden: torch.Tensor, depth: int, width: int):
-        probs = self._logits(hidden, depth)[0].float().softmax(-1)  # [depth, V]
-        return probs.topk(min(width, probs.shape[-1]), dim=-1)
+    def _top(self, hidden: torch.Tensor, depth: int, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each head's `width` most probable tokens: probabilities and ids, [depth, width] each."""
+        probs = self._logits(hidden, depth)[0].float().softmax(-1)  # [depth, V] (V: the draft vocabulary's)
+        values, indices = probs.topk(min(width, probs.shape[-1]), dim=-1)
+        return values, self._ids(indices)
 
     def _factor(self, tokens: torch.LongTensor) -> Callable[[tuple[int, ...], int], float]:
         if len(self._context.seq) != tokens.shape[1]:  # proposing outside a decode that keeps it informed
@@ -226,6 +240,17 @@ class ContextNgram:
 
 
 _COPIES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # projection -> (key, heads, projection)
+_SHORT: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # projection -> (key, its draft-vocabulary rows)
+
+
+def short_rows(projection: torch.nn.Module, token_map: torch.LongTensor) -> torch.nn.Module:
+    """The projection's rows of the draft vocabulary, made once per set of weights and map."""
+    params = [*projection.parameters(), token_map]
+    key = (tuple(p._version for p in params), tuple(p.data_ptr() for p in params))
+    known = _SHORT.get(projection)
+    if known is None or known[0] != key:
+        _SHORT[projection] = known = (key, short_projection(projection, token_map))
+    return known[1]
 
 
 @torch.no_grad()  # not inference mode: the copies must be usable outside it
@@ -330,8 +355,8 @@ class ScriptedDrafter(BaseDrafter):
 
 
 DRAFTERS: dict[str, Callable[[object], BaseDrafter]] = {
-    "heads": lambda lm: HeadsDrafter(lm.heads, lm.base.get_output_embeddings()),
-    "heads-rescored": lambda lm: HeadsDrafter(lm.heads, lm.base.get_output_embeddings(), rescore=1.0),
+    "heads": lambda lm: lm.drafter(),
+    "heads-rescored": lambda lm: lm.drafter(rescore=1.0),
     "ngram": lambda lm: NgramDrafter(),
 }
 """The drafters known by name: each made from a BlockwiseLM. "a+b" names several sharing one tree."""

@@ -24,6 +24,7 @@ class HeadsConfig:
     hidden_size: int = 0  # the base model's d_model (size of h)
     head_hidden_size: int = 0  # per-head width of the paper's hidden layer; 0 means hidden_size
     vocab_size: int = 0  # the base model's vocabulary, checked against its output projection
+    draft_vocab: int = 0  # > 0: the heads score only this many tokens (`token_map`), 0: the whole vocabulary
 
     def __post_init__(self) -> None:
         if not isinstance(self.k, int) or self.k < 1:
@@ -36,6 +37,8 @@ class HeadsConfig:
             raise ValueError(f"head_hidden_size must be positive (or 0 for hidden_size), got {self.head_hidden_size}")
         if self.head_hidden_size == 0:
             self.head_hidden_size = self.hidden_size
+        if not 0 <= self.draft_vocab <= max(self.vocab_size, 0) or (self.draft_vocab and not self.vocab_size):
+            raise ValueError(f"draft_vocab must lie in [0, vocab_size={self.vocab_size}], got {self.draft_vocab}")
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -88,5 +91,30 @@ class MedusaHeads(nn.Module):
 
 
 def build_heads(cfg: HeadsConfig) -> nn.Module:
-    """The head module for cfg.head_type."""
-    return {"paper": PaperHeads, "medusa": MedusaHeads}[cfg.head_type](cfg)
+    """The head module for cfg.head_type; with a draft vocabulary, its `token_map` buffer (saved with
+    the weights): the ids the heads score, the most frequent targets once training has set them."""
+    heads = {"paper": PaperHeads, "medusa": MedusaHeads}[cfg.head_type](cfg)
+    if cfg.draft_vocab:
+        heads.register_buffer("token_map", torch.arange(cfg.draft_vocab))
+    return heads
+
+
+def most_frequent(tokens: torch.Tensor, vocab_size: int, n: int) -> tuple[torch.LongTensor, float]:
+    """The `n` ids most frequent in `tokens` (ids < 0 skipped), ascending, and the share of the
+    tokens they cover: a draft vocabulary and what it can propose."""
+    tokens = tokens.reshape(-1)
+    counts = torch.bincount(tokens[tokens >= 0], minlength=vocab_size)
+    top = counts.topk(n).indices.sort().values
+    return top, float(counts[top].sum() / counts.sum().clamp(min=1))
+
+
+def short_projection(projection: nn.Module, token_map: torch.LongTensor) -> nn.Linear:
+    """The output projection restricted to the rows of `token_map`: logits of the draft vocabulary
+    alone, a fraction of the full projection's work (the verification keeps the full vocabulary)."""
+    rows = nn.Linear(projection.weight.shape[1], len(token_map), bias=projection.bias is not None)
+    rows = rows.to(device=projection.weight.device, dtype=projection.weight.dtype)
+    with torch.no_grad():
+        rows.weight.copy_(projection.weight[token_map])
+        if projection.bias is not None:
+            rows.bias.copy_(projection.bias[token_map])
+    return rows.requires_grad_(False)

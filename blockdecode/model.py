@@ -101,9 +101,15 @@ class BlockwiseLM(nn.Module):
 
     @classmethod
     def from_base(
-        cls, base: PreTrainedModel, k: int = 8, head_type: str = "paper", head_hidden_size: int = 0
+        cls,
+        base: PreTrainedModel,
+        k: int = 8,
+        head_type: str = "paper",
+        head_hidden_size: int = 0,
+        draft_vocab: int = 0,
     ) -> BlockwiseLM:
-        """Untrained heads on `base`: exact from the start, fast once trained."""
+        """Untrained heads on `base`: exact from the start, fast once trained. `draft_vocab=N`: the heads
+        score N tokens only (the first N ids until `token_map` is set, as training does from its data)."""
         projection = base.get_output_embeddings()
         cfg = HeadsConfig(
             k=k,
@@ -111,6 +117,7 @@ class BlockwiseLM(nn.Module):
             hidden_size=projection.weight.shape[1],
             head_hidden_size=head_hidden_size,
             vocab_size=projection.weight.shape[0],
+            draft_vocab=draft_vocab,
         )
         context = context_length(base)
         if context is not None and k > context:
@@ -129,8 +136,14 @@ class BlockwiseLM(nn.Module):
         return self.config.k
 
     def drafter(self, rescore: float = 0.0) -> HeadsDrafter:
-        """The paper's proposals from these heads (`rescore`: see HeadsDrafter)."""
-        return HeadsDrafter(self.heads, self.base.get_output_embeddings(), rescore=rescore)
+        """The paper's proposals from these heads, over their draft vocabulary if they have one
+        (`rescore`: see HeadsDrafter)."""
+        return HeadsDrafter(self.heads, self.base.get_output_embeddings(), rescore=rescore, token_map=self.token_map)
+
+    @property
+    def token_map(self) -> torch.LongTensor | None:
+        """The ids the heads score (their draft vocabulary), or None for the whole vocabulary."""
+        return self.heads.token_map if self.config.draft_vocab else None
 
     def head_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Decoder outputs [..., D] -> logits of heads p2..pk [..., k-1, V]."""

@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import torch
@@ -27,6 +28,7 @@ from blockdecode import plots, training
 from blockdecode.adapter import decoder_prompt, sequence_logits
 from blockdecode.data import Pairs, fingerprint, load_pairs, load_tokens, pack, padded, split
 from blockdecode.decode import decode_prompts
+from blockdecode.heads import most_frequent
 from blockdecode.hf import (
     context_length,
     decoder_output,
@@ -80,6 +82,7 @@ class TrainConfig:
     mode: str = "frozen"
     head_type: str = "paper"
     head_hidden_size: int = 0
+    draft_vocab: int = 0  # > 0: the heads score only the N tokens most frequent in their targets
     steps: int = 1000
     batch_size: int = 8
     seq_len: int = 256
@@ -207,16 +210,29 @@ class Objective(nn.Module):
         sums = [F.cross_entropy(logits.flatten(0, 1).float(), target, ignore_index=IGNORE, reduction="sum")]
         tallies[0] = torch.stack([((logits.argmax(-1).flatten() == target) & (target != IGNORE)).sum(), counts[0]])
         states = self.model.heads(h)  # [B, L, k-1, D]
-        project = base.get_output_embeddings()
+        project, short = draft_projection(base.get_output_embeddings(), self.model.token_map)
         for i in range(2, k + 1):
             if i not in heads:
                 sums.append(sums[0].new_zeros(()))
                 continue
-            target = labels[:, : -(i - 1), i - 1]
+            target = short(labels[:, : -(i - 1), i - 1])
             loss, hits = linear_cross_entropy(states[:, : -(i - 1), i - 2], project, target, self.cfg.loss_chunk)
             sums.append(loss)
             tallies[i - 1] = torch.stack([hits.float(), counts[i - 1]])
         return torch.stack(sums), tallies
+
+
+def draft_projection(project: nn.Module, token_map: torch.LongTensor | None):
+    """The projection the heads are trained through, and the map of targets into its rows: the full
+    vocabulary, or the draft vocabulary's rows (gathered, so a fine-tuned projection still learns),
+    where a target outside the map is IGNORE: never proposed, so never learnt, but still counted."""
+    if token_map is None:
+        return project, lambda target: target
+    bias = project.bias[token_map] if project.bias is not None else None
+    rows = SimpleNamespace(weight=project.weight[token_map], bias=bias)
+    inverse = torch.full((project.weight.shape[0],), IGNORE, dtype=torch.long, device=token_map.device)
+    inverse[token_map] = torch.arange(len(token_map), device=token_map.device)
+    return rows, lambda target: torch.where(target == IGNORE, target, inverse[target.clamp(min=0)])
 
 
 def combine_loss(sums: torch.Tensor, counts: torch.Tensor, heads: list[int], cfg: TrainConfig) -> torch.Tensor:
@@ -420,8 +436,19 @@ class HeadTraining(training.Task):
     evaluate_first = True  # the first evaluation is the original base's
     curves = plots.Curves(heldout={"eval_base_loss": "held-out base loss"}, ylabel=None, side=plots.head_accuracy)
 
-    def __init__(self, cfg: TrainConfig, objective: Objective, sequences, held_out, data_digest: str, tokenizer, acc):
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        objective: Objective,
+        sequences,
+        held_out,
+        data_digest: str,
+        tokenizer,
+        acc,
+        coverage: float | None = None,
+    ):
         self.config, self.name, self.model, self.tokenizer, self.accelerator = cfg, cfg.mode, objective, tokenizer, acc
+        self.coverage = coverage  # of the heads' targets by their draft vocabulary
         self.sequences, self.held_out, self.data_digest = sequences, held_out, data_digest
         # distilled rows end at their EOS and pairs are short: count the tokens a row really holds
         rows = self.sequences.decoder if isinstance(self.sequences, Pairs) else self.sequences
@@ -474,7 +501,7 @@ class HeadTraining(training.Task):
 
     def save(self, model: Objective, records: list[dict]) -> None:
         """The heads (and in finetune modes the base), with the tokenizer and the run's record."""
-        cfg, record = self.config, run_record(records, self.config, self.row_tokens)
+        cfg, record = self.config, run_record(records, self.config, self.row_tokens, self.coverage)
         model.model.save_pretrained(cfg.out, save_base=cfg.finetune, training=record, tokenizer=self.tokenizer)
 
 
@@ -509,16 +536,23 @@ def train(cfg: TrainConfig, callback: Callable[[int, dict], None] | None = None)
     data_digest = fingerprint(sequences.content() if isinstance(sequences, Pairs) else sequences)
     state = loop.resume(cfg, RESUME_MUST_MATCH, data_digest)
     torch.manual_seed(cfg.seed)
-    model = BlockwiseLM.from_base(base, k=cfg.k, head_type=cfg.head_type, head_hidden_size=cfg.head_hidden_size)
+    model = BlockwiseLM.from_base(
+        base, k=cfg.k, head_type=cfg.head_type, head_hidden_size=cfg.head_hidden_size, draft_vocab=cfg.draft_vocab
+    )
     if cfg.init_heads and state is None:
         model.heads.load_state_dict(trained_heads(cfg.init_heads, model))
     if cfg.distill:
         distill = distill_pairs if isinstance(train_seqs, Pairs) else distill_sequences
         with accelerator.main_process_first():
             train_seqs = distill(base.to(accelerator.device), train_seqs, cfg, show=loop.main)
+    coverage = None
+    if cfg.draft_vocab:  # the targets the heads learn, distilled or not, decide what they may propose
+        targets = train_seqs.decoder if isinstance(train_seqs, Pairs) else train_seqs
+        token_map, coverage = most_frequent(targets, vocab, cfg.draft_vocab)
+        model.heads.token_map.copy_(token_map)
     model.base.requires_grad_(cfg.finetune)
     objective = Objective(model, cfg).train()
-    task = HeadTraining(cfg, objective, train_seqs, held_out, data_digest, tokenizer, accelerator)
+    task = HeadTraining(cfg, objective, train_seqs, held_out, data_digest, tokenizer, accelerator, coverage)
     if loop.main:
         write_json(Path(cfg.out) / "train_config.json", asdict(cfg))
     return loop.fit(task, state, callback).model
@@ -528,7 +562,7 @@ def trained_heads(directory: str, model: BlockwiseLM) -> dict[str, torch.Tensor]
     """The heads saved in `directory`, checked to fit `model`'s: a fine-tuning run that starts from
     trained heads (Medusa-2's recipe) spares the base the large gradients of random ones."""
     saved = BlockwiseLM.from_pretrained(directory, base=model.base)
-    fields = ("k", "head_type", "head_hidden_size", "hidden_size", "vocab_size")
+    fields = ("k", "head_type", "head_hidden_size", "hidden_size", "vocab_size", "draft_vocab")
     wrong = [
         f"{f} {getattr(saved.config, f)} (this run: {getattr(model.config, f)})"
         for f in fields
@@ -549,16 +583,18 @@ def plateaued(records: list[dict], patience: int, min_delta: float) -> bool:
     return since >= patience
 
 
-def run_record(records: list[dict], cfg: TrainConfig, row_tokens: float) -> dict:
+def run_record(records: list[dict], cfg: TrainConfig, row_tokens: float, coverage: float | None = None) -> dict:
     """What blockdecode.json keeps of a training run: mode, size, how much it saw, and where it
     ended against where it began (held-out base loss on the --holdout split, decoded block size).
-    `row_tokens`: the mean tokens of a training row (padding not counted)."""
+    `row_tokens`: the mean tokens of a training row (padding not counted); `coverage`: the share of
+    the heads' targets their draft vocabulary holds."""
     evals = [r for r in records if "eval_base_loss" in r]
     steps = max((r["step"] for r in records), default=0)
     return {
         "mode": cfg.mode,
         "k": cfg.k,
         "head_hidden_size": cfg.head_hidden_size,
+        **({"draft_vocab": cfg.draft_vocab, "draft_vocab_coverage": coverage} if cfg.draft_vocab else {}),
         "steps": steps,
         "tokens_seen": round(steps * cfg.batch_size * row_tokens),
         "original_base_heldout_loss": evals[0]["eval_base_loss"] if evals else None,
@@ -590,6 +626,7 @@ RESUME_MUST_MATCH = (
     "mode",
     "head_type",
     "head_hidden_size",
+    "draft_vocab",
     "seed",
     "batch_size",
     "seq_len",

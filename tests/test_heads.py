@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import perturb_heads, tiny
+from conftest import NO_EOS, assert_greedy_equal, hf_greedy, make_prompt, perturb_heads, tiny, vocab_size
 
 from blockdecode import BlockwiseLM, HeadsConfig
-from blockdecode.heads import MedusaHeads, PaperHeads, build_heads
+from blockdecode.heads import MedusaHeads, PaperHeads, build_heads, most_frequent
 from blockdecode.toy import toy_model
 
 HEAD_TYPES = ["paper", "medusa"]
@@ -136,3 +136,34 @@ def test_heads_follow_the_base_dtype() -> None:
     base = toy_model("llama").to(torch.bfloat16)
     lm = BlockwiseLM.from_base(base, k=3)
     assert all(p.dtype == torch.bfloat16 for p in lm.heads.parameters())
+
+
+def test_a_draft_vocabulary_is_checked_and_found_from_the_targets() -> None:
+    with pytest.raises(ValueError, match="draft_vocab must lie in"):
+        HeadsConfig(k=4, hidden_size=8, vocab_size=10, draft_vocab=11)
+    with pytest.raises(ValueError, match="draft_vocab must lie in"):
+        HeadsConfig(k=4, hidden_size=8, vocab_size=10, draft_vocab=-1)
+    targets = torch.tensor([[3, 3, 3, 7, 7, 1, -100], [3, 7, 9, 2, -1, -1, -1]])
+    top, coverage = most_frequent(targets, 10, 2)
+    assert top.tolist() == [3, 7] and coverage == pytest.approx(7 / 10)  # 7 of the 10 real targets
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2", "phi"])
+@pytest.mark.parametrize("tree", [None, 12])
+def test_heads_with_a_draft_vocabulary_decode_exactly_and_propose_only_its_ids(arch: str, tree: int | None) -> None:
+    """The heads score only the map's rows; verification keeps the whole vocabulary, so the output is
+    greedy's, and a token outside the map is still gained as the model's own token after a block."""
+    model = tiny(arch)
+    lm = perturb_heads(BlockwiseLM.from_base(model, k=4, draft_vocab=40))
+    lm.heads.token_map.copy_(torch.arange(100, 140))
+    ids = make_prompt(6, vocab_size(model), seed=3)
+    out = lm.generate(ids, 30, eos_token_id=NO_EOS, drafter="heads", tree=tree)
+    assert_greedy_equal(model, ids, out.sequences, hf_greedy(model, ids, 30, eos_token_id=NO_EOS))
+    drafter = lm.drafter()
+    hidden = torch.randn(1, lm.config.hidden_size)
+    assert set(drafter.propose(ids, hidden, 3)[0].tolist()) <= set(range(100, 140))
+    assert all(set(p) <= set(range(100, 140)) for p in drafter.propose_paths(ids, hidden, 3, 10))
+    projection = lm.base.get_output_embeddings()
+    with torch.no_grad():
+        full = projection(lm.heads(hidden))[..., 100:140]
+    assert torch.equal(drafter.propose(ids, hidden, 3), full.argmax(-1) + 100)  # the same as slicing the full logits

@@ -26,7 +26,7 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 import transformers  # noqa: E402
-from conftest import assert_greedy_equal, hf_greedy  # noqa: E402
+from conftest import NO_EOS, assert_greedy_equal, hf_greedy  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM  # noqa: E402
 
@@ -1113,3 +1113,23 @@ def test_training_on_pairs_resumes_exactly(tiny_marian, tmp_path):
     train(pairs_cfg(tiny_marian, tmp_path / "b", resume=True, **kw))
     for name in (HEADS_WEIGHTS, "model.safetensors"):
         assert_same_tensors(load_file(tmp_path / "b" / name), load_file(tmp_path / "a" / name), 1e-6, name)
+
+
+@pytest.mark.parametrize("mode", ["frozen", "finetune"])
+def test_a_draft_vocabulary_is_learnt_from_the_targets_and_saved_with_the_heads(tiny_base, tmp_path, mode):
+    """--draft-vocab N: the heads score the N most frequent targets (their map saved with them and
+    its coverage recorded), learn through those rows alone, still lower their loss, and decode
+    exactly, proposing only ids of the map."""
+    out = tmp_path / "out"
+    model = train(make_cfg(tiny_base, out, mode=mode, steps=30, log_every=1, eval_every=30, draft_vocab=24))
+    losses = [r["loss"] for r in read_metrics(out) if "loss" in r]
+    assert sum(losses[-3:]) / 3 < 0.9 * sum(losses[:3]) / 3
+    record = json.loads((out / HEADS_CONFIG).read_text())
+    assert record["heads"]["draft_vocab"] == 24 and 0.5 < record["training"]["draft_vocab_coverage"] <= 1.0
+    loaded = BlockwiseLM.from_pretrained(out)
+    assert torch.equal(loaded.token_map, model.token_map) and not torch.equal(loaded.token_map, torch.arange(24))
+    ids = torch.tensor([[5, 9, 11, 7]])
+    decoded = loaded.generate(ids, 24, eos_token_id=NO_EOS, drafter="heads", tree=None)
+    assert_greedy_equal(loaded.base, ids, decoded.sequences, hf_greedy(loaded.base, ids, 24, eos_token_id=NO_EOS))
+    proposed = loaded.drafter().propose(ids, torch.randn(1, loaded.config.hidden_size), 3)
+    assert set(proposed[0].tolist()) <= set(loaded.token_map.tolist())
