@@ -356,5 +356,7 @@ def test_the_first_generate_chooses_its_setting_without_decoding_to_search(
     assert err.count("choosing drafters and tree") == 1
     found = next(iter(json.loads((tmp_path / "blockdecode" / "calibration.json").read_text()).values()))
     assert found["statistics"] == "shipped"
-    assert sum(decoded) <= len(calibrate.CHOICES) * 2 * (4 + calibrate.COST_TOKENS)  # timing decodes only
-    assert found["seconds"] < 20 and seconds < 60  # loose: a search by decoding took minutes on a slow CPU
+    # The sharp check: only the timing decodes, a few hundred tokens, where searching by decoding took
+    # thousands. The clock is a loose backstop (about 1 s on an idle 2-core CPU; a busy one is slower).
+    assert sum(decoded) <= len(calibrate.CHOICES) * 2 * (4 + calibrate.COST_TOKENS)
+    assert found["seconds"] < 60 and seconds < 120
