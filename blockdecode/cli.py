@@ -150,6 +150,11 @@ def add_train_parser(sub) -> None:
     p.add_argument("--distill-batch-size", type=int, default=d.distill_batch_size, help="rows generated at once")
     p.add_argument("--distill-beams", type=int, default=d.distill_beams, help="1: greedy; more: beam search")
     p.add_argument("--distill-cache", default=None, help="folder for distilled data, reused across runs")
+    p.add_argument(
+        "--feature-cache",
+        default=None,
+        help="frozen/distill: a folder where the base's outputs on the training rows are computed once, reused",
+    )
     p.add_argument("--patience", type=int, default=d.patience, help="stop after N evals with no longer block; 0: off")
     p.add_argument("--init-heads", default=None, help="a saved BlockwiseLM whose heads start this run")
     p.add_argument("--min-delta", type=float, default=d.min_delta, help="the block growth that counts (--patience)")

@@ -28,6 +28,7 @@ from blockdecode import plots, training
 from blockdecode.adapter import decoder_prompt, sequence_logits
 from blockdecode.data import Pairs, fingerprint, load_pairs, load_tokens, pack, padded, split
 from blockdecode.decode import decode_prompts
+from blockdecode.features import Features, cached_features
 from blockdecode.heads import most_frequent
 from blockdecode.hf import (
     context_length,
@@ -110,6 +111,7 @@ class TrainConfig:
     distill_beams: int = 1
     distill_batch_size: int = 16
     distill_cache: str | None = None
+    feature_cache: str | None = None  # frozen-base modes: the base's outputs on the rows, computed once, here
     loss_chunk: int = 2048  # rows of head logits held at once (memory only: the loss is the same)
     patience: int = 0  # stop after this many evaluations without a longer held-out block; 0: never
     init_heads: str | None = None  # a saved BlockwiseLM whose heads start the run (its base is not used)
@@ -186,7 +188,9 @@ class Objective(nn.Module):
         self.model.base.train(mode and self.cfg.finetune)
         return self
 
-    def forward(self, batch: torch.LongTensor | Pairs, heads: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self, batch: torch.LongTensor | Pairs, heads: list[int], features: tuple | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Summed cross-entropy per head [k] (head 1 is the base's own; heads 2..k not listed
         stay 0) and per-head [k, 2] (correct, count) tallies. `batch`: token rows of a causal LM,
         or an encoder-decoder's pairs, whose decoder sequences the heads learn. Sums, not means, so the loss can
@@ -194,21 +198,27 @@ class Objective(nn.Module):
 
         A frozen base runs in inference mode, once per batch, with no autograd graph; the heads'
         k-1 projections through the vocabulary go chunk by chunk (`linear_cross_entropy`), so
-        their [B, T, k-1, V] logits never exist at once."""
+        their [B, T, k-1, V] logits never exist at once. `features` (a frozen base's decoder outputs,
+        argmax and loss on these rows, from `blockdecode.features`) spare the base's forward."""
         base, k = self.model.base, self.cfg.k
         pairs = isinstance(batch, Pairs)
         input_ids = batch.decoder if pairs else batch
         source, source_mask = (batch.source.clamp(min=0), (batch.source >= 0).long()) if pairs else (None, None)
         labels = head_targets(input_ids, k)
-        trains_base = self.cfg.finetune and self.training
-        with decoder_output(base) as hidden, torch.enable_grad() if trains_base else torch.inference_mode():
-            logits = sequence_logits(base, input_ids.clamp(min=0), source, source_mask)
-        h = hidden[0] if trains_base else hidden[0].clone()  # an inference tensor cannot enter the graph
         counts = (labels != IGNORE).sum(dim=(0, 1)).float()  # [k]: target tokens per head
         target = labels[..., 0].flatten()
         tallies = torch.zeros(k, 2, device=input_ids.device)
-        sums = [F.cross_entropy(logits.flatten(0, 1).float(), target, ignore_index=IGNORE, reduction="sum")]
-        tallies[0] = torch.stack([((logits.argmax(-1).flatten() == target) & (target != IGNORE)).sum(), counts[0]])
+        if features is not None:
+            h, argmax, base_loss = features
+            sums = [base_loss.sum()]  # already 0 where there is no target
+        else:
+            trains_base = self.cfg.finetune and self.training
+            with decoder_output(base) as hidden, torch.enable_grad() if trains_base else torch.inference_mode():
+                logits = sequence_logits(base, input_ids.clamp(min=0), source, source_mask)
+            h = hidden[0] if trains_base else hidden[0].clone()  # an inference tensor cannot enter the graph
+            argmax = logits.argmax(-1)
+            sums = [F.cross_entropy(logits.flatten(0, 1).float(), target, ignore_index=IGNORE, reduction="sum")]
+        tallies[0] = torch.stack([((argmax.flatten() == target) & (target != IGNORE)).sum(), counts[0]])
         states = self.model.heads(h)  # [B, L, k-1, D]
         project, short = draft_projection(base.get_output_embeddings(), self.model.token_map)
         for i in range(2, k + 1):
@@ -446,9 +456,11 @@ class HeadTraining(training.Task):
         tokenizer,
         acc,
         coverage: float | None = None,
+        features: Features | None = None,
     ):
         self.config, self.name, self.model, self.tokenizer, self.accelerator = cfg, cfg.mode, objective, tokenizer, acc
         self.coverage = coverage  # of the heads' targets by their draft vocabulary
+        self.features = features  # the frozen base's outputs on `sequences`, read instead of computed
         self.sequences, self.held_out, self.data_digest = sequences, held_out, data_digest
         # distilled rows end at their EOS and pairs are short: count the tokens a row really holds
         rows = self.sequences.decoder if isinstance(self.sequences, Pairs) else self.sequences
@@ -466,7 +478,9 @@ class HeadTraining(training.Task):
         idx = batch_indices(step, len(self.sequences), cfg.batch_size, cfg.seed)[acc.process_index :: world]
         batch = self.sequences[idx].to(acc.device)
         heads = sampled_heads(step, cfg)
-        sums, tallies = model(batch, heads)
+        decoded = batch.decoder if isinstance(batch, Pairs) else batch
+        cached = self.features.rows(idx, decoded.shape[1], acc.device) if self.features is not None else None
+        sums, tallies = model(batch, heads, cached)
         counts = acc.reduce(tallies[:, 1], reduction="sum")
         self.tallies += acc.reduce(tallies.detach(), reduction="sum").cpu()
         # DDP averages gradients over processes; scaling by `world` turns that into the global token mean.
@@ -552,7 +566,12 @@ def train(cfg: TrainConfig, callback: Callable[[int, dict], None] | None = None)
         model.heads.token_map.copy_(token_map)
     model.base.requires_grad_(cfg.finetune)
     objective = Objective(model, cfg).train()
-    task = HeadTraining(cfg, objective, train_seqs, held_out, data_digest, tokenizer, accelerator, coverage)
+    features = None
+    if cfg.feature_cache and not cfg.finetune:  # a frozen base: its outputs on the rows never change
+        if accelerator.num_processes > 1:
+            raise ValueError("--feature-cache serves one process; several train with the base computed each step")
+        features = cached_features(base.to(accelerator.device), train_seqs, cfg.feature_cache, show=loop.main)
+    task = HeadTraining(cfg, objective, train_seqs, held_out, data_digest, tokenizer, accelerator, coverage, features)
     if loop.main:
         write_json(Path(cfg.out) / "train_config.json", asdict(cfg))
     return loop.fit(task, state, callback).model

@@ -30,10 +30,12 @@ from conftest import NO_EOS, assert_greedy_equal, hf_greedy  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM  # noqa: E402
 
+import blockdecode.train as train_module  # noqa: E402
 from blockdecode import BlockwiseLM  # noqa: E402
 from blockdecode.cli import main as cli_main  # noqa: E402
 from blockdecode.corpus import train_tokenizer  # noqa: E402
 from blockdecode.data import load_tokens, pack, split  # noqa: E402
+from blockdecode.hf import load_base  # noqa: E402
 from blockdecode.io import read_jsonl  # noqa: E402
 from blockdecode.model import HEADS_CONFIG, HEADS_WEIGHTS  # noqa: E402
 from blockdecode.toy import toy_model  # noqa: E402
@@ -1133,3 +1135,53 @@ def test_a_draft_vocabulary_is_learnt_from_the_targets_and_saved_with_the_heads(
     assert_greedy_equal(loaded.base, ids, decoded.sequences, hf_greedy(loaded.base, ids, 24, eos_token_id=NO_EOS))
     proposed = loaded.drafter().propose(ids, torch.randn(1, loaded.config.hidden_size), 3)
     assert set(proposed[0].tolist()) <= set(loaded.token_map.tolist())
+
+
+@pytest.mark.parametrize("mode", ["frozen", "distill"])
+def test_cached_base_features_train_the_same_heads_without_running_the_base(tiny_base, tmp_path, mode, monkeypatch):
+    """--feature-cache: a frozen base's outputs on the rows are computed once and read at every step
+    (the base runs only for evaluation), and the heads come out as without the cache."""
+    kw = dict(mode=mode, steps=8, log_every=1, eval_every=8, distill_cache=str(tmp_path / "distill"))
+    calls = []
+    real = train_module.sequence_logits
+    monkeypatch.setattr(train_module, "sequence_logits", lambda *a, **k: calls.append(1) or real(*a, **k))
+    plain = train(make_cfg(tiny_base, tmp_path / "plain", **kw))
+    plain_calls, calls[:] = len(calls), []
+    cached = train(make_cfg(tiny_base, tmp_path / "cached", feature_cache=str(tmp_path / "features"), **kw))
+    assert len(calls) == plain_calls - 8  # the 8 training steps ran no base; the evaluations still do
+    for name, tensor in plain.heads.state_dict().items():
+        torch.testing.assert_close(cached.heads.state_dict()[name], tensor, atol=1e-5, rtol=1e-4, msg=name)
+    plain_loss = [r["loss"] for r in read_metrics(tmp_path / "plain") if "loss" in r]
+    cached_loss = [r["loss"] for r in read_metrics(tmp_path / "cached") if "loss" in r]
+    assert cached_loss == pytest.approx(plain_loss, rel=1e-4)
+
+
+def test_a_killed_feature_fill_resumes_where_it_stopped(tiny_base, tmp_path, monkeypatch):
+    from blockdecode import features as features_module
+
+    rows = torch.randint(0, 60, (40, 16))
+    base = load_base(str(tiny_base.dir))
+    whole = features_module.cached_features(base, rows, tmp_path / "a", chunk=8, show=False)
+    folder = tmp_path / "b" / features_module.features_key(base, rows)
+    folder.mkdir(parents=True)
+    done = np.lib.format.open_memmap(folder / "done.npy", mode="w+", dtype=np.bool_, shape=(40,))
+    done[:16] = True  # as a fill killed after two chunks left it (their rows zero here: not recomputed)
+    done.flush()
+    seen = []
+    real = features_module.sequence_logits
+    monkeypatch.setattr(
+        features_module, "sequence_logits", lambda m, ids, *a: seen.append(len(ids)) or real(m, ids, *a)
+    )
+    resumed = features_module.cached_features(base, rows, tmp_path / "b", chunk=8, show=False)
+    assert seen == [8, 8, 8]  # the three chunks left
+    assert np.array_equal(resumed.hidden[16:], whole.hidden[16:]) and not resumed.hidden[:16].any()
+
+
+def test_cached_features_of_pairs_train_the_same_heads(tiny_marian, tmp_path):
+    """An encoder-decoder's frozen base: its decoder outputs given each source, cached per pair (in
+    fp32, as the uncached run computes them here: under bf16 autocast they would differ by its rounding)."""
+    kw = dict(mode="frozen", steps=6, eval_every=6, log_every=1, mixed_precision="no")
+    plain = train(pairs_cfg(tiny_marian, tmp_path / "plain", **kw))
+    cached = train(pairs_cfg(tiny_marian, tmp_path / "cached", feature_cache=str(tmp_path / "features"), **kw))
+    for name, tensor in plain.heads.state_dict().items():
+        torch.testing.assert_close(cached.heads.state_dict()[name], tensor, atol=1e-5, rtol=1e-4, msg=name)
