@@ -33,7 +33,7 @@ from transformers import AutoTokenizer
 
 from blockdecode.bench.report import cpu_name
 from blockdecode.decode import decode_prompts
-from blockdecode.hf import load_base
+from blockdecode.hf import cache_argument, load_base
 from blockdecode.io import read_jsonl, save_figure, write_json
 from blockdecode.model import BlockwiseLM
 from blockdecode.pretrain import PretrainConfig, heldout_batches, heldout_loss
@@ -95,6 +95,8 @@ def measure(
         "trained_k": model.k,
         "heldout_loss": heldout_loss(model.base, windows),
         "training": json.loads((run / "blockdecode.json").read_text()).get("training"),
+        "proposal_cost": proposal_cost(run, min(8, model.k)),
+        "base_training": base_training(meta),
         "sets": {},
     }
     for name, prompts in prompt_sets.items():
@@ -121,30 +123,93 @@ def measure(
     return row
 
 
+def base_training(meta: dict) -> dict | None:
+    """How the run's base was pretrained (`blockdecode pretrain`'s pretrain.json beside its model), if
+    it was: steps, tokens, and its held-out loss per token and per byte."""
+    summary = Path(meta.get("base", "")).parent / "pretrain.json"
+    return json.loads(summary.read_text()) if meta.get("base") and summary.is_file() else None
+
+
 def label(meta: dict, fallback: str) -> str:
-    """A row's name: its mode, and where the base was trained the base-loss weight, by which runs
-    of one mode differ."""
+    """A row's name: its mode, and what runs of one mode differ by: the head type, soft targets, a
+    draft vocabulary, and where the base was trained the base-loss weight."""
     mode = meta.get("mode", fallback)
+    parts = [mode]
+    if meta.get("head_type", "paper") != "paper":
+        parts.append(f"{meta['head_type']} heads")
+    if meta.get("targets", "hard") != "hard":
+        parts.append(f"{meta['targets']} targets")
+    if meta.get("draft_vocab"):
+        parts.append(f"draft vocabulary {meta['draft_vocab']}")
     if mode.startswith("finetune") and "base_loss_weight" in meta:
-        return f"{mode}, base-loss weight {meta['base_loss_weight']:g}"
-    return mode
+        parts.append(f"base-loss weight {meta['base_loss_weight']:g}")
+    return ", ".join(parts)
+
+
+def proposal_cost(run: Path, k: int, context: int = 300, reps: int = 30) -> dict:
+    """Milliseconds of one chain proposal of k-1 tokens against one forward of the base for one token
+    at a `context`-token cache, medians of `reps`, in fp32 and bf16: what the heads add to each call."""
+    costs = {}
+    for name, dtype in (("float32", torch.float32), ("bfloat16", torch.bfloat16)):
+        costs[name] = call_costs(BlockwiseLM.from_pretrained(run, dtype=dtype).eval(), k, context, reps)
+    return costs
+
+
+def call_costs(model: BlockwiseLM, k: int, context: int, reps: int) -> dict:
+    from transformers import DynamicCache
+
+    drafter = model.drafter()  # made outside inference mode, as a plan makes it
+    ids = torch.randint(0, model.config.vocab_size, (1, context), generator=torch.Generator().manual_seed(0))
+    cache = {cache_argument(model.base): DynamicCache(config=model.base.config)}
+    with torch.inference_mode():
+        out = model.base(ids, use_cache=True, output_hidden_states=True, **cache)
+    hidden, newest = out.hidden_states[-1][0, -1:], out.logits[:, -1].argmax(-1, keepdim=True)
+    tokens = torch.cat([ids, newest], 1)
+
+    @torch.inference_mode()
+    def forward() -> None:
+        model.base(newest, use_cache=True, **cache)
+        next(iter(cache.values())).crop(-1)  # the token just scored
+
+    @torch.inference_mode()
+    def propose() -> None:
+        drafter.propose(tokens, hidden, k - 1)
+
+    cost = {"forward_ms": 1e3 * median_seconds(forward, reps), "proposal_ms": 1e3 * median_seconds(propose, reps)}
+    return {**cost, "ratio": cost["proposal_ms"] / cost["forward_ms"]}
+
+
+def median_seconds(fn, reps: int) -> float:
+    fn()  # warm
+    samples = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - start)
+    return float(np.median(samples))
 
 
 def markdown(rows: list[dict], ks: list[int], prompt_set: str) -> str:
     """The table as the paper lays it out: one row per training mode, one column per k, mean
     (median) accepted block on one prompt set, and the paper's figures beneath."""
-    head = "| heads | steps | held-out loss (nats/token) | " + " | ".join(f"k={k}" for k in ks) + " |"
-    lines = [head, "|" + "---|" * (len(ks) + 3)]
+    head = "| heads | steps | held-out loss (nats/token) | " + " | ".join(f"k={k}" for k in ks)
+    head += " | proposal / forward, fp32 | bf16 |"
+    lines = [head, "|" + "---|" * (len(ks) + 5)]
     for r in rows:
         by_k = r["sets"][prompt_set]
         cells = [
             f"{by_k[str(k)]['mean_block_size']:.2f} ({by_k[str(k)]['median_block_size']:.2f})" if str(k) in by_k else ""
             for k in ks
         ]
+        cost = r.get("proposal_cost", {})
+        cells += [
+            f"{c['proposal_ms']:.2f} / {c['forward_ms']:.2f} ms ({c['ratio']:.0%})" if (c := cost.get(d)) else ""
+            for d in ("float32", "bfloat16")
+        ]
         steps = (r["training"] or {}).get("steps", "")
         lines.append(f"| {r['label']} | {steps} | {r['heldout_loss']:.3f} | " + " | ".join(cells) + " |")
     for mode, figures in PAPER.items():
-        cells = [f"{figures[k]:.2f}" if k in figures else "" for k in ks]
+        cells = [f"{figures[k]:.2f}" if k in figures else "" for k in ks] + ["", ""]
         lines.append(f"| paper, {mode} (WMT En-De) | | | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -276,6 +341,7 @@ def ship(
     training = {
         **(best["training"] or {}),
         "measured_in": "float32",
+        **({"base_pretraining": best["base_training"]} if best.get("base_training") else {}),
         "original_base_stdlib_heldout_loss": original_loss,
         "base_stdlib_heldout_loss": best["heldout_loss"],
         "mean_block_size": {

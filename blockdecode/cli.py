@@ -97,7 +97,7 @@ def cmd_train(args: argparse.Namespace) -> None:
 
 
 def add_train_parser(sub) -> None:
-    from blockdecode.train import HEAD_LOSSES, MODES, TrainConfig
+    from blockdecode.train import BASE_LOSS_ON, HEAD_LOSSES, MODES, TARGETS, TrainConfig
 
     d = TrainConfig(base="", data=["-"], out="")
     modes = "\n".join(f"  {name:17} {text}" for name, text in MODES.items())
@@ -133,8 +133,17 @@ def add_train_parser(sub) -> None:
     p.add_argument("--weight-decay", type=float, default=d.weight_decay)
     p.add_argument("--warmup-steps", type=int, default=d.warmup_steps)
     p.add_argument("--head-loss", choices=HEAD_LOSSES, default=d.head_loss, help="random: one head per step")
+    p.add_argument(
+        "--targets", choices=tuple(TARGETS), default=d.targets, help="soft: the base's distribution, not its argmax"
+    )
     p.add_argument("--head-weights", type=float, nargs="+", default=None, help="k-1 weights, heads 2..k (all)")
     p.add_argument("--base-loss-weight", type=float, default=d.base_loss_weight, help="finetune: base's own loss")
+    p.add_argument(
+        "--base-loss-on",
+        choices=tuple(BASE_LOSS_ON),
+        default=d.base_loss_on,
+        help="finetune+distill: data measures the base's own loss on real rows, keeping its quality",
+    )
     p.add_argument("--holdout", type=float, default=d.holdout, help="fraction of sequences held out")
     p.add_argument("--eval-every", type=int, default=d.eval_every)
     p.add_argument("--eval-prompts", type=int, default=d.eval_prompts, help="held-out prompts decoded per eval")
@@ -176,7 +185,7 @@ def add_pretrain_parser(sub) -> None:
     d = PretrainConfig(corpus="", out="")
     p = sub.add_parser(
         "pretrain",
-        help="train a base model from scratch on the standard library's source",
+        help="train a base model from scratch on Python source: the standard library's, torch's, transformers'",
         description="Prepare the corpus (split by file, BPE tokenizer trained on the training files) unless "
         "--corpus already holds it, then train a Llama on it. --resume continues a stopped run.",
     )

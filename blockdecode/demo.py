@@ -163,7 +163,10 @@ def run_demo(
     colour = sys.stdout.isatty() and "NO_COLOR" not in os.environ
     params = sum(p.numel() for p in model.base.parameters()) / 1e6
     kind = type(model.base).__name__.removesuffix("ForCausalLM")
-    origin = {DEFAULT_MODEL: " trained on the Python standard library, ", DEFAULT_TRANSLATION_MODEL: " En-Es, "}
+    origin = {
+        DEFAULT_MODEL: " trained on Python source (the standard library, torch, transformers), ",
+        DEFAULT_TRANSLATION_MODEL: " En-Es, ",
+    }
     print(
         f"blockdecode demo: {params:.1f}M-parameter {kind}"
         + origin.get(model_dir, f" from {model_dir}, ")

@@ -113,7 +113,11 @@ class HeadsDrafter(BaseDrafter):
     On a CPU without native bf16 the heads' k-1 rows through the vocabulary cost several times
     more in bf16 than in fp32, as much as a forward of the base; the heads then run on fp32
     copies when a measurement says they are faster (`fastest_copies`). Proposals only: the
-    verification, and so the output, is the base model's own in its own dtype."""
+    verification, and so the output, is the base model's own in its own dtype.
+
+    Sequential (hydra) heads propose in turn, each fed the embedding of the token before its own
+    (`embeddings`: the base's input embedding); for a tree, each node's children come from the heads
+    run along that node's own path (a beam of `width` paths a depth, the most probable nodes kept)."""
 
     in_vocabulary = True  # an argmax over the vocabulary: no range check needed
 
@@ -124,11 +128,17 @@ class HeadsDrafter(BaseDrafter):
         width: int = 8,
         rescore: float = 0.0,
         token_map: torch.LongTensor | None = None,
+        embeddings: torch.nn.Module | None = None,
     ):
         """`token_map`: the draft vocabulary, the only ids the heads score (None: all of them)."""
         if not rescore >= 0:
             raise ValueError(f"rescore must be >= 0, got {rescore}")
-        self.heads, self.project, self.token_map = heads, output_projection, token_map
+        self.sequential = getattr(heads, "takes_tokens", False)
+        if self.sequential and embeddings is None:
+            raise ValueError("hydra heads need the base's input embeddings to propose")
+        if self.sequential and rescore:
+            raise ValueError("rescoring ranks the guesses of independent heads; hydra heads already see their path")
+        self.heads, self.project, self.token_map, self.embed = heads, output_projection, token_map, embeddings
         short = short_rows(output_projection, token_map) if token_map is not None else output_projection
         self._run = fastest_copies(heads, short)  # what computes the proposals
         self.width = width  # guesses per head considered for a tree
@@ -169,6 +179,8 @@ class HeadsDrafter(BaseDrafter):
         return indices if self.token_map is None else self.token_map.to(indices.device)[indices]
 
     def propose(self, tokens: torch.LongTensor, hidden: torch.Tensor, n: int) -> torch.LongTensor:
+        if self.sequential:
+            return self._chain(tokens, hidden, n)
         if not self.rescore or not n:
             return self._ids(self._logits(hidden, n).argmax(-1))  # [1, n]
         values, ids = self._top(hidden, n, self.width)
@@ -176,9 +188,45 @@ class HeadsDrafter(BaseDrafter):
         return torch.tensor([path], dtype=torch.long, device=tokens.device)
 
     def propose_paths(self, tokens: torch.LongTensor, hidden: torch.Tensor, depth: int, budget: int) -> list[list[int]]:
+        if self.sequential:
+            return self._beam(tokens, hidden, depth, budget)
         values, ids = self._top(hidden, depth, min(self.width, budget))
         factor = self._factor(tokens) if self.rescore else None
         return [path for path, _ in lattice_paths(values, ids, budget, factor)]
+
+    def _chain(self, tokens: torch.LongTensor, hidden: torch.Tensor, n: int) -> torch.LongTensor:
+        """Sequential heads' chain [1, n]: each head's argmax, fed to the next."""
+        heads, project = self._run
+        state, last, chain = hidden.to(project.weight.dtype), tokens[:, -1], []
+        for i in range(n):
+            state = heads.step(i, state, self.embed(last).to(state.dtype))
+            last = self._ids(project(state).argmax(-1))
+            chain.append(last)
+        return torch.stack(chain, dim=1) if chain else tokens.new_empty((1, 0))
+
+    def _beam(self, tokens: torch.LongTensor, hidden: torch.Tensor, depth: int, budget: int) -> list[list[int]]:
+        """Sequential heads' tree: a beam of `width` paths a depth, each extended by the heads run along
+        it; of all the nodes met, the `budget` most probable (a child never more than its parent, so they
+        form a tree), returned as root-to-leaf paths, the most probable first."""
+        heads, project = self._run
+        beam = max(1, min(self.width, budget))
+        state, last = hidden.to(project.weight.dtype), tokens[:, -1]
+        score = torch.zeros(1, device=hidden.device)  # log-probability of each path in the beam
+        paths: list[tuple[int, ...]] = [()]
+        nodes: list[tuple[float, tuple[int, ...]]] = []
+        for i in range(depth):
+            state = heads.step(i, state, self.embed(last).to(state.dtype))
+            logp = project(state).float().log_softmax(-1)  # [beam, V] (V: the draft vocabulary's)
+            top, index = logp.topk(min(beam, logp.shape[-1]), dim=-1)
+            total = (score[:, None] + top).flatten()
+            keep = total.topk(min(beam, total.numel())).indices
+            parent, score = keep // top.shape[1], total[keep]
+            last, state = self._ids(index.flatten()[keep]), state[parent]
+            paths = [paths[p] + (t,) for p, t in zip(parent.tolist(), last.tolist())]
+            nodes += zip(score.tolist(), paths)
+        chosen = [path for _, path in sorted(nodes, key=lambda node: (-node[0], len(node[1])))[:budget]]
+        inner = {path[:j] for path in chosen for j in range(1, len(path))}
+        return [list(path) for path in chosen if path not in inner]
 
     def _top(self, hidden: torch.Tensor, depth: int, width: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Each head's `width` most probable tokens: probabilities and ids, [depth, width] each."""
@@ -275,10 +323,13 @@ def fastest_copies(heads: torch.nn.Module, projection: torch.nn.Module) -> tuple
 def _seconds(pair: tuple[torch.nn.Module, torch.nn.Module], rows: torch.Tensor, reps: int = 5) -> float:
     heads, projection = pair
     rows = rows.to(projection.weight.dtype)
+    embeds = None
+    if getattr(heads, "takes_tokens", False):  # the embeddings of the tokens before each head's own
+        embeds = rows.new_zeros(*rows.shape[:-1], len(heads.up), heads.embed_size)
     samples = []
     for _ in range(reps + 1):
         start = time.perf_counter()
-        projection(heads(rows)).argmax(-1)
+        projection(heads(rows, embeds)).argmax(-1)
         samples.append(time.perf_counter() - start)
     return statistics.median(samples[1:])
 

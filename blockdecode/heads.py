@@ -3,6 +3,8 @@
 Head 1 is the base model's own next-token prediction and is never modelled here: the
 heads produce k-1 residual updates of the decoder output h, and the base model's own
 output projection (shared, not copied) turns each into logits for the token 2..k ahead.
+The paper's and Medusa's heads guess each position from h alone; Hydra's also see the tokens
+before their own (the base's newest token and the earlier heads' guesses), so they run in turn.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from dataclasses import asdict, dataclass
 import torch
 from torch import nn
 
-HEAD_TYPES = ("paper", "medusa")
+HEAD_TYPES = ("paper", "medusa", "hydra")
 
 
 @dataclass
@@ -25,6 +27,7 @@ class HeadsConfig:
     head_hidden_size: int = 0  # per-head width of the paper's hidden layer; 0 means hidden_size
     vocab_size: int = 0  # the base model's vocabulary, checked against its output projection
     draft_vocab: int = 0  # > 0: the heads score only this many tokens (`token_map`), 0: the whole vocabulary
+    embed_size: int = 0  # hydra: the width of the base's input embeddings; 0 means hidden_size
 
     def __post_init__(self) -> None:
         if not isinstance(self.k, int) or self.k < 1:
@@ -37,6 +40,10 @@ class HeadsConfig:
             raise ValueError(f"head_hidden_size must be positive (or 0 for hidden_size), got {self.head_hidden_size}")
         if self.head_hidden_size == 0:
             self.head_hidden_size = self.hidden_size
+        if self.embed_size < 0:
+            raise ValueError(f"embed_size must be positive (or 0 for hidden_size), got {self.embed_size}")
+        if self.embed_size == 0:
+            self.embed_size = self.hidden_size
         if not 0 <= self.draft_vocab <= max(self.vocab_size, 0) or (self.draft_vocab and not self.vocab_size):
             raise ValueError(f"draft_vocab must lie in [0, vocab_size={self.vocab_size}], got {self.draft_vocab}")
 
@@ -48,6 +55,8 @@ class HeadsConfig:
         n, d, w = self.k - 1, self.hidden_size, self.head_hidden_size
         if self.head_type == "medusa":
             return n * (d * d + d)
+        if self.head_type == "hydra":
+            return n * ((d + self.embed_size) * w + w + w * d + d)
         return d * n * w + n * w + n * w * n * d + n * d
 
 
@@ -66,8 +75,10 @@ class PaperHeads(nn.Module):
         nn.init.zeros_(self.down.weight)
         nn.init.zeros_(self.down.bias)
 
-    def forward(self, h: torch.Tensor) -> torch.Tensor:
-        """h [..., d] -> per-head hidden states [..., k-1, d]."""
+    takes_tokens = False
+
+    def forward(self, h: torch.Tensor, embeds: torch.Tensor | None = None) -> torch.Tensor:
+        """h [..., d] -> per-head hidden states [..., k-1, d] (`embeds`, the tokens' embeddings, unused)."""
         delta = self.down(torch.relu(self.up(h))).unflatten(-1, (self.n, self.d))
         return h.unsqueeze(-2) + delta
 
@@ -83,17 +94,68 @@ class MedusaHeads(nn.Module):
             nn.init.zeros_(block.weight)
             nn.init.zeros_(block.bias)
 
-    def forward(self, h: torch.Tensor) -> torch.Tensor:
-        """h [..., d] -> per-head hidden states [..., k-1, d]."""
+    takes_tokens = False
+
+    def forward(self, h: torch.Tensor, embeds: torch.Tensor | None = None) -> torch.Tensor:
+        """h [..., d] -> per-head hidden states [..., k-1, d] (`embeds`, the tokens' embeddings, unused)."""
         if not self.blocks:
             return h.unsqueeze(-2)[..., :0, :]
         return torch.stack([h + nn.functional.silu(block(h)) for block in self.blocks], dim=-2)
 
 
+class HydraHeads(nn.Module):
+    """Sequential heads (Hydra, Ankner et al. 2024) in recurrent form: head i sees h and the tokens
+    before its own, the base's newest token and the guesses of heads 2..i-1, through a state each
+    head hands the next: s_1 = h, s_i = s_(i-1) + down_i(ReLU(up_i([s_(i-1); e(x_(i-1))]))), where e
+    is the base's own input embedding (shared, not copied) and x_(i-1) the token before head i's.
+    Independent heads must guess token i+1 without knowing which token i the chain holds; these
+    know it, so each is right more often after its predecessor was, which is all a chain accepts."""
+
+    takes_tokens = True
+
+    def __init__(self, cfg: HeadsConfig):
+        super().__init__()
+        d, w, n = cfg.hidden_size, cfg.head_hidden_size, cfg.k - 1
+        self.embed_size = cfg.embed_size
+        self.up = nn.ModuleList(nn.Linear(d + cfg.embed_size, w) for _ in range(n))
+        self.down = nn.ModuleList(nn.Linear(w, d) for _ in range(n))
+        for layer in self.down:  # zero output: every state is h, every head proposes the base's next token
+            nn.init.zeros_(layer.weight)
+            nn.init.zeros_(layer.bias)
+
+    def step(self, i: int, state: torch.Tensor, embed: torch.Tensor) -> torch.Tensor:
+        """Head i+2's state from head i+1's (h for the first) and the embedding of the token before its own."""
+        return state + self.down[i](torch.relu(self.up[i](torch.cat([state, embed], dim=-1))))
+
+    def forward(self, h: torch.Tensor, embeds: torch.Tensor | None = None) -> torch.Tensor:
+        """h [..., d] and embeds [..., k-1, e] (head i's previous token at i-2: teacher forcing, or
+        the guesses so far) -> per-head hidden states [..., k-1, d]."""
+        if embeds is None:
+            raise ValueError("hydra heads need the embeddings of the tokens before each head's own")
+        states, state = [], h
+        for i in range(len(self.up)):
+            state = self.step(i, state, embeds[..., i, :])
+            states.append(state)
+        return torch.stack(states, dim=-2) if states else h.unsqueeze(-2)[..., :0, :]
+
+
+def path_tokens(newest: torch.LongTensor, ids: torch.LongTensor, k: int) -> torch.LongTensor:
+    """[B, L, k-1]: at each position t, the tokens hydra head i sees before its own under teacher
+    forcing: the base's newest token (`newest`, its argmax at t, as decoding has it) and then the
+    data's tokens t+2..t+i-1 (0 past the end, where no head has a target)."""
+    b, length = ids.shape
+    out = ids.new_zeros(b, length, max(k - 1, 0))
+    if k > 1:
+        out[..., 0] = newest
+    for j in range(1, k - 1):
+        out[:, : max(0, length - 1 - j), j] = ids[:, 1 + j :].clamp(min=0)
+    return out
+
+
 def build_heads(cfg: HeadsConfig) -> nn.Module:
     """The head module for cfg.head_type; with a draft vocabulary, its `token_map` buffer (saved with
     the weights): the ids the heads score, the most frequent targets once training has set them."""
-    heads = {"paper": PaperHeads, "medusa": MedusaHeads}[cfg.head_type](cfg)
+    heads = {"paper": PaperHeads, "medusa": MedusaHeads, "hydra": HydraHeads}[cfg.head_type](cfg)
     if cfg.draft_vocab:
         heads.register_buffer("token_map", torch.arange(cfg.draft_vocab))
     return heads

@@ -4,7 +4,12 @@ Training k-1 heads projects every position k-1 times through the output layer; k
 [B, T, k-1, V] logits and their softmax dominate memory and time. This computes the same sum of
 cross-entropies, and its exact gradients, chunk by chunk: the gradient with respect to a chunk's
 logits (softmax minus the one-hot target) is known in the forward pass, so each chunk's logits
-live only while it is processed and backward has nothing left to recompute."""
+live only while it is processed and backward has nothing left to recompute.
+
+Soft targets (Hydra++'s distillation) replace the one-hot target by a teacher's distribution:
+the same projection of the teacher's hidden states (the base's own, at the position where it
+predicts the target token), so each head learns what the base would say there, not only its argmax.
+The gradient is then softmax minus the teacher's softmax."""
 
 from __future__ import annotations
 
@@ -16,8 +21,9 @@ IGNORE = -100
 
 class _LinearCrossEntropy(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden, weight, bias, target, chunk: int, grad_enabled: bool):
-        """hidden [N, D], weight [V, D], bias [V] or None, target [N] -> (loss sum, correct count)."""
+    def forward(ctx, hidden, weight, bias, target, teacher, chunk: int, grad_enabled: bool):
+        """hidden [N, D], weight [V, D], bias [V] or None, target [N], teacher [N, D] or None ->
+        (loss sum, correct count)."""
         need_h, need_w = grad_enabled and hidden.requires_grad, grad_enabled and weight.requires_grad
         need_b = grad_enabled and bias is not None and bias.requires_grad
         grad_h = torch.empty_like(hidden) if need_h else None
@@ -31,11 +37,20 @@ class _LinearCrossEntropy(torch.autograd.Function):
             valid = t != IGNORE
             safe = t.clamp(min=0)
             lse = logits.logsumexp(-1)
-            loss += ((lse - logits.gather(1, safe[:, None])[:, 0]) * valid).sum()
+            if teacher is None:
+                picked = logits.gather(1, safe[:, None])[:, 0]
+            else:
+                with torch.no_grad():
+                    p = nn.functional.linear(teacher[start : start + chunk], weight, bias).float().softmax(-1)
+                picked = (p * logits).sum(-1)
+            loss += ((lse - picked) * valid).sum()
             correct += ((logits.argmax(-1) == t) & valid).sum()
             if need_h or need_w or need_b:
-                grad = torch.exp(logits - lse[:, None])  # d(loss)/d(logits): softmax minus one-hot
-                grad[torch.arange(len(t), device=t.device), safe] -= 1
+                grad = torch.exp(logits - lse[:, None])  # d(loss)/d(logits): softmax minus the target's
+                if teacher is None:
+                    grad[torch.arange(len(t), device=t.device), safe] -= 1
+                else:
+                    grad -= p
                 grad *= valid[:, None]
                 if need_h:
                     grad_h[start : start + chunk] = (grad.to(weight.dtype) @ weight).to(hidden.dtype)
@@ -63,27 +78,38 @@ class _LinearCrossEntropy(torch.autograd.Function):
             None,
             None,
             None,
+            None,
         )
 
 
 def linear_cross_entropy(
-    hidden: torch.Tensor, projection: nn.Linear, target: torch.LongTensor, chunk: int = 1024
+    hidden: torch.Tensor,
+    projection: nn.Linear,
+    target: torch.LongTensor,
+    chunk: int = 1024,
+    teacher: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Sum of cross-entropies of `projection(hidden)` [..., V] against `target` [...] (IGNORE
-    skipped) and how many argmaxes hit the target, never holding more than `chunk` rows of logits.
+    skipped), or with `teacher` [..., D] against the distribution `projection(teacher)` gives at
+    the same rows (soft targets; `target` then only marks the rows scored and the hits counted),
+    and how many argmaxes hit the target, never holding more than `chunk` rows of logits.
     Rows whose target is IGNORE (padding: half of a batch of verse pairs) add nothing to the loss
     or its gradients, so they are dropped before the projection rather than projected and masked."""
     if chunk < 1:
         raise ValueError(f"chunk must be positive, got {chunk}")
     hidden, target = hidden.reshape(-1, hidden.shape[-1]), target.reshape(-1)
+    if teacher is not None:
+        teacher = teacher.detach().reshape(-1, teacher.shape[-1]).to(hidden.dtype)
     kept = (target != IGNORE).nonzero().squeeze(1)
     if len(kept) < len(target):
         hidden, target = hidden[kept], target[kept]
+        teacher = teacher[kept] if teacher is not None else None
     return _LinearCrossEntropy.apply(
         hidden,
         projection.weight,
         projection.bias,
         target,
+        teacher,
         chunk,
         torch.is_grad_enabled(),  # inside the Function's forward grad mode is always off
     )

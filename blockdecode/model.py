@@ -97,6 +97,12 @@ class BlockwiseLM(nn.Module):
             raise CheckpointError(
                 f"heads were built for a vocabulary of {config.vocab_size}, the base model's is {base_vocab}"
             )
+        embedding = base.get_input_embeddings().weight.shape[1]
+        if config.head_type == "hydra" and config.embed_size != embedding:
+            raise CheckpointError(
+                f"hydra heads were built for input embeddings of width {config.embed_size}, the base model's "
+                f"are {embedding}"
+            )
         self.heads = build_heads(config).to(device=projection.weight.device, dtype=projection.weight.dtype)
 
     @classmethod
@@ -118,6 +124,7 @@ class BlockwiseLM(nn.Module):
             head_hidden_size=head_hidden_size,
             vocab_size=projection.weight.shape[0],
             draft_vocab=draft_vocab,
+            embed_size=base.get_input_embeddings().weight.shape[1] if head_type == "hydra" else 0,
         )
         context = context_length(base)
         if context is not None and k > context:
@@ -138,16 +145,24 @@ class BlockwiseLM(nn.Module):
     def drafter(self, rescore: float = 0.0) -> HeadsDrafter:
         """The paper's proposals from these heads, over their draft vocabulary if they have one
         (`rescore`: see HeadsDrafter)."""
-        return HeadsDrafter(self.heads, self.base.get_output_embeddings(), rescore=rescore, token_map=self.token_map)
+        return HeadsDrafter(
+            self.heads,
+            self.base.get_output_embeddings(),
+            rescore=rescore,
+            token_map=self.token_map,
+            embeddings=self.base.get_input_embeddings(),
+        )
 
     @property
     def token_map(self) -> torch.LongTensor | None:
         """The ids the heads score (their draft vocabulary), or None for the whole vocabulary."""
         return self.heads.token_map if self.config.draft_vocab else None
 
-    def head_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Decoder outputs [..., D] -> logits of heads p2..pk [..., k-1, V]."""
-        return self.base.get_output_embeddings()(self.heads(hidden))
+    def head_logits(self, hidden: torch.Tensor, tokens: torch.LongTensor | None = None) -> torch.Tensor:
+        """Decoder outputs [..., D] -> logits of heads p2..pk [..., k-1, V]. Hydra heads also take
+        `tokens` [..., k-1]: the base's newest token and the tokens before each later head's own."""
+        embeds = None if tokens is None else self.base.get_input_embeddings()(tokens)
+        return self.base.get_output_embeddings()(self.heads(hidden, embeds))
 
     def plan(
         self,

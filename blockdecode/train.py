@@ -29,7 +29,7 @@ from blockdecode.adapter import decoder_prompt, sequence_logits
 from blockdecode.data import Pairs, fingerprint, load_pairs, load_tokens, pack, padded, split
 from blockdecode.decode import decode_prompts
 from blockdecode.features import Features, cached_features
-from blockdecode.heads import most_frequent
+from blockdecode.heads import most_frequent, path_tokens
 from blockdecode.hf import (
     context_length,
     decoder_output,
@@ -53,6 +53,14 @@ MODES = {
     "finetune+distill": "fine-tune base and heads on the base model's own continuations (the paper's best)",
 }
 HEAD_LOSSES = ("all", "random")
+BASE_LOSS_ON = {
+    "rows": "the rows the heads learn from (in finetune+distill, the base's own greedy text)",
+    "data": "rows of the real data, so the base keeps modelling real text while it learns its heads' way",
+}
+TARGETS = {
+    "hard": "each head learns the data's token (the base's own argmax, in distill modes)",
+    "soft": "each head learns the base's whole distribution where it predicts that token (Hydra++)",
+}
 
 
 POSITIVE_FIELDS = (
@@ -92,8 +100,10 @@ class TrainConfig:
     weight_decay: float = 0.0
     warmup_steps: int = 20
     head_loss: str = "all"
+    targets: str = "hard"
     head_weights: list[float] | None = None
     base_loss_weight: float = 1.0
+    base_loss_on: str = "rows"  # finetune+distill: "data" measures the base's own loss on real data rows
     holdout: float = 0.05
     eval_every: int = 100
     eval_batches: int = 4
@@ -120,6 +130,12 @@ class TrainConfig:
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise ValueError(f"unknown mode {self.mode!r}: choose one of {', '.join(MODES)}")
+        if self.base_loss_on not in BASE_LOSS_ON:
+            raise ValueError(f"unknown base_loss_on {self.base_loss_on!r}: choose one of {', '.join(BASE_LOSS_ON)}")
+        if self.base_loss_on == "data" and self.mode != "finetune+distill":
+            raise ValueError("base_loss_on='data' is for finetune+distill, whose rows are the base's own text")
+        if self.targets not in TARGETS:
+            raise ValueError(f"unknown targets {self.targets!r}: choose one of {', '.join(TARGETS)}")
         if self.head_loss not in HEAD_LOSSES:
             raise ValueError(f"unknown head loss {self.head_loss!r}: choose one of {', '.join(HEAD_LOSSES)}")
         if not isinstance(self.k, int) or self.k < 2:
@@ -189,7 +205,11 @@ class Objective(nn.Module):
         return self
 
     def forward(
-        self, batch: torch.LongTensor | Pairs, heads: list[int], features: tuple | None = None
+        self,
+        batch: torch.LongTensor | Pairs,
+        heads: list[int],
+        features: tuple | None = None,
+        anchor: torch.LongTensor | Pairs | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Summed cross-entropy per head [k] (head 1 is the base's own; heads 2..k not listed
         stay 0) and per-head [k, 2] (correct, count) tallies. `batch`: token rows of a causal LM,
@@ -199,7 +219,8 @@ class Objective(nn.Module):
         A frozen base runs in inference mode, once per batch, with no autograd graph; the heads'
         k-1 projections through the vocabulary go chunk by chunk (`linear_cross_entropy`), so
         their [B, T, k-1, V] logits never exist at once. `features` (a frozen base's decoder outputs,
-        argmax and loss on these rows, from `blockdecode.features`) spare the base's forward."""
+        argmax and loss on these rows, from `blockdecode.features`) spare the base's forward. `anchor`:
+        other rows (real data) on which the base's own loss and accuracy (head 1's) are measured instead."""
         base, k = self.model.base, self.cfg.k
         pairs = isinstance(batch, Pairs)
         input_ids = batch.decoder if pairs else batch
@@ -219,17 +240,38 @@ class Objective(nn.Module):
             argmax = logits.argmax(-1)
             sums = [F.cross_entropy(logits.flatten(0, 1).float(), target, ignore_index=IGNORE, reduction="sum")]
         tallies[0] = torch.stack([((argmax.flatten() == target) & (target != IGNORE)).sum(), counts[0]])
-        states = self.model.heads(h)  # [B, L, k-1, D]
+        if anchor is not None:
+            sums[0], tallies[0] = self.base_loss(anchor)
+        embeds = None
+        if self.model.heads.takes_tokens:  # teacher forcing: the base's newest token, then the data's
+            embeds = base.get_input_embeddings()(path_tokens(argmax, input_ids, k))
+        states = self.model.heads(h, embeds)  # [B, L, k-1, D]
         project, short = draft_projection(base.get_output_embeddings(), self.model.token_map)
+        soft = self.cfg.targets == "soft"
         for i in range(2, k + 1):
             if i not in heads:
                 sums.append(sums[0].new_zeros(()))
                 continue
             target = short(labels[:, : -(i - 1), i - 1])
-            loss, hits = linear_cross_entropy(states[:, : -(i - 1), i - 2], project, target, self.cfg.loss_chunk)
+            teacher = h[:, i - 1 :] if soft else None  # where the base itself predicts head i's token
+            loss, hits = linear_cross_entropy(
+                states[:, : -(i - 1), i - 2], project, target, self.cfg.loss_chunk, teacher
+            )
             sums.append(loss)
             tallies[i - 1] = torch.stack([hits.float(), counts[i - 1]])
         return torch.stack(sums), tallies
+
+    def base_loss(self, batch: torch.LongTensor | Pairs) -> tuple[torch.Tensor, torch.Tensor]:
+        """The base's own summed next-token loss on `batch`, and its (correct, count) tally."""
+        pairs = isinstance(batch, Pairs)
+        ids = batch.decoder if pairs else batch
+        source, mask = (batch.source.clamp(min=0), (batch.source >= 0).long()) if pairs else (None, None)
+        target = head_targets(ids, 1)[..., 0].flatten()
+        with torch.enable_grad() if self.training else torch.inference_mode():
+            logits = sequence_logits(self.model.base, ids.clamp(min=0), source, mask)
+            loss = F.cross_entropy(logits.flatten(0, 1).float(), target, ignore_index=IGNORE, reduction="sum")
+        hits = ((logits.argmax(-1).flatten() == target) & (target != IGNORE)).sum()
+        return loss, torch.stack([hits, (target != IGNORE).sum()]).float()
 
 
 def draft_projection(project: nn.Module, token_map: torch.LongTensor | None):
@@ -457,10 +499,12 @@ class HeadTraining(training.Task):
         acc,
         coverage: float | None = None,
         features: Features | None = None,
+        anchor_rows=None,
     ):
         self.config, self.name, self.model, self.tokenizer, self.accelerator = cfg, cfg.mode, objective, tokenizer, acc
         self.coverage = coverage  # of the heads' targets by their draft vocabulary
         self.features = features  # the frozen base's outputs on `sequences`, read instead of computed
+        self.anchor_rows = anchor_rows  # real data rows the base's own loss is measured on (base_loss_on="data")
         self.sequences, self.held_out, self.data_digest = sequences, held_out, data_digest
         # distilled rows end at their EOS and pairs are short: count the tokens a row really holds
         rows = self.sequences.decoder if isinstance(self.sequences, Pairs) else self.sequences
@@ -480,7 +524,11 @@ class HeadTraining(training.Task):
         heads = sampled_heads(step, cfg)
         decoded = batch.decoder if isinstance(batch, Pairs) else batch
         cached = self.features.rows(idx, decoded.shape[1], acc.device) if self.features is not None else None
-        sums, tallies = model(batch, heads, cached)
+        anchor = None
+        if self.anchor_rows is not None:  # its own batch of real rows, drawn like the main one
+            rows = batch_indices(step, len(self.anchor_rows), cfg.batch_size, cfg.seed + 1)[acc.process_index :: world]
+            anchor = self.anchor_rows[rows].to(acc.device)
+        sums, tallies = model(batch, heads, cached, anchor)
         counts = acc.reduce(tallies[:, 1], reduction="sum")
         self.tallies += acc.reduce(tallies.detach(), reduction="sum").cpu()
         # DDP averages gradients over processes; scaling by `world` turns that into the global token mean.
@@ -555,6 +603,7 @@ def train(cfg: TrainConfig, callback: Callable[[int, dict], None] | None = None)
     )
     if cfg.init_heads and state is None:
         model.heads.load_state_dict(trained_heads(cfg.init_heads, model))
+    real_rows = train_seqs
     if cfg.distill:
         distill = distill_pairs if isinstance(train_seqs, Pairs) else distill_sequences
         with accelerator.main_process_first():
@@ -571,7 +620,10 @@ def train(cfg: TrainConfig, callback: Callable[[int, dict], None] | None = None)
         if accelerator.num_processes > 1:
             raise ValueError("--feature-cache serves one process; several train with the base computed each step")
         features = cached_features(base.to(accelerator.device), train_seqs, cfg.feature_cache, show=loop.main)
-    task = HeadTraining(cfg, objective, train_seqs, held_out, data_digest, tokenizer, accelerator, coverage, features)
+    anchor = real_rows if cfg.base_loss_on == "data" else None
+    task = HeadTraining(
+        cfg, objective, train_seqs, held_out, data_digest, tokenizer, accelerator, coverage, features, anchor
+    )
     if loop.main:
         write_json(Path(cfg.out) / "train_config.json", asdict(cfg))
     return loop.fit(task, state, callback).model
@@ -646,6 +698,8 @@ RESUME_MUST_MATCH = (
     "head_type",
     "head_hidden_size",
     "draft_vocab",
+    "targets",
+    "base_loss_on",
     "seed",
     "batch_size",
     "seq_len",

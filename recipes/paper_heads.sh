@@ -44,7 +44,9 @@ COMMON=(--base "$BASE" --data "$RUNS/corpus/train.npy" --k $K --head-hidden-size
 #    the first heads' 0.6M; the 5M distilled tokens are seen twice), stopped early once its block stops growing.
 #    Then "finetune+distill" (the paper's "Both") starts from those heads, as Medusa-2 does: random heads
 #    sent large gradients into the base, whose held-out loss rose 6.5 % in the first 200 steps of a run
-#    that started from them. Two base-loss weights, for the quality/speed trade-off. Then the raw-data
+#    that started from them. The base's own loss is measured on real stdlib rows (--base-loss-on data), not
+#    on its own greedy text, so it keeps modelling real code; two weights of it, for the quality/speed
+#    trade-off. Then the raw-data
 #    modes on 16 x 256 tokens a step.
 #    On 2 cores the runs can train as two lanes of one core each (then run the recipe once more,
 #    without them, for the table), e.g.:
@@ -59,7 +61,7 @@ run() {  # out, then train's own arguments
 run paper-distill --mode distill --steps "$DISTILL_STEPS"
 for w in ${BASE_LOSS_WEIGHTS:-1 4}; do
   run "paper-finetune+distill-w$w" --mode finetune+distill --steps "$BOTH_STEPS" --init-heads "$RUNS/paper-distill" \
-    --base-lr 2e-5 --base-loss-weight "$w"
+    --base-lr 2e-5 --base-loss-weight "$w" --base-loss-on data
 done
 run paper-frozen --mode frozen --steps "$RAW_STEPS"
 run paper-finetune --mode finetune --steps "$RAW_STEPS"
@@ -70,8 +72,9 @@ run paper-distill-h256 --mode distill --steps "$WIDTH_STEPS" --head-hidden-size 
 [ "${HEADS_ONLY:-0}" = 1 ] && exit 0
 
 # 3. Table 1 on both prompt sets, the speed/quality curves and the width comparison, into
-#    benchmarks/results/ and docs/results.md; SHIP=1 ships the winner (benchmarks/ship.py).
+#    benchmarks/results/paper_heads_table.*; SHIP=1 ships the winner (benchmarks/ship.py).
 SHIP_ARGS=(); [ "${SHIP:-0}" = 1 ] && SHIP_ARGS=(--ship blockdecode/default_model)
-.venv/bin/python benchmarks/paper_table.py --corpus "$RUNS/corpus" --original "$BASE" --third-party --doc \
+.venv/bin/python benchmarks/paper_table.py --corpus "$RUNS/corpus" --original "$BASE" --third-party \
+  --out benchmarks/results/paper_heads_table.json \
   --widths "$RUNS/paper-distill" "$RUNS/paper-distill-h256" "${SHIP_ARGS[@]}" --runs "$RUNS/paper-frozen" "$RUNS/paper-distill" "$RUNS/paper-finetune" \
   "$RUNS"/paper-finetune+distill-w*

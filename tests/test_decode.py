@@ -53,7 +53,7 @@ def test_matches_transformers_generate(config: str, prompt_len: int, k: int) -> 
     """Every drafter, good or bad, gives transformers' greedy output (default EOS on both sides)."""
     model, ids, ref = case(config, prompt_len)
     vocab = vocab_size(model)
-    for head_type in ("paper", "medusa"):
+    for head_type in ("paper", "medusa", "hydra"):
         lm = BlockwiseLM.from_base(model, k=k, head_type=head_type)
         assert_greedy_equal(
             model, ids, lm.generate(ids, NEW, tree=None).sequences, ref, what=f"untrained {head_type} heads"

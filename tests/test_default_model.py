@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import functools
 import json
+import random
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from transformers import AutoTokenizer, LlamaForCausalLM
@@ -14,7 +16,8 @@ from transformers import AutoTokenizer, LlamaForCausalLM
 from blockdecode import DEFAULT_DRAFT_MODEL, DEFAULT_MODEL, BlockwiseLM, demo
 from blockdecode.bench.suite import default_prompts
 from blockdecode.cli import main
-from blockdecode.corpus import read_text, stdlib_files
+from blockdecode.corpus import corpus_files, read_text, stdlib_files
+from blockdecode.pretrain import CorpusConfig, PretrainConfig, heldout_batches, heldout_loss, split_of
 from tests.conftest import NO_EOS, assert_bf16_weights, assert_greedy_equal, hf_greedy
 
 SHIPPED = Path(DEFAULT_MODEL)
@@ -47,6 +50,35 @@ def test_tokenizer_round_trips_stdlib_code() -> None:
         assert tokenizer().decode(tokenizer()(text).input_ids) == text, path
 
 
+def test_tokenizer_round_trips_any_text() -> None:
+    """Byte-level BPE: any string, not only code (other scripts, emoji, control bytes, the EOS marker
+    written out), comes back as it went in."""
+    gen = random.Random(0)
+    alphabet = [chr(c) for c in (*range(0, 0x250), *range(0x370, 0x3FF), *range(0x4E00, 0x4E80), 0x1F600, 0x1F680)]
+    texts = ["", " ", "\n\n\t  x", "naïve café — 東京 🙂", "\x00\x01\x7f", "a <|endoftext|> b"]
+    texts += ["".join(gen.choices(alphabet, k=gen.randint(1, 200))) for _ in range(50)]
+    for text in texts:
+        assert tokenizer().decode(tokenizer()(text).input_ids) == text, repr(text)
+
+
+def heldout_stream() -> np.ndarray:
+    """The stdlib held-out split as the corpus recipe wrote it: its files in order, EOS after each."""
+    files = [f for f in corpus_files(packages=()) if split_of(f, CorpusConfig(out="").heldout_fraction) == "heldout"]
+    eos = tokenizer().eos_token_id
+    ids: list[int] = []
+    for f in files:
+        ids += tokenizer()(read_text(f.path)).input_ids + [eos]
+    return np.asarray(ids, dtype=np.int64)
+
+
+def test_the_recorded_heldout_loss_matches_a_re_evaluation() -> None:
+    """The held-out stdlib loss blockdecode.json records (fp32, measured before shipping in bf16) is what
+    the shipped base scores on the same held-out windows, rebuilt here from this machine's stdlib."""
+    recorded = json.loads((SHIPPED / "blockdecode.json").read_text())["training"]["base_stdlib_heldout_loss"]
+    windows = heldout_batches(heldout_stream(), PretrainConfig(corpus="", out=""))
+    assert heldout_loss(shipped().base, windows) == pytest.approx(recorded, rel=0.01)
+
+
 def prompts(n: int) -> list[torch.LongTensor]:
     return [tokenizer()(t, return_tensors="pt").input_ids for t in default_prompts(SHIPPED, n)]
 
@@ -74,7 +106,7 @@ def test_shipped_heads_gain_more_than_two_tokens_per_call_on_the_demo_prompts() 
 def test_demo_runs_on_the_shipped_model_and_states_any_difference(capsys: pytest.CaptureFixture) -> None:
     rows = demo.run_demo(max_new_tokens=24, prompts=demo.PROMPTS[:2], repeats=1)
     out = capsys.readouterr().out
-    assert "Llama trained on the Python standard library" in out and "median speedup" in out
+    assert "Llama trained on Python source" in out and "median speedup" in out
     for row in rows:
         assert row.new_tokens == 24 and row.mean_block > 1
         assert row.identical or (row.divergence in out and "top-2 logit gap" in row.divergence)

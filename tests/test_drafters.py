@@ -93,30 +93,90 @@ def test_scripted_rejects_bad_accuracy(accuracy: float) -> None:
         ScriptedDrafter(REFERENCE, vocab_size=512, accuracy=accuracy)
 
 
-@pytest.mark.parametrize("head_type", ["paper", "medusa"])
+@pytest.mark.parametrize("head_type", ["paper", "medusa", "hydra"])
 def test_untrained_heads_propose_the_next_token_repeated(head_type: str) -> None:
     """Zero-init heads pass h through: every head predicts what the base model's own head 1 does."""
     model = tiny("llama")
     lm = BlockwiseLM.from_base(model, k=6, head_type=head_type)
-    drafter = HeadsDrafter(lm.heads, model.get_output_embeddings())
+    drafter = lm.drafter()
     hidden = torch.randn(1, 64, generator=torch.Generator().manual_seed(0))
     next_token = model.get_output_embeddings()(hidden).argmax(-1)
     for n in (1, 3, 5):
         assert torch.equal(drafter.propose(torch.tensor([[2]]), hidden, n), next_token.repeat(1, n))
 
 
-@pytest.mark.parametrize("head_type", ["paper", "medusa"])
+def sequential_argmax(lm: BlockwiseLM, newest: int, hidden: torch.Tensor, n: int) -> list[int]:
+    """Hydra's chain the slow way: all heads run on the path so far (later slots 0), head i's argmax taken."""
+    path = [newest]
+    for i in range(n):
+        tokens = torch.tensor([path + [0] * (lm.k - 1 - len(path))])
+        path.append(int(lm.head_logits(hidden, tokens)[0, i].argmax()))
+    return path[1:]
+
+
+@pytest.mark.parametrize("head_type", ["paper", "medusa", "hydra"])
 def test_random_heads_propose_their_own_argmax(head_type: str) -> None:
-    """Perturbed heads give arbitrary proposals: head i's argmax, heads beyond n unused."""
+    """Perturbed heads give arbitrary proposals: head i's argmax, heads beyond n unused; hydra's head i
+    reads the guesses of the heads before it."""
     model = tiny("llama")
     lm = perturb_heads(BlockwiseLM.from_base(model, k=6, head_type=head_type))
-    drafter = HeadsDrafter(lm.heads, model.get_output_embeddings())
+    drafter = lm.drafter()
     hidden = torch.randn(1, 64, generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
-        expected = lm.head_logits(hidden).argmax(-1)  # [1, 5]
-        assert torch.equal(drafter.propose(torch.tensor([[2]]), hidden, 5), expected)
-        assert torch.equal(drafter.propose(torch.tensor([[2]]), hidden, 2), expected[:, :2])
+        if head_type == "hydra":
+            expected = torch.tensor([sequential_argmax(lm, 2, hidden, 5)])
+        else:
+            expected = lm.head_logits(hidden).argmax(-1)  # [1, 5]
+        assert torch.equal(drafter.propose(torch.tensor([[7, 2]]), hidden, 5), expected)
+        assert torch.equal(drafter.propose(torch.tensor([[7, 2]]), hidden, 2), expected[:, :2])
     assert len(set(expected[0].tolist())) > 1, "random heads should not all agree"
+
+
+class Successors(torch.nn.Module):
+    """Scripted sequential heads over one-hot embeddings: each head's logits are a fixed table's row for
+    the token before its own, so a node's children are known from that node alone."""
+
+    takes_tokens = True
+
+    def __init__(self, table: torch.Tensor):
+        super().__init__()
+        self.table = table
+
+    def step(self, i: int, state: torch.Tensor, embed: torch.Tensor) -> torch.Tensor:
+        return embed @ self.table
+
+
+def test_sequential_heads_grow_each_node_from_its_own_path() -> None:
+    """A tree of hydra-style heads: the children of token x are x+1 and x+3 (scripted by the token
+    before, not by depth), so two nodes at one depth have different children, and each path reads on."""
+    v = 12
+    table = torch.full((v, v), -10.0)
+    for x in range(v):
+        table[x, (x + 1) % v], table[x, (x + 3) % v] = 2.0, 1.0
+    identity = torch.nn.Linear(v, v, bias=False)
+    embeddings = torch.nn.Embedding(v, v)
+    with torch.no_grad():
+        identity.weight.copy_(torch.eye(v))
+        embeddings.weight.copy_(torch.eye(v))
+    drafter = HeadsDrafter(Successors(table), identity, width=3, embeddings=embeddings)
+    newest = torch.tensor([[5, 0]])
+    assert drafter.propose(newest, torch.zeros(1, v), 3).tolist() == [[1, 2, 3]]
+    paths = drafter.propose_paths(newest, torch.zeros(1, v), 3, budget=6)
+    assert paths[0] == [1, 2, 3]  # the most probable path first
+    nodes = {tuple(p[:j]) for p in paths for j in range(1, len(p) + 1)}
+    assert len(nodes) <= 6
+    for path in paths:
+        for before, after in zip([0, *path], path):
+            assert after in ((before + 1) % v, (before + 3) % v), f"{path}: {after} does not follow {before}"
+    assert {(1, 2), (1, 4), (3, 4)} <= nodes  # node 1's children are 2 and 4, node 3's start with 4
+
+
+def test_hydra_heads_need_embeddings_and_refuse_rescoring() -> None:
+    lm = BlockwiseLM.from_base(tiny("llama"), k=4, head_type="hydra")
+    with pytest.raises(ValueError, match="need the base's input embeddings"):
+        HeadsDrafter(lm.heads, lm.base.get_output_embeddings())
+    with pytest.raises(ValueError, match="hydra heads already see their path"):
+        lm.drafter(rescore=1.0)
 
 
 def test_the_context_ngram_model_prefers_what_followed_before() -> None:

@@ -7,10 +7,10 @@ import torch
 from conftest import NO_EOS, assert_greedy_equal, hf_greedy, make_prompt, perturb_heads, tiny, vocab_size
 
 from blockdecode import BlockwiseLM, HeadsConfig
-from blockdecode.heads import MedusaHeads, PaperHeads, build_heads, most_frequent
+from blockdecode.heads import HydraHeads, MedusaHeads, PaperHeads, build_heads, most_frequent, path_tokens
 from blockdecode.toy import toy_model
 
-HEAD_TYPES = ["paper", "medusa"]
+HEAD_TYPES = ["paper", "medusa", "hydra"]
 # k=1 paper heads are zero-width Linear layers; torch warns that initialising them is a no-op (see report).
 pytestmark = pytest.mark.filterwarnings("ignore:Initializing zero-element tensors:UserWarning")
 
@@ -19,12 +19,18 @@ def heads(k: int, head_type: str, d: int = 16, **kwargs: int) -> torch.nn.Module
     return build_heads(HeadsConfig(k=k, head_type=head_type, hidden_size=d, vocab_size=50, **kwargs))
 
 
+def embeds(h: torch.Tensor, k: int, e: int = 16, seed: int = 1) -> torch.Tensor:
+    """Embeddings of the tokens before each head's own, [..., k-1, e] (hydra reads them; the others ignore them)."""
+    return torch.randn(*h.shape[:-1], k - 1, e, generator=torch.Generator().manual_seed(seed))
+
+
 @pytest.mark.parametrize("head_type", HEAD_TYPES)
 @pytest.mark.parametrize("k", [1, 2, 5, 8])
 @pytest.mark.parametrize("batch", [(), (1,), (2, 3)])
 def test_output_shape(head_type: str, k: int, batch: tuple[int, ...]) -> None:
     """h [..., D] -> [..., k-1, D]; k=1 means no proposals, an empty but well-formed tensor."""
-    out = heads(k, head_type)(torch.randn(*batch, 16))
+    h = torch.randn(*batch, 16)
+    out = heads(k, head_type)(h, embeds(h, k))
     assert out.shape == (*batch, k - 1, 16)
 
 
@@ -32,7 +38,7 @@ def test_output_shape(head_type: str, k: int, batch: tuple[int, ...]) -> None:
 def test_untrained_heads_return_h_exactly(head_type: str) -> None:
     """Zero-init output layers: each head's state is h itself, so it proposes the base's next token."""
     h = torch.randn(4, 16) * 10
-    assert torch.equal(heads(6, head_type)(h), h.unsqueeze(-2).expand(4, 5, 16))
+    assert torch.equal(heads(6, head_type)(h, embeds(h, 6)), h.unsqueeze(-2).expand(4, 5, 16))
 
 
 @pytest.mark.parametrize("head_type", HEAD_TYPES)
@@ -44,7 +50,7 @@ def test_random_heads_are_finite_and_per_head(head_type: str) -> None:
         for p in module.parameters():
             torch.nn.init.normal_(p, std=1.0, generator=gen)
         h = torch.randn(3, 16, generator=gen) * 100
-        out = module(h)
+        out = module(h, embeds(h, 4))
     assert torch.isfinite(out).all()
     assert not torch.allclose(out[:, 0], h) and not torch.allclose(out[:, 0], out[:, 1])
 
@@ -71,6 +77,39 @@ def test_medusa_heads_form() -> None:
     torch.testing.assert_close(module(h), expected)
 
 
+def test_hydra_heads_form_and_see_only_the_tokens_before_their_own() -> None:
+    """Hydra in recurrent form: s_1 = h, s_i = s_(i-1) + down(ReLU(up([s_(i-1); e_(i-1)]))); changing the
+    token before head j changes heads j.. and leaves the heads before it alone."""
+    module = heads(5, "hydra", head_hidden_size=8, embed_size=12)
+    assert isinstance(module, HydraHeads) and module.up[0].weight.shape == (8, 16 + 12)
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in module.parameters():
+            torch.nn.init.normal_(p, std=0.5, generator=gen)
+        h, e = torch.randn(2, 16, generator=gen), torch.randn(2, 4, 12, generator=gen)
+        out = module(h, e)
+        state = h
+        for i in range(4):
+            state = state + module.down[i](torch.relu(module.up[i](torch.cat([state, e[:, i]], -1))))
+            torch.testing.assert_close(out[:, i], state)
+        changed = e.clone()
+        changed[:, 2] += 1
+        other = module(h, changed)
+    assert torch.equal(other[:, :2], out[:, :2]) and not torch.allclose(other[:, 2:], out[:, 2:])
+    with pytest.raises(ValueError, match="hydra heads need the embeddings"):
+        module(h)
+
+
+def test_path_tokens_are_the_newest_token_then_the_data() -> None:
+    """Teacher forcing for hydra: at t, the base's newest token (its argmax at t), then tokens t+2.. ."""
+    ids = torch.tensor([[10, 11, 12, 13, 14, 15]])
+    newest = torch.tensor([[20, 21, 22, 23, 24, 25]])
+    out = path_tokens(newest, ids, 4)
+    assert out.shape == (1, 6, 3)
+    assert out[0, 0].tolist() == [20, 12, 13] and out[0, 2].tolist() == [22, 14, 15]
+    assert out[0, 3].tolist() == [23, 15, 0]  # past the end: no head has a target there
+
+
 @pytest.mark.parametrize(
     "kwargs, match",
     [
@@ -78,7 +117,7 @@ def test_medusa_heads_form() -> None:
         (dict(k=-1), "k must be an integer >= 1"),
         (dict(k=2.5), "k must be an integer >= 1"),
         (dict(k="3"), "k must be an integer >= 1"),
-        (dict(head_type="eagle"), "unknown head_type 'eagle': choose one of paper, medusa"),
+        (dict(head_type="eagle"), "unknown head_type 'eagle': choose one of paper, medusa, hydra"),
         (dict(hidden_size=0), "hidden_size must be positive"),
     ],
 )
@@ -109,17 +148,22 @@ def test_head_logits_share_the_base_projection(head_type: str) -> None:
     head_params = list(lm.heads.parameters())
     assert all(97 not in p.shape for p in head_params)
     assert all(p.data_ptr() != projection.data_ptr() for p in head_params)
-    expected = 4 * (64 * 64 + 64) if head_type == "medusa" else (64 * 256 + 256) + (256 * 256 + 256)
-    assert sum(p.numel() for p in head_params) == expected
+    expected = {
+        "medusa": 4 * (64 * 64 + 64),
+        "paper": (64 * 256 + 256) + (256 * 256 + 256),
+        "hydra": 4 * ((64 + 64) * 64 + 64 + 64 * 64 + 64),
+    }[head_type]
+    assert sum(p.numel() for p in head_params) == expected == lm.config.parameters()
     assert sum(p.numel() for p in lm.parameters()) == sum(p.numel() for p in base.parameters()) + expected
 
-    h = torch.randn(2, 64)
+    h, tokens = torch.randn(2, 64), torch.tensor([[1, 2, 3, 4], [5, 6, 7, 8]])
     with torch.no_grad():
-        logits = lm.head_logits(h)
+        logits = lm.head_logits(h, tokens)
         assert logits.shape == (2, 4, 97)
-        torch.testing.assert_close(logits, torch.nn.functional.linear(lm.heads(h), projection))
+        states = lm.heads(h, base.get_input_embeddings()(tokens))
+        torch.testing.assert_close(logits, torch.nn.functional.linear(states, projection))
         projection.mul_(2)
-        torch.testing.assert_close(lm.head_logits(h), 2 * logits)
+        torch.testing.assert_close(lm.head_logits(h, tokens), 2 * logits)
 
 
 def test_untrained_head_logits_equal_the_base_logits() -> None:

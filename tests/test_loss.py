@@ -78,3 +78,60 @@ def test_no_grad_evaluation_and_bad_chunk() -> None:
     assert not loss.requires_grad
     with pytest.raises(ValueError, match="chunk must be positive"):
         linear_cross_entropy(hidden, projection, torch.zeros(5, dtype=torch.long), chunk=0)
+
+
+def orthonormal_projection(d: int, v: int, bias: bool) -> nn.Linear:
+    projection = nn.Linear(d, v, bias=bias)
+    with torch.no_grad():
+        projection.weight.copy_(torch.linalg.qr(torch.randn(d, d, generator=torch.Generator().manual_seed(1)))[0][:v])
+    return projection
+
+
+@pytest.mark.parametrize("chunk", [3, 4096])
+@pytest.mark.parametrize("bias", [False, True])
+def test_soft_targets_from_a_one_hot_teacher_equal_the_hard_loss(chunk: int, bias: bool) -> None:
+    """A teacher whose distribution is one-hot on the target gives the hard loss, value and gradients."""
+    projection = orthonormal_projection(64, 20, bias)
+    gen = torch.Generator().manual_seed(0)
+    hidden = torch.randn(2, 9, 64, generator=gen, requires_grad=True)
+    target = torch.randint(0, 20, (2, 9), generator=gen)
+    target[1, :3] = IGNORE
+    teacher = 1e3 * projection.weight.detach()[target.clamp(min=0)]  # logit gap 1e3: softmax is exactly one-hot
+    assert torch.equal(projection(teacher).softmax(-1), nn.functional.one_hot(target.clamp(min=0), 20).float())
+    results = []
+    for soft in (None, teacher):
+        loss, correct = linear_cross_entropy(hidden, projection, target, chunk=chunk, teacher=soft)
+        loss.backward()
+        grads = [hidden.grad.clone(), *(p.grad.clone() for p in projection.parameters())]
+        results.append((loss.detach(), int(correct), *grads))
+        hidden.grad = None
+        projection.zero_grad()
+    (hard, hard_hits, *hard_grads), (soft, soft_hits, *soft_grads) = results
+    torch.testing.assert_close(soft, hard)
+    assert soft_hits == hard_hits
+    for a, b in zip(soft_grads, hard_grads):
+        torch.testing.assert_close(a, b)
+
+
+def test_soft_targets_equal_the_materialised_cross_entropy_and_leave_the_teacher_alone() -> None:
+    """Against a teacher's full distribution: sum over rows of -p . log_softmax(logits), the same gradients,
+    and none flowing into the teacher."""
+    gen = torch.Generator().manual_seed(2)
+    projection = nn.Linear(16, 50)
+    hidden = torch.randn(3, 7, 16, generator=gen, requires_grad=True)
+    teacher = torch.randn(3, 7, 16, generator=gen, requires_grad=True)
+    target = torch.randint(0, 50, (3, 7), generator=gen)
+    target[0, -2:] = IGNORE
+    loss, _ = linear_cross_entropy(hidden, projection, target, chunk=5, teacher=teacher)
+    loss.backward()
+    ours = [hidden.grad.clone(), *(p.grad.clone() for p in projection.parameters())]
+    assert teacher.grad is None
+    hidden.grad = None
+    projection.zero_grad()
+    keep = target != IGNORE
+    p = projection(teacher[keep]).softmax(-1).detach()
+    want = -(p * projection(hidden[keep]).log_softmax(-1)).sum()
+    want.backward()
+    torch.testing.assert_close(loss, want, atol=1e-4, rtol=1e-5)
+    for a, b in zip(ours, [hidden.grad, *(p.grad for p in projection.parameters())]):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)

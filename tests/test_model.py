@@ -52,7 +52,7 @@ def leftovers(directory: Path) -> list[str]:
     return [p.name for p in directory.rglob("*") if p.name.endswith(".tmp") or p.name.startswith(".")]
 
 
-@pytest.mark.parametrize("head_type", ["paper", "medusa"])
+@pytest.mark.parametrize("head_type", ["paper", "medusa", "hydra"])
 def test_round_trip_with_base(tmp_path: Path, head_type: str) -> None:
     lm = trained(head_type)
     lm.save_pretrained(tmp_path)

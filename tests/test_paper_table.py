@@ -72,20 +72,36 @@ def test_ship_passes_over_a_base_whose_loss_rose_more_than_two_percent(paper_tab
 
 
 def test_runs_of_one_mode_get_rows_of_their_own_with_their_steps(paper_table):
-    """Two "Both" runs differ by their base-loss weight: the table names it, and each run's steps."""
+    """Runs of one mode differ by their base-loss weight, head type, targets or draft vocabulary: the
+    table names each, with its steps and what its proposal costs beside a forward."""
     metas = [{"mode": "distill", "base_loss_weight": 1.0}, {"mode": "finetune+distill", "base_loss_weight": 1.0},
-             {"mode": "finetune+distill", "base_loss_weight": 4.0}]  # fmt: skip
+             {"mode": "finetune+distill", "base_loss_weight": 4.0},
+             {"mode": "distill", "head_type": "hydra", "targets": "soft", "draft_vocab": 1024}]  # fmt: skip
+    cost = {"float32": {"proposal_ms": 0.5, "forward_ms": 4.0, "ratio": 0.125}}
     rows = [
         {"label": paper_table.label(meta, "run"), "heldout_loss": 3.0 + i / 10, "training": {"steps": 100 * (i + 1)},
-         "sets": {"held-out": {"8": {"mean_block_size": 1.5 + i, "median_block_size": 1.25 + i}}}}
+         "sets": {"held-out": {"8": {"mean_block_size": 1.5 + i, "median_block_size": 1.25 + i}}},
+         **({"proposal_cost": cost} if i == 3 else {})}
         for i, meta in enumerate(metas)
     ]  # fmt: skip
     lines = paper_table.markdown(rows, [8], "held-out").splitlines()
-    assert lines[0] == "| heads | steps | held-out loss (nats/token) | k=8 |"
-    assert lines[2:5] == [
-        "| distill | 100 | 3.000 | 1.50 (1.25) |",
-        "| finetune+distill, base-loss weight 1 | 200 | 3.100 | 2.50 (2.25) |",
-        "| finetune+distill, base-loss weight 4 | 300 | 3.200 | 3.50 (3.25) |",
+    assert lines[0] == "| heads | steps | held-out loss (nats/token) | k=8 | proposal / forward, fp32 | bf16 |"
+    assert lines[2:6] == [
+        "| distill | 100 | 3.000 | 1.50 (1.25) |  |  |",
+        "| finetune+distill, base-loss weight 1 | 200 | 3.100 | 2.50 (2.25) |  |  |",
+        "| finetune+distill, base-loss weight 4 | 300 | 3.200 | 3.50 (3.25) |  |  |",
+        "| distill, hydra heads, soft targets, draft vocabulary 1024 | 400 | 3.300 | 4.50 (4.25) "
+        "| 0.50 / 4.00 ms (12%) |  |",
     ]
-    assert lines[-1] == "| paper, finetune+distill (WMT En-De) | | | 4.69 |"
+    assert lines[-1] == "| paper, finetune+distill (WMT En-De) | | | 4.69 |  |  |"
     assert paper_table.label({}, "runs/x") == "runs/x"
+
+
+def test_call_costs_time_a_proposal_and_a_forward(paper_table):
+    from blockdecode import BlockwiseLM
+    from tests.conftest import tiny
+
+    lm = BlockwiseLM.from_base(tiny("llama"), k=4, head_type="hydra")
+    cost = paper_table.call_costs(lm, 4, context=20, reps=2)
+    assert cost["forward_ms"] > 0 and cost["proposal_ms"] > 0
+    assert cost["ratio"] == pytest.approx(cost["proposal_ms"] / cost["forward_ms"])

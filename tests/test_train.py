@@ -225,6 +225,9 @@ def test_sampled_heads():
         (dict(steps=0), "steps"),
         (dict(batch_size=0), "batch_size"),
         (dict(data=[]), "no training data"),
+        (dict(targets="fuzzy"), "unknown targets 'fuzzy'"),
+        (dict(base_loss_on="elsewhere"), "unknown base_loss_on"),
+        (dict(mode="finetune", base_loss_on="data"), "for finetune\\+distill"),
     ],
 )
 def test_config_rejects(tiny_base, tmp_path, overrides, match):
@@ -1117,6 +1120,56 @@ def test_training_on_pairs_resumes_exactly(tiny_marian, tmp_path):
         assert_same_tensors(load_file(tmp_path / "b" / name), load_file(tmp_path / "a" / name), 1e-6, name)
 
 
+@pytest.mark.parametrize("mode, targets", [("frozen", "hard"), ("finetune", "soft"), ("distill", "soft")])
+def test_hydra_heads_train_in_every_mode_and_decode_exactly(tiny_base, tmp_path, mode, targets):
+    """Sequential heads learn by teacher forcing, from hard or soft targets, and what they learn decodes
+    exactly, as a chain and as a tree; their next-token guesses beat the base's next token repeated."""
+    out = tmp_path / "out"
+    kw = dict(distill_cache=str(tmp_path / "distill"), head_type="hydra", targets=targets)
+    model = train(make_cfg(tiny_base, out, mode=mode, steps=30, log_every=1, eval_every=30, **kw))
+    losses = [r["loss"] for r in read_metrics(out) if "loss" in r]
+    # soft targets' loss is bounded below by the teacher's entropy, near log V for this untrained base
+    assert sum(losses[-3:]) / 3 < (0.9 if targets == "hard" else 0.9995) * sum(losses[:3]) / 3
+    evals = [r for r in read_metrics(out) if "eval_head_acc" in r]
+    if targets == "hard":  # head 2 learnt the data (soft targets learn this untrained base's flat guesses)
+        assert evals[-1]["eval_head_acc"][1] > evals[0]["eval_head_acc"][1]
+    loaded = BlockwiseLM.from_pretrained(out)
+    assert loaded.config.head_type == "hydra"
+    ids = torch.tensor([[5, 9, 11, 7]])
+    want = hf_greedy(loaded.base, ids, 24, eos_token_id=NO_EOS)
+    for tree in (None, 10):
+        decoded = loaded.generate(ids, 24, eos_token_id=NO_EOS, drafter="heads", tree=tree)
+        assert_greedy_equal(loaded.base, ids, decoded.sequences, want, what=f"tree {tree}")
+    assert model.config == loaded.config
+
+
+def test_the_base_loss_on_real_data_is_the_bases_own_loss_on_those_rows(tiny_base, tmp_path):
+    """ "Both" with base_loss_on="data": the base's term is its next-token loss on real rows (an anchor to
+    real text), not on the distilled rows the heads learn from; the heads' terms are unchanged. A short
+    run trains, keeps the base within reach of its start, and decodes exactly."""
+    base = load_base(str(tiny_base.dir))
+    cfg = make_cfg(tiny_base, tmp_path / "unit", mode="finetune+distill", base_loss_on="data")
+    objective = train_module.Objective(BlockwiseLM.from_base(base, k=4), cfg).eval()
+    gen = torch.Generator().manual_seed(0)
+    rows, real = torch.randint(0, 200, (2, 12), generator=gen), torch.randint(0, 200, (3, 10), generator=gen)
+    plain, plain_tallies = objective(rows, [2, 3, 4])
+    anchored, tallies = objective(rows, [2, 3, 4], anchor=real)
+    with torch.no_grad():
+        logits = base(real).logits[:, :-1]
+    want = torch.nn.functional.cross_entropy(logits.flatten(0, 1), real[:, 1:].flatten(), reduction="sum")
+    torch.testing.assert_close(anchored[0], want, atol=1e-4, rtol=1e-5)
+    assert int(tallies[0, 1]) == 3 * 9 and torch.equal(anchored[1:], plain[1:])
+    assert torch.equal(tallies[1:], plain_tallies[1:])
+
+    out = tmp_path / "run"
+    kw = dict(mode="finetune+distill", base_loss_on="data", steps=20, eval_every=20, log_every=1)
+    model = train(make_cfg(tiny_base, out, distill_cache=str(tmp_path / "distill"), **kw))
+    assert all(math.isfinite(r["loss"]) for r in read_metrics(out) if "loss" in r)
+    ids = torch.tensor([[5, 9, 11, 7]])
+    decoded = model.generate(ids, 16, eos_token_id=NO_EOS, tree=None)
+    assert_greedy_equal(model.base, ids, decoded.sequences, hf_greedy(model.base, ids, 16, eos_token_id=NO_EOS))
+
+
 @pytest.mark.parametrize("mode", ["frozen", "finetune"])
 def test_a_draft_vocabulary_is_learnt_from_the_targets_and_saved_with_the_heads(tiny_base, tmp_path, mode):
     """--draft-vocab N: the heads score the N most frequent targets (their map saved with them and
@@ -1137,11 +1190,18 @@ def test_a_draft_vocabulary_is_learnt_from_the_targets_and_saved_with_the_heads(
     assert set(proposed[0].tolist()) <= set(loaded.token_map.tolist())
 
 
-@pytest.mark.parametrize("mode", ["frozen", "distill"])
-def test_cached_base_features_train_the_same_heads_without_running_the_base(tiny_base, tmp_path, mode, monkeypatch):
+@pytest.mark.parametrize(
+    "mode, head_type, targets",
+    [("frozen", "paper", "hard"), ("distill", "paper", "hard"), ("distill", "hydra", "soft")],
+)
+def test_cached_base_features_train_the_same_heads_without_running_the_base(
+    tiny_base, tmp_path, mode, head_type, targets, monkeypatch
+):
     """--feature-cache: a frozen base's outputs on the rows are computed once and read at every step
-    (the base runs only for evaluation), and the heads come out as without the cache."""
+    (the base runs only for evaluation), and the heads come out as without the cache (hydra's teacher
+    forcing and the soft targets read the cached outputs too)."""
     kw = dict(mode=mode, steps=8, log_every=1, eval_every=8, distill_cache=str(tmp_path / "distill"))
+    kw |= dict(head_type=head_type, targets=targets)
     calls = []
     real = train_module.sequence_logits
     monkeypatch.setattr(train_module, "sequence_logits", lambda *a, **k: calls.append(1) or real(*a, **k))

@@ -93,6 +93,12 @@ def test_trees_match_transformers_generate(arch: str) -> None:
         drafters = [ScriptedDrafter(ref, vocab_size(model), accuracy, seed=4), NgramDrafter()]
         out = lm.generate(ids, NEW, eos_token_id=NO_EOS, drafter=drafters, tree=12)
         assert_greedy_equal(model, ids, out.sequences, ref, what=f"scripted {accuracy} + n-gram tree")
+    hydra = perturb_heads(BlockwiseLM.from_base(model, k=6, head_type="hydra"), seed=3, std=0.3)
+    for budget in (1, 5, 16, 64):  # sequential heads: each node's children grown from its own path
+        for drafter in ("heads", "heads+ngram"):
+            out = hydra.generate(ids, NEW, eos_token_id=NO_EOS, drafter=drafter, tree=budget)
+            assert_greedy_equal(model, ids, out.sequences, ref, what=f"hydra {drafter}, tree of {budget}")
+            assert all(v <= budget + 1 for v in out.stats.verified)
 
 
 class Candidates(BaseDrafter):
