@@ -69,9 +69,9 @@ def third_party_prompts(tokenizer, packages: tuple[str, ...], n: int, length: in
     return [prompts[round(i * (len(prompts) - 1) / max(1, n - 1))] for i in range(n)]
 
 
-def heldout_prompts(corpus: Path, n: int, length: int) -> list[torch.LongTensor]:
-    """n prompts of `length` tokens spread evenly over the held-out files' token stream."""
-    tokens = np.load(corpus / "heldout.npy", mmap_mode="r")
+def heldout_prompts(corpus: Path, n: int, length: int, split: str = "heldout") -> list[torch.LongTensor]:
+    """n prompts of `length` tokens spread evenly over a held-out split's token stream."""
+    tokens = np.load(corpus / f"{split}.npy", mmap_mode="r")
     starts = np.linspace(0, len(tokens) - length - 1, n).astype(np.int64)
     return [torch.from_numpy(tokens[s : s + length].astype(np.int64)).unsqueeze(0) for s in starts]
 
@@ -319,6 +319,17 @@ def widths(run_dirs: list[Path], png: Path) -> dict:
     return result
 
 
+def shipped_prompts(corpus: Path, n: int, length: int) -> list[torch.LongTensor]:
+    """The prompts shipped with the model (prompts.json, which calibration and `bench` read first): held-out
+    windows of every source it learnt from, alternating stdlib and package files where the corpus has both,
+    so that the first few already show both kinds of code."""
+    stdlib = heldout_prompts(corpus, n, length)
+    if not (corpus / "heldout_packages.npy").is_file():
+        return stdlib
+    packages = heldout_prompts(corpus, n, length, "heldout_packages")
+    return [p for pair in zip(packages, stdlib) for p in pair][:n]
+
+
 def ship(
     rows: list[dict],
     directory: Path,
@@ -428,7 +439,8 @@ def main() -> None:
         update_section(Path(args.doc), "paper-table", "\n\n".join(tables))
     if args.ship:
         chosen = "third-party" if "third-party" in prompt_sets else "stdlib held-out"
-        best = ship(rows, Path(args.ship), prompt_sets["stdlib held-out"], original, chosen)
+        prompts = shipped_prompts(corpus, args.prompts, args.prompt_len)
+        best = ship(rows, Path(args.ship), prompts, original, chosen)
         print(f"shipped {best['run']} ({best['mode']}) to {args.ship}")
 
 

@@ -27,11 +27,14 @@ from blockdecode.plan import DecodePlan
 from blockdecode.reference import first_divergence
 
 PROMPTS = (
-    "def binary_search(items, target):\n    lo, hi = 0, len(items)\n",
-    "class LRUCache:\n    def __init__(self, capacity):\n",
-    "import os\n\n\ndef walk_files(root):\n    for dirpath, dirnames, filenames in os.walk(root):\n",
-    "    def test_append(self):\n        a = array.array('i')\n",
+    "class MLP(nn.Module):\n    def __init__(self, config):\n        super().__init__()",
+    "import torch\nfrom torch import nn\n\n\nclass Attention(nn.Module):",
+    "    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:",
+    'def read_json(path):\n    """Read a JSON file and return its contents."""',
 )
+"""Code of the kind the built-in model learnt from (torch, transformers, the standard library). Each ends
+mid-line, never on a bare newline: the tokenizer writes a newline and the next line's indent as one
+token, so a prompt ending in "\n" shows the model a token that only ever precedes unindented code."""
 DRAFTER_NAMES = {
     "heads": "{head_type} heads",
     "heads-rescored": "{head_type} heads rescored by an n-gram model of the context",

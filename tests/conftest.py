@@ -133,12 +133,15 @@ def assert_greedy_equal(
 
 
 def assert_bf16_weights(folder: Path) -> None:
-    """A shipped model's base and heads are stored in bf16, the form that fits the package's budget."""
+    """A shipped model's base and heads are stored in bf16, the form that fits the package's budget (token
+    ids, a draft vocabulary's `token_map`, stay integers)."""
     from safetensors import safe_open
 
     for weights in ("model.safetensors", "heads.safetensors"):
         with safe_open(folder / weights, "pt") as f:
-            assert {f.get_slice(name).get_dtype() for name in f.keys()} == {"BF16"}, weights
+            dtypes = {name: f.get_slice(name).get_dtype() for name in f.keys()}
+        assert {d for name, d in dtypes.items() if name != "token_map"} == {"BF16"}, weights
+        assert dtypes.get("token_map", "I64") == "I64", weights
 
 
 def perturb_heads(lm: torch.nn.Module, seed: int = 0, std: float = 0.5) -> torch.nn.Module:

@@ -22,9 +22,16 @@ def test_a_loop_is_a_run_of_eight_tokens_three_times_back_to_back(quality) -> No
     assert quality.loop_in(text[:3] + [4, 5] * 4 + text[3:]) is None  # 8 tokens, but not 3 runs of 8
 
 
+def test_a_repeated_line_is_one_line_three_times_in_a_row(quality) -> None:
+    assert quality.repeated_line("a = 1\nb = 2\na = 1\n") is None
+    assert quality.repeated_line("x\n    self.f(a)\n    self.f(a)\n    self.f(a)\ny") == "    self.f(a)"
+    assert quality.repeated_line("\n\n\n\nz") is None  # blank lines are layout, not a loop
+
+
 def test_the_shipped_base_is_checked_end_to_end(quality, tmp_path) -> None:
     from blockdecode import DEFAULT_MODEL, load
 
     lm, tokenizer = load(DEFAULT_MODEL)
-    rows = quality.continuations(lm.base, tokenizer, ["def fib(n):\n"], 16)
+    rows = quality.continuations(lm.base, tokenizer, [quality.FIB], 16)
     assert len(rows) == 1 and rows[0]["text"] and (rows[0]["loop"] is None or len(rows[0]["loop"]) == 2)
+    assert rows[0]["repeated_line"] is None or rows[0]["repeated_line"] in rows[0]["text"]
