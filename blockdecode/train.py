@@ -222,9 +222,7 @@ class Objective(nn.Module):
         argmax and loss on these rows, from `blockdecode.features`) spare the base's forward. `anchor`:
         other rows (real data) on which the base's own loss and accuracy (head 1's) are measured instead."""
         base, k = self.model.base, self.cfg.k
-        pairs = isinstance(batch, Pairs)
-        input_ids = batch.decoder if pairs else batch
-        source, source_mask = (batch.source.clamp(min=0), (batch.source >= 0).long()) if pairs else (None, None)
+        input_ids, source, source_mask = decoder_inputs(batch)
         labels = head_targets(input_ids, k)
         counts = (labels != IGNORE).sum(dim=(0, 1)).float()  # [k]: target tokens per head
         target = labels[..., 0].flatten()
@@ -263,15 +261,21 @@ class Objective(nn.Module):
 
     def base_loss(self, batch: torch.LongTensor | Pairs) -> tuple[torch.Tensor, torch.Tensor]:
         """The base's own summed next-token loss on `batch`, and its (correct, count) tally."""
-        pairs = isinstance(batch, Pairs)
-        ids = batch.decoder if pairs else batch
-        source, mask = (batch.source.clamp(min=0), (batch.source >= 0).long()) if pairs else (None, None)
+        ids, source, mask = decoder_inputs(batch)
         target = head_targets(ids, 1)[..., 0].flatten()
         with torch.enable_grad() if self.training else torch.inference_mode():
             logits = sequence_logits(self.model.base, ids.clamp(min=0), source, mask)
             loss = F.cross_entropy(logits.flatten(0, 1).float(), target, ignore_index=IGNORE, reduction="sum")
         hits = ((logits.argmax(-1).flatten() == target) & (target != IGNORE)).sum()
         return loss, torch.stack([hits, (target != IGNORE).sum()]).float()
+
+
+def decoder_inputs(batch: torch.LongTensor | Pairs) -> tuple[torch.LongTensor, torch.Tensor | None, ...]:
+    """The token rows the heads learn (a causal LM's rows, or an encoder-decoder's decoder side), and for
+    pairs the source ids and mask the encoder reads (padding -1 turned into id 0, masked out)."""
+    if not isinstance(batch, Pairs):
+        return batch, None, None
+    return batch.decoder, batch.source.clamp(min=0), (batch.source >= 0).long()
 
 
 def draft_projection(project: nn.Module, token_map: torch.LongTensor | None):
