@@ -3,6 +3,7 @@
 from blockdecode.builtin import DEFAULT_DRAFT_MODEL, DEFAULT_MODEL, DEFAULT_TRANSLATION_MODEL
 from blockdecode.decode import BlockwiseOutput, DecodeStats, blockwise_generate, decode
 from blockdecode.drafters import BaseDrafter, Drafter, HeadsDrafter, NgramDrafter, ScriptedDrafter
+from blockdecode.export import export_heads
 from blockdecode.heads import HeadsConfig
 from blockdecode.model import BlockwiseLM, CheckpointError, load
 from blockdecode.plan import DecodePlan, make_plan
@@ -24,6 +25,7 @@ __all__ = [
     "ScriptedDrafter",
     "blockwise_generate",
     "decode",
+    "export_heads",
     "load",
     "make_plan",
 ]

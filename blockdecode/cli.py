@@ -14,9 +14,10 @@ import torch
 from blockdecode.builtin import DEFAULT_MODEL
 from blockdecode.corpus import CORPUS_PACKAGES
 from blockdecode.drafters import CHOICES, DRAFTERS
+from blockdecode.export import EXPORT_FORMATS
 from blockdecode.hardware import MIXED_PRECISIONS
 from blockdecode.heads import HEAD_TYPES
-from blockdecode.hf import DTYPE_CHOICES, dtype_for, dtype_name, is_seq2seq
+from blockdecode.hf import DTYPE_CHOICES, DTYPES, dtype_for, dtype_name, is_seq2seq
 
 
 def read_value_map(path: str) -> list[float]:
@@ -349,6 +350,37 @@ def cmd_calibrate(args: argparse.Namespace) -> None:
     print(f"cached in {cache_file()}", file=sys.stderr)
 
 
+def cmd_export(args: argparse.Namespace) -> None:
+    from blockdecode.export import check_exportable, export_heads, serve_command
+    from transformers import AutoTokenizer
+
+    from blockdecode.model import HEADS_CONFIG, BlockwiseLM, has_heads
+
+    if not has_heads(args.model):
+        raise ValueError(f"{args.model} holds no trained heads ({HEADS_CONFIG}): train them with `blockdecode train`")
+    dtype = saved_dtype(args.model) if args.dtype == "saved" else DTYPES[args.dtype]
+    model = BlockwiseLM.from_pretrained(args.model, dtype=dtype).to(dtype).eval()
+    check_exportable(model, args.format)
+    has_tokenizer = (Path(args.model) / "tokenizer_config.json").is_file()  # written beside a base saved with it
+    tokenizer = AutoTokenizer.from_pretrained(args.model) if has_tokenizer else None
+    training = json.loads((Path(args.model) / HEADS_CONFIG).read_text()).get("training")
+    provenance = {"exported_from": str(Path(args.model).resolve()), **({"training": training} if training else {})}
+    base = export_heads(model, args.out, args.format, tokenizer=tokenizer, provenance=provenance)
+    print(f"exported {model.k - 1} medusa heads to {args.out}; serve them with:")
+    print(serve_command(base, args.out, model.k))
+
+
+def saved_dtype(model_dir: str) -> torch.dtype:
+    """The dtype the heads were saved in (their safetensors), so an export changes no weight."""
+    from safetensors import safe_open
+
+    from blockdecode.model import HEADS_WEIGHTS
+
+    with safe_open(str(Path(model_dir) / HEADS_WEIGHTS), "pt") as f:
+        names = [n for n in f.keys() if f.get_slice(n).get_dtype() != "I64"]
+        return f.get_tensor(names[0]).dtype if names else torch.float32
+
+
 def cmd_bible(args: argparse.Namespace) -> None:
     from blockdecode.bible import read_pairs, write_corpus
 
@@ -438,6 +470,19 @@ def main(argv: list[str] | None = None) -> None:
     cal.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto")
     cal.add_argument("--refresh", action="store_true", help="measure again even if cached")
     cal.set_defaults(func=cmd_calibrate)
+
+    exp = sub.add_parser(
+        "export",
+        help="write trained heads in a serving engine's format (vLLM's Medusa speculator)",
+        description="Writes medusa heads as vLLM loads a Medusa speculator (config.json, model.safetensors with "
+        "the base's output layer once and the draft vocabulary as token_map), whole or not at all, and prints the "
+        "vllm command that serves them. A base saved together with its heads is written to OUT/base as well.",
+    )
+    exp.add_argument("--model", required=True, help="a saved BlockwiseLM with medusa heads")
+    exp.add_argument("--format", choices=EXPORT_FORMATS, default="vllm-medusa")
+    exp.add_argument("--out", required=True, help="an empty folder, or an earlier export to replace")
+    exp.add_argument("--dtype", choices=("saved", *DTYPES), default="saved", help="saved: as the heads were saved")
+    exp.set_defaults(func=cmd_export)
 
     bible = sub.add_parser(
         "bible",

@@ -282,6 +282,10 @@ class BlockwiseLM(nn.Module):
             cfg = HeadsConfig(**meta["heads"])
         except (json.JSONDecodeError, KeyError, TypeError, ValueError) as err:
             raise CheckpointError(f"{config_path} is corrupt: {err}") from err
+        if "export" in meta:
+            raise CheckpointError(
+                f"{directory} is an export for serving engines, not a BlockwiseLM: load the folder it was exported from"
+            )
         location = meta.get("base_model")
         if location is None:
             if base is None:

@@ -1,0 +1,122 @@
+"""Trained heads in a serving engine's own format, so that an engine can run the chain of heads
+at scale: vLLM's Medusa speculator (`config.json` and `model.safetensors`), its layout taken from
+vLLM's loader (`transformers_utils/configs/medusa.py`, `model_executor/models/medusa.py`).
+
+Per head vLLM computes x + SiLU(W x + b) on the target's final hidden state, then the target's
+output layer; with a `token_map` only those ids get logits. That is what `MedusaHeads` and the
+draft vocabulary compute, so an export is a renaming of weights, checked by a reader written from
+the format alone (tests/test_export.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+from blockdecode.hf import is_seq2seq, weights_signature
+from blockdecode.io import saving_folder, write_text
+from blockdecode.model import HEADS_CONFIG, BlockwiseLM, has_heads
+
+EXPORT_FORMATS = ("vllm-medusa",)
+ENGINE_CONFIG = "config.json"  # written last: the file that marks an export whole
+ENGINE_WEIGHTS = "model.safetensors"
+BASE_FOLDER = "base"  # the base, written here when it has no folder of its own
+
+
+def check_exportable(model: BlockwiseLM, format: str) -> None:
+    """Refuse, in one line, what the format cannot hold, before anything is written."""
+    if format not in EXPORT_FORMATS:
+        raise ValueError(f"unknown export format {format!r}: choose one of {', '.join(EXPORT_FORMATS)}")
+    kind = model.config.head_type
+    if kind != "medusa":
+        raise ValueError(
+            f"{kind} heads have no serving-engine format: {format} holds medusa heads (x + SiLU(Wx) per head); "
+            f"train with --head-type medusa to serve them"
+        )
+    if model.k < 2:
+        raise ValueError("k=1: these heads propose nothing, so there is nothing to export")
+    if is_seq2seq(model.base):
+        raise ValueError(f"{format} serves decoder-only models, and this base is an encoder-decoder")
+    if getattr(model.base.get_output_embeddings(), "bias", None) is not None:
+        raise ValueError(f"the base's output layer has a bias, which {format}'s loader does not read")
+
+
+def vllm_medusa(model: BlockwiseLM, dtype: torch.dtype) -> tuple[dict[str, torch.Tensor], dict]:
+    """The weights and config.json of vLLM's Medusa speculator for `model`'s medusa heads: one
+    residual layer per head with its bias, the base's output layer once (`original_lm_head`), and
+    the draft vocabulary as `token_map` with `truncated_vocab_size`."""
+    cfg, projection = model.config, model.base.get_output_embeddings().weight
+    tensors = {"lm_heads.0.weight": projection}
+    for i, block in enumerate(model.heads.blocks):
+        tensors[f"blocks.{i}.layers.0.weight"] = block.weight
+        tensors[f"blocks.{i}.layers.0.bias"] = block.bias
+    tensors = {name: t.detach().to(dtype).contiguous().cpu() for name, t in tensors.items()}
+    config = {
+        "model_type": "medusa",
+        "architectures": ["MedusaModel"],
+        "hidden_size": cfg.hidden_size,
+        "vocab_size": projection.shape[0],
+        "medusa_num_heads": cfg.k - 1,
+        "medusa_num_layers": 1,
+        "medusa_fc_bias": True,
+        "original_lm_head": True,
+        "torch_dtype": str(dtype).removeprefix("torch."),
+    }
+    if model.token_map is not None:
+        tensors["token_map"] = model.token_map.detach().to(torch.int64).contiguous().cpu()
+        config["truncated_vocab_size"] = len(model.token_map)
+    return tensors, config
+
+
+def export_heads(
+    model: BlockwiseLM,
+    out: str | Path,
+    format: str = "vllm-medusa",
+    dtype: torch.dtype | None = None,
+    tokenizer: object | None = None,
+    provenance: dict | None = None,
+) -> Path:
+    """Write `model`'s heads to `out` in `format` (default dtype: the heads' own), whole or not at
+    all, with blockdecode.json saying what they are and where they came from (`provenance`: e.g. the
+    source's training record). A base saved in one folder with its heads is also written, unchanged
+    and with `tokenizer`, to out/base: engines load the base from a folder of its own. Returns the
+    folder the engine should load as its target model."""
+    check_exportable(model, format)
+    out = Path(out)
+    if out.exists() and not is_export(out) and any(out.iterdir()):
+        raise ValueError(f"{out} holds other files: export into an empty folder or over an earlier export")
+    dtype = dtype or next(model.heads.parameters()).dtype
+    tensors, config = vllm_medusa(model, dtype)
+    location = model.base_location
+    base_apart = location is not None and Path(location).is_dir() and not has_heads(location)
+    record = {
+        "export": {"format": format, "base_model": location if base_apart else BASE_FOLDER},
+        "heads": model.config.to_dict(),
+        "base_signature": weights_signature(model.base),
+        **(provenance or {}),
+    }
+    with saving_folder(out, ENGINE_CONFIG) as staging:
+        if not base_apart:
+            model.base.save_pretrained(staging / BASE_FOLDER)
+            if tokenizer is not None:
+                tokenizer.save_pretrained(staging / BASE_FOLDER)
+        save_file(tensors, str(staging / ENGINE_WEIGHTS), metadata={"format": "pt"})
+        write_text(staging / HEADS_CONFIG, json.dumps(record, indent=2) + "\n")
+        write_text(staging / ENGINE_CONFIG, json.dumps(config, indent=2) + "\n")
+    return Path(location) if base_apart else out / BASE_FOLDER
+
+
+def is_export(folder: str | Path) -> bool:
+    """Whether `folder` holds an earlier export (which an export may replace)."""
+    try:
+        return "export" in json.loads((Path(folder) / HEADS_CONFIG).read_text())
+    except (OSError, ValueError, TypeError):
+        return False
+
+
+def serve_command(base: str | Path, out: str | Path, k: int) -> str:
+    """The vLLM command line that serves `base` with the exported heads proposing k-1 tokens a step."""
+    spec = json.dumps({"method": "medusa", "model": str(out), "num_speculative_tokens": k - 1})
+    return f"vllm serve {base} --speculative-config '{spec}'"
