@@ -351,9 +351,9 @@ def cmd_calibrate(args: argparse.Namespace) -> None:
 
 
 def cmd_export(args: argparse.Namespace) -> None:
-    from blockdecode.export import check_exportable, export_heads, serve_command
     from transformers import AutoTokenizer
 
+    from blockdecode.export import check_exportable, export_heads, serve_command
     from blockdecode.model import HEADS_CONFIG, BlockwiseLM, has_heads
 
     if not has_heads(args.model):
