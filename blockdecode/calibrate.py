@@ -17,11 +17,14 @@ A setting's speed is what a call gains over what a call costs.
 The fastest prediction is kept in the user's cache under a key naming the model's weights, dtype,
 device, threads, CPU, drafters and k, so another model or setting is measured anew, never served
 another's choice. The cache is read once per process and holds at most `CACHE_ENTRIES` choices, the
-oldest dropped."""
+oldest dropped. It can never stop a decode: a damaged file or entry is noted and measured again, a
+choice is merged into the file under a lock (two calibrations at once both stay), and one that
+cannot be stored is used anyway."""
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import statistics
 import sys
@@ -37,8 +40,8 @@ from blockdecode.adapter import takes_tree_masks
 from blockdecode.decode import decode
 from blockdecode.drafters import CHOICES, drafter_names
 from blockdecode.hf import context_length, dtype_name, same_weights, weights_digest, weights_signature
-from blockdecode.io import write_json
-from blockdecode.plan import make_plan
+from blockdecode.io import locked, write_json
+from blockdecode.plan import make_plan, max_tree
 from blockdecode.timing import forward_cost
 
 LARGEST = 64  # the largest tree, decoded to predict every smaller one
@@ -58,6 +61,11 @@ class Calibration:
     predicted: dict[str, dict[str, float]]  # per drafter: tokens/s of the chain ("0") and each budget
     seconds: float = 0.0  # what choosing took
     statistics: str = "measured"  # "shipped" when they came with the model
+    note: str = ""  # why the choice is not in the cache; "" when it is
+
+    def entry(self) -> dict:
+        """What the cache keeps of it."""
+        return {f: v for f, v in asdict(self).items() if f != "note"}
 
     @property
     def tree(self) -> int | None:
@@ -70,28 +78,112 @@ def cache_file() -> Path:
 
 
 _CACHE: dict[str, dict] = {}  # cache file -> its entries, read once per process
+_UNWRITABLE: set[str] = set()  # cache files already warned about
+
+
+def note(path: Path, problem: str) -> None:
+    print(f"blockdecode: {path} {problem}; measuring again", file=sys.stderr)
+
+
+def read_json(path: Path) -> object:
+    """The JSON in `path`, or a ValueError saying in a few words what is wrong with the file."""
+    try:
+        return json.loads(Path(path).read_bytes().decode("utf-8"))
+    except UnicodeDecodeError:
+        raise ValueError("is not UTF-8 text") from None
+    except json.JSONDecodeError as err:
+        raise ValueError(f"is not JSON ({err.msg}, line {err.lineno})") from None
+    except RecursionError:
+        raise ValueError("nests its JSON too deeply to read") from None
+    except OSError as err:
+        raise ValueError(f"cannot be read ({err.strerror or err})") from None
+
+
+def read_cache(path: Path, quiet: bool = False) -> dict:
+    """The cached choices in `path`: none when it is missing, or damaged (then noted unless `quiet`),
+    so that everything it held is measured again, never trusted."""
+    if not path.is_file():
+        return {}
+    try:
+        stored = read_json(path)
+        if not isinstance(stored, dict):
+            raise ValueError(f"holds a JSON {type(stored).__name__}, not an object of choices")
+    except ValueError as err:
+        if not quiet:
+            note(path, str(err))
+        return {}
+    return stored
 
 
 def _entries() -> dict:
-    path = str(cache_file())
-    if path not in _CACHE:
-        try:
-            stored = json.loads(Path(path).read_text()) if Path(path).is_file() else {}
-        except (OSError, json.JSONDecodeError):
-            stored = {}  # a damaged cache is measured again, never trusted
-        _CACHE[path] = stored if isinstance(stored, dict) else {}
-    return _CACHE[path]
+    path = cache_file()
+    if str(path) not in _CACHE:
+        _CACHE[str(path)] = read_cache(path)
+    return _CACHE[str(path)]
 
 
-def _store(key: str, entry: dict) -> None:
-    entries = _entries()
-    entries.pop(key, None)
-    entries[key] = {**entry, "stored": time.time()}
-    for old in sorted(entries, key=lambda k: entries[k].get("stored", 0) if isinstance(entries[k], dict) else 0)[
-        : max(0, len(entries) - CACHE_ENTRIES)
-    ]:
-        del entries[old]
-    write_json(cache_file(), entries)
+def _stored_at(entry: object) -> float:
+    stored = entry.get("stored") if isinstance(entry, dict) else None
+    return stored if is_number(stored) else 0.0
+
+
+def _store(result: Calibration) -> str:
+    """Add `result` to the cache file, merged under its folder's lock with what other processes stored
+    meanwhile; "" once stored, else why not. Kept in memory either way, so it is not measured again
+    in this process."""
+    path, entry = cache_file(), {**result.entry(), "stored": time.time()}
+    _entries()[result.key] = entry
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with locked(path.parent):
+            entries = {k: v for k, v in read_cache(path, quiet=True).items() if k != result.key}
+            entries[result.key] = entry
+            for old in sorted(entries, key=lambda k: _stored_at(entries[k]))[: max(0, len(entries) - CACHE_ENTRIES)]:
+                del entries[old]
+            write_json(path, entries)
+    except OSError as err:
+        return f"not cached: {path} cannot be written ({err.strerror or err})"
+    _CACHE[str(path)] = entries
+    return ""
+
+
+def is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def is_budget(value: object, largest: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= largest
+
+
+def is_curve(curve: object) -> bool:
+    """Whether `curve` maps budgets 0..LARGEST (as JSON keys) to tokens/s, as `predict`'s do."""
+    budgets = {str(b) for b in range(LARGEST + 1)}
+    return isinstance(curve, dict) and bool(curve) and all(b in budgets and is_number(v) for b, v in curve.items())
+
+
+def cached(entry: object, key: str, spec: dict, largest: int) -> Calibration:
+    """The choice a cache entry holds, if it is one `calibrate` could have made for `key` among the
+    drafters of `spec` (name -> drafter) with budgets up to `largest`; else a ValueError saying which
+    value is not."""
+    if not isinstance(entry, dict):
+        raise ValueError(f"holds {type(entry).__name__}, not an object")
+    if entry.get("key") != key:
+        raise ValueError(f"names another setting, {entry.get('key')!r}")
+    drafter, budget = entry.get("drafter"), entry.get("budget")
+    if drafter not in spec:
+        raise ValueError(f"names drafter {drafter!r}, not one measured for it ({', '.join(spec)})")
+    if not is_budget(budget, largest) or (budget == 0 and shared(spec[drafter])):
+        raise ValueError(f"holds budget {budget!r}, not one of 0..{largest} that {drafter} decodes with")
+    predicted = entry.get("predicted")
+    if (
+        not isinstance(predicted, dict)
+        or not predicted
+        or not all(name in spec and is_curve(curve) for name, curve in predicted.items())
+    ):
+        raise ValueError("holds predictions that are not tokens/s per drafter and budget")
+    if not is_number(entry.get("seconds")) or entry.get("statistics") not in ("measured", "shipped"):
+        raise ValueError("holds a bad time or statistics source")
+    return Calibration(key, drafter, budget, predicted, entry["seconds"], entry["statistics"])
 
 
 _FINGERPRINTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> (versions, hash)
@@ -182,19 +274,53 @@ def loop_seconds(lm, prompt: torch.LongTensor, spec, k: int, tree: int | None, t
     return max(0.0, statistics.median(c - t_at(t, q) for c, q in zip(calls, out.stats.verified)))
 
 
-def shipped_statistics(lm, k: int) -> dict | None:
-    """The acceptance statistics saved beside the model's weights, if they are for these weights and k."""
+def counts(values: object) -> bool:
+    return isinstance(values, list) and all(isinstance(c, int) and not isinstance(c, bool) and c >= 0 for c in values)
+
+
+def is_statistics(stats: object) -> bool:
+    """Whether `stats` has the form `acceptance_statistics` gives, which `predict` reads."""
+    try:
+        tree, chain = stats["tree"], stats["chain"]
+        paths, verified = tree["paths"], tree["verified"]
+        return (
+            isinstance(paths, list)
+            and all(counts(path) for path in paths)
+            and counts(verified)
+            and len(paths) == len(verified)
+            and counts(chain["gained"])
+            and counts(chain["verified"])
+            and len(chain["gained"]) == len(chain["verified"])
+        )
+    except (TypeError, KeyError):
+        return False
+
+
+def shipped_statistics(lm, k: int, names: Sequence[str]) -> dict | None:
+    """The acceptance statistics of drafters `names` saved beside the model's weights, if they are for
+    these weights and k; a damaged file is noted and measured again."""
     folder = lm.base_location
     path = Path(folder) / STATISTICS if folder and Path(folder).is_dir() else None
     if path is None or not path.is_file():
         return None
     try:
-        saved = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
+        saved = read_json(path)
+        if not isinstance(saved, dict):
+            raise ValueError(f"holds a JSON {type(saved).__name__}, not an object")
+        signature, sources = saved.get("signature"), saved.get("sources")
+        if not (isinstance(signature, list) and all(is_number(x) for x in signature) and isinstance(sources, dict)):
+            raise ValueError("holds no weights signature or no statistics")
+    except ValueError as err:
+        note(path, str(err))
         return None
-    if saved.get("k") != k or not same_weights(saved.get("signature", []), weights_signature(lm)):
+    if saved.get("k") != k or not same_weights(signature, weights_signature(lm)):
         return None
-    return saved.get("sources")
+    if any(n not in sources for n in names):
+        return None
+    if not all(is_statistics(sources[n]) for n in names):
+        note(path, "holds acceptance statistics that are not lists of counts")
+        return None
+    return {n: sources[n] for n in names}
 
 
 def record_statistics(lm, prompts: list[torch.LongTensor], folder: str | Path) -> dict:
@@ -216,18 +342,30 @@ def calibrate(
     k = k or lm.k
     name = drafter if isinstance(drafter, str) else make_plan(lm.base, drafter, k, 1, lm=lm).drafter_name
     key = calibration_key(lm, name, k)
+    names = CHOICES if name == "auto" else (name,)
+    spec = {n: (n if isinstance(drafter, str) else drafter) for n in names}
     entry = _entries().get(key)
-    if not refresh and isinstance(entry, dict) and entry.get("key") == key:
+    if not refresh and entry is not None:
         try:
-            return Calibration(**{f: entry[f] for f in Calibration.__dataclass_fields__ if f in entry})
-        except TypeError:
-            pass  # written by another version: measured again
+            return cached(entry, key, spec, min(LARGEST, max_tree(lm.base)))
+        except ValueError as err:
+            note(cache_file(), f"entry for {name}, k={k} {err}")
     if not prompts:
         raise ValueError("calibration needs at least one prompt")
     limit = context_length(lm.base)
     room = limit - STAT_TOKENS - LARGEST - 1 if limit is not None else None
-    if room is not None and room < 1:  # too short a context to measure in: the chain, unstored
-        return Calibration(key, "heads" if name == "auto" else name, 0, {})
+    if room is not None and room < 1:  # too short a context to measure in: the chain (shared drafters: a tree)
+        why = f"the model's context of {limit} tokens is too short to calibrate in (it needs {limit - room + 1})"
+        if name != "auto" and shared(spec[name]):
+            budget = min(LARGEST, max_tree(lm.base))
+            return Calibration(key, name, budget, {}, note=f"{name} share a tree, unmeasured: {why}; nothing is cached")
+        return Calibration(key, "heads" if name == "auto" else name, 0, {}, note=f"{why}; nothing is cached")
+    trees = takes_tree_masks(lm.base)
+    if not trees:  # chains only: shared drafters fall back to the first one's chain
+        names = tuple(n for n in names if not shared(spec[n]))
+        if not names:
+            why = f"{type(lm.base).__name__} scores no trees, and {name} shares one: the first drafter's chain"
+            return Calibration(key, name, LARGEST, {}, note=f"{why}; nothing is cached")
     began = time.perf_counter()
     if show:
         where = f"once; cached in {cache_file()}"
@@ -235,17 +373,8 @@ def calibrate(
     prompts = [ids[:, -room:] if room else ids for ids in prompts[:STAT_PROMPTS]]
     device = next(lm.parameters()).device
     prompts = [ids.to(device) for ids in prompts]
-    names = CHOICES if name == "auto" else (name,)
-    spec = {n: (n if isinstance(drafter, str) else drafter) for n in names}
-    trees = takes_tree_masks(lm.base)
-    if not trees:  # chains only: shared drafters fall back to the first one's chain
-        names = tuple(n for n in names if not shared(spec[n]))
-        if not names:
-            return Calibration(key, name, LARGEST, {})
-    shipped = shipped_statistics(lm, k) if isinstance(drafter, str) else None
-    stats = {n: shipped[n] for n in names} if shipped and all(n in shipped for n in names) else None
-    if stats is None:
-        stats = {n: acceptance_statistics(lm, prompts, spec[n], k, trees) for n in names}
+    shipped = shipped_statistics(lm, k, names) if isinstance(drafter, str) else None
+    stats = shipped or {n: acceptance_statistics(lm, prompts, spec[n], k, trees) for n in names}
     t = forward_cost(lm.base, prompts[0], COST_POINTS, reps=5)
     predicted = {}
     for n in names:
@@ -261,5 +390,8 @@ def calibrate(
         time.perf_counter() - began,
         "shipped" if shipped else "measured",
     )
-    _store(key, asdict(result))
+    result.note = _store(result)
+    if result.note and str(cache_file()) not in _UNWRITABLE:
+        _UNWRITABLE.add(str(cache_file()))
+        print(f"blockdecode: {result.note}; decoding with this choice anyway", file=sys.stderr)
     return result

@@ -337,6 +337,10 @@ def cmd_calibrate(args: argparse.Namespace) -> None:
     model, tokenizer = load(args.model, dtype_for(args.dtype), args.k)
     prompts = model_prompts(args.model, tokenizer) or [tokenizer(t, return_tensors="pt").input_ids for t in PROMPTS]
     result = calibrate(model, prompts, args.drafter, args.k, refresh=args.refresh)
+    chosen = f"trees of {result.tree}" if result.tree else "the chain"
+    if not result.predicted:  # nothing could be measured: what --tree auto does instead, and why
+        print(f"--tree auto decodes with {result.drafter}, {chosen}: {result.note}")
+        return
     print(f"predicted tokens/s ({result.statistics} acceptance statistics, this machine's costs):")
     for name, curve in result.predicted.items():
         best = max(curve, key=curve.get)
@@ -345,9 +349,9 @@ def cmd_calibrate(args: argparse.Namespace) -> None:
             f"{name:>12}: "
             + ", ".join(f"{'chain' if b == '0' else b}: {curve[b]:.0f}{'*' * (b == best)}" for b in shown)
         )
-    chosen = f"trees of {result.tree}" if result.tree else "the chain"
     print(f"\n--tree auto decodes with {result.drafter}, {chosen}, for {result.key} (chosen in {result.seconds:.1f} s)")
-    print(f"cached in {cache_file()}", file=sys.stderr)
+    if not result.note:  # else calibrate has said why it is not cached
+        print(f"cached in {cache_file()}", file=sys.stderr)
 
 
 def cmd_export(args: argparse.Namespace) -> None:

@@ -159,6 +159,15 @@ def reading_folder(folder: Path, last: str) -> Iterator[None]:
         yield
 
 
+@contextmanager
+def locked(folder: Path) -> Iterator[None]:
+    """Hold `folder` exclusively while a file in it is read, changed and written back, so that two
+    processes (or threads) updating it at once each keep the other's change."""
+    with _opened(folder) as fd:
+        _lock(fd, "exclusive")
+        yield
+
+
 def write_text(path: Path, text: str) -> None:
     atomic_write(path, lambda p: Path(p).write_text(text, encoding="utf-8"))
 

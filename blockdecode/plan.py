@@ -17,7 +17,11 @@ from transformers import PreTrainedModel
 from blockdecode.acceptance import Acceptance, parse_acceptance
 from blockdecode.adapter import takes_tree_masks
 from blockdecode.drafters import DRAFTERS, BaseDrafter, Drafter, HeadsDrafter, as_drafter, drafter_names
-from blockdecode.hf import CACHE_IMPLEMENTATIONS, resolve_eos, vocab_size
+from blockdecode.hf import CACHE_IMPLEMENTATIONS, context_length, resolve_eos, vocab_size
+
+MAX_TREE = 1024
+"""The most candidate tokens a tree may hold: a call gains at most k tokens, and past this a tree's
+forward costs far more than a chain's while its masks grow with the square of its nodes."""
 
 
 @dataclass(frozen=True)
@@ -42,6 +46,12 @@ class DecodePlan:
         return f"trees of {self.tree}" if self.tree else "chain"
 
 
+def max_tree(model: PreTrainedModel) -> int:
+    """The largest tree budget `model` takes: MAX_TREE, or its context if shorter (one forward scores
+    no more tokens than the model attends over)."""
+    return min(MAX_TREE, context_length(model) or MAX_TREE)
+
+
 def positive(value: object, message: str) -> int:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
         raise ValueError(f"{message}, got {value!r}")
@@ -61,6 +71,11 @@ def check_settings(
     k = positive(k, "k must be an integer >= 1 (the block size, head 1 included)")
     if tree is not None:
         tree = positive(tree, "tree must be a node budget >= 1 (or None for a chain)")
+        if tree > max_tree(model):
+            raise ValueError(
+                f"tree={tree} exceeds the {max_tree(model)} candidate tokens one forward of {type(model).__name__} "
+                f"may score (blockdecode.plan.MAX_TREE, or the model's context if shorter)"
+            )
     if cache_implementation not in CACHE_IMPLEMENTATIONS:
         raise ValueError(
             f"unknown cache implementation {cache_implementation!r}: choose one of {', '.join(CACHE_IMPLEMENTATIONS)}"

@@ -232,3 +232,158 @@ def test_the_weights_digest_is_exact_and_ignores_the_thread_count() -> None:
         w = next(model.parameters())
         w.view(-1)[7] = torch.nextafter(w.view(-1)[7], torch.tensor(float("inf")))  # one ulp
     assert weights_digest(model) not in digests
+
+
+def entry_for(lm: BlockwiseLM, k: int, **values) -> dict:
+    """A cache holding one entry under the right key for `lm`'s heads at k, with `values` in it."""
+    key = calibrate.calibration_key(lm, "heads", k)
+    good = {"key": key, "drafter": "heads", "budget": 16, "predicted": {"heads": {"16": 150.0}}, "seconds": 1.0}
+    return {key: {**good, "statistics": "measured", **values}}
+
+
+DAMAGED = {
+    "not UTF-8": lambda lm: b'{"\xff\xfe": 1}',
+    "a list": lambda lm: b"[]",
+    "null": lambda lm: b"null",
+    "deeply nested": lambda lm: b"[" * 100_000 + b"]" * 100_000,
+    "an unknown drafter and a negative budget": lambda lm: entry_for(lm, 4, budget=-5, drafter="nonsense"),
+    "a budget as text": lambda lm: entry_for(lm, 4, budget="7"),
+    "a budget past what a forward scores": lambda lm: entry_for(lm, 4, budget=100_000),
+    "a chain for drafters that share a tree": lambda lm: entry_for(lm, 4, budget=0, drafter="heads+ngram"),
+    "a bool budget": lambda lm: entry_for(lm, 4, budget=True),
+    "predictions that are not numbers": lambda lm: entry_for(lm, 4, predicted={"heads": {"16": "fast"}}),
+    "an entry that is a list": lambda lm: {calibrate.calibration_key(lm, "heads", 4): [1]},
+}
+
+
+@pytest.mark.parametrize("damage", DAMAGED)
+def test_a_damaged_cache_is_noted_once_naming_the_file_and_measured_again(
+    damage: str, cache: Path, measured: list, capsys: pytest.CaptureFixture
+) -> None:
+    """Whatever the file holds, calibrate and generate decode: what is not a valid choice for this
+    setting is measured again, with one line naming the file, and the file is whole again after."""
+    lm = BlockwiseLM.from_base(toy_model("llama", seed=2), k=4)
+    content = DAMAGED[damage](lm)
+    cache.parent.mkdir(parents=True)
+    cache.write_bytes(content if isinstance(content, bytes) else json.dumps(content).encode())
+    calibrate._CACHE.clear()  # a new process
+    ids = make_prompt(5, 512)
+    found = calibrate.calibrate(lm, [ids], "heads", show=False)
+    assert (found.drafter, found.budget, len(measured)) == ("heads", 16, 1)
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith(f"blockdecode: {cache} ") and "measuring again" in err[0], err
+    assert json.loads(cache.read_text())[found.key]["budget"] == 16
+    calibrate._CACHE.clear()
+    out = lm.generate(ids, 12, eos_token_id=NO_EOS, drafter="heads", tree="auto")
+    assert_greedy_equal(lm.base, ids, out.sequences, hf_greedy(lm.base, ids, 12, eos_token_id=NO_EOS))
+    assert len(measured) == 1 and not capsys.readouterr().err  # served from the repaired file
+
+
+@pytest.mark.parametrize(
+    "content",
+    [b"\xff\xfe", b"[]", b"null", b"[" * 100_000, b'{"k": 4, "signature": "abc", "sources": {}}'],
+)
+def test_damaged_shipped_statistics_are_noted_and_measured(
+    content: bytes, cache: Path, measured: list, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    lm = BlockwiseLM.from_base(toy_model("llama", seed=2), k=4)
+    lm.base_location = str(tmp_path)
+    (tmp_path / calibrate.STATISTICS).write_bytes(content)
+    found = calibrate.calibrate(lm, [make_prompt(5, 512)], "heads", show=False)
+    assert found.statistics == "measured" and found.budget == 16 and len(measured) == 1
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith(f"blockdecode: {tmp_path / calibrate.STATISTICS} "), err
+
+
+RACER = """
+import sys, time
+from pathlib import Path
+import torch
+from blockdecode import BlockwiseLM, calibrate
+from blockdecode.toy import toy_model
+
+k, ready = int(sys.argv[1]), Path(sys.argv[2])
+calibrate.predict = lambda stats, t, lt, lc: {b: 100.0 + b for b in range(calibrate.LARGEST + 1)}
+calibrate.acceptance_statistics = lambda *a: {}
+calibrate.loop_seconds = lambda *a: 1e-3
+calibrate.forward_cost = lambda *a, **kw: {1: 1e-3}
+lm = BlockwiseLM.from_base(toy_model("llama", seed=2), k=4)
+calibrate._entries()  # each reads the cache before either stores: the race of two `calibrate` runs
+(ready / str(k)).touch()
+while len(list(ready.iterdir())) < 2:
+    time.sleep(0.02)
+calibrate.calibrate(lm, [torch.randint(2, 512, (1, 5))], "heads", k, show=False)
+"""
+
+
+def test_two_calibrations_at_once_both_stay_in_the_cache(cache: Path, tmp_path: Path) -> None:
+    """Two processes, k=3 and k=4, each holding the cache as it was before either stored: both
+    choices are in the file after, with the entry already there."""
+    import os
+    import subprocess
+    import sys
+
+    lm = BlockwiseLM.from_base(toy_model("llama", seed=2), k=4)
+    earlier = entry_for(lm, 2)
+    cache.parent.mkdir(parents=True)
+    cache.write_text(json.dumps(earlier))
+    ready = tmp_path / "ready"
+    ready.mkdir()
+    env = {**os.environ, "XDG_CACHE_HOME": str(cache.parents[1]), "OMP_NUM_THREADS": "1"}
+    root = Path(__file__).parents[1]
+    racers = [subprocess.Popen([sys.executable, "-c", RACER, str(k), str(ready)], env=env, cwd=root) for k in (3, 4)]
+    assert [p.wait(timeout=300) for p in racers] == [0, 0]
+    kept = json.loads(cache.read_text())
+    assert sorted(key[-3:] for key in kept) == ["k=2", "k=3", "k=4"]
+    assert all(kept[calibrate.calibration_key(lm, "heads", k)]["drafter"] == "heads" for k in (3, 4))
+
+
+def test_a_read_only_cache_still_decodes_and_warns_once(
+    cache: Path, measured: list, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    """The cache folder is read-only: generate decodes greedy's output with what it measured, says
+    once that the choice could not be stored, and keeps it for this process. Root writes through
+    a read-only mode, so there the write fails as it would for anyone else."""
+    import errno
+    import os
+
+    cache.parent.mkdir(parents=True)
+    cache.parent.chmod(0o555)
+    if os.geteuid() == 0:
+
+        def read_only(path: Path, data: object) -> None:
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(path))
+
+        monkeypatch.setattr(calibrate, "write_json", read_only)
+    try:
+        model = toy_model("llama", seed=6)
+        lm = BlockwiseLM.from_base(model, k=4)
+        ids = make_prompt(8, 512, seed=2)
+        for k in (3, 4, 4):
+            out = lm.generate(ids, 12, eos_token_id=NO_EOS, drafter="heads", k=k)
+            assert_greedy_equal(model, ids, out.sequences, hf_greedy(model, ids, 12, eos_token_id=NO_EOS))
+    finally:
+        cache.parent.chmod(0o755)
+    assert len(measured) == 2 and not cache.exists()  # k=4 measured once, then kept in memory
+    warnings = [line for line in capsys.readouterr().err.splitlines() if "cannot be written" in line]
+    assert len(warnings) == 1 and str(cache) in warnings[0] and "decoding with this choice anyway" in warnings[0]
+
+
+def test_calibrate_in_a_context_too_short_says_the_chain_is_used_and_caches_nothing(
+    tmp_path: Path, cache: Path, capsys: pytest.CaptureFixture
+) -> None:
+    from blockdecode.cli import main
+    from blockdecode.corpus import train_tokenizer
+
+    tokenizer = train_tokenizer(["def f(x):\n    return x + 1\n" * 40], vocab_size=300)
+    model = toy_model("llama", vocab=len(tokenizer), context=64)
+    BlockwiseLM.from_base(model, k=4).save_pretrained(tmp_path / "m")
+    tokenizer.save_pretrained(tmp_path / "m")
+    main(["calibrate", "--model", str(tmp_path / "m"), "--dtype", "fp32"])
+    out, err = capsys.readouterr()
+    assert "cached in" not in out + err and not cache.exists()
+    assert "--tree auto decodes with heads, the chain: the model's context of 64 tokens is too short" in out
+    ids = make_prompt(10, len(tokenizer))
+    lm = BlockwiseLM.from_base(model, k=4)
+    out = lm.generate(ids, 20, eos_token_id=NO_EOS, drafter="heads+ngram")  # shared drafters: an unmeasured tree
+    assert_greedy_equal(model, ids, out.sequences, hf_greedy(model, ids, 20, eos_token_id=NO_EOS))

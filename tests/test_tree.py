@@ -194,3 +194,39 @@ def test_a_model_that_ignores_the_mask_falls_back_to_the_chain(monkeypatch: pyte
         out = lm.generate(ids, 20, eos_token_id=NO_EOS, drafter="heads+ngram", tree=16)
     assert_greedy_equal(model, ids, out.sequences, ref)
     assert max(out.stats.verified) <= 4  # chains of k-1 proposals, not trees
+
+
+def test_a_tree_past_what_a_forward_scores_is_refused_within_seconds_in_bounded_memory(tmp_path) -> None:
+    """--tree 100000 with k=8 heads, whose lattice holds that many nodes: one line naming the limit,
+    within seconds, in a process whose address space is capped at 6 GiB (the masks of such a tree
+    want more than 10 GB). The Python API refuses the same budget."""
+    import os
+    import resource
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    from blockdecode.corpus import train_tokenizer
+
+    tokenizer = train_tokenizer(["def f(x):\n    return x + 1\n" * 40], vocab_size=300)
+    base = toy_model("llama", vocab=len(tokenizer), context=256)
+    BlockwiseLM.from_base(base, k=8).save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+
+    def limit_memory() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (6 << 30, 6 << 30))
+
+    argv = ["generate", "--model", str(tmp_path), "--prompt", "def f(x):", "--max-new-tokens", "16"]
+    argv += ["--drafter", "heads", "--tree", "100000", "--dtype", "fp32"]
+    start = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "blockdecode.cli", *argv], capture_output=True, text=True,
+                          timeout=300, preexec_fn=limit_memory, cwd=Path(__file__).parents[1],
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})  # fmt: skip
+    assert time.perf_counter() - start < 120
+    assert proc.returncode == 1 and proc.stdout == "", proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+    assert proc.stderr.splitlines()[-1].startswith("error: tree=100000 exceeds the 256 candidate tokens")
+    lm = BlockwiseLM.from_base(base, k=8)
+    with pytest.raises(ValueError, match="tree=257 exceeds the 256"):
+        lm.generate(make_prompt(4, vocab_size(base)), 4, drafter="heads", tree=257)
