@@ -113,6 +113,10 @@ def make_plan(
             "acceptance (the default), or decode greedily"
         )
     if tree is None and len(drafters) != 1:
+        if sampling is not None:
+            raise ValueError(
+                f"{len(drafters)} drafters share a tree, and sampling verifies one chain: pass one drafter"
+            )
         raise ValueError(f"{len(drafters)} drafters need a tree to share: pass tree=N")
     note = ""
     if tree is not None and sampling is not None:

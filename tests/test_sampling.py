@@ -267,6 +267,7 @@ def test_settings_default_to_the_generation_configs_then_transformers() -> None:
         (dict(top_p=1.5), r"top_p must lie in \(0, 1\]"),
         (dict(do_sample=False, temperature=0.7), "temperature=0.7 applies only when sampling"),
         (dict(acceptance="topk:2"), "approximate and has no exact meaning under sampling"),
+        (dict(drafter="heads+ngram"), "2 drafters share a tree, and sampling verifies one chain: pass one drafter"),
     ],
 )
 def test_bad_settings_are_named(settings: dict, match: str) -> None:
