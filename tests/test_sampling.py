@@ -112,6 +112,8 @@ def homogeneity(a: Counter, b: Counter, least: float = 5.0) -> float:
 @pytest.mark.parametrize("drafter", list(DRAFTERS))
 @pytest.mark.parametrize("setting", list(SETTINGS))
 def test_sampling_matches_transformers_in_distribution(setting: str, drafter: str) -> None:
+    """Not rejected at p < 0.001 (the seeds are fixed, so the outcome is too): the wrong rules below
+    score below 1e-6 on half as many runs."""
     assert homogeneity(ours(setting, drafter), reference(setting)) > 1e-3
 
 
