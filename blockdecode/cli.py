@@ -43,6 +43,12 @@ def cmd_generate(args: argparse.Namespace) -> None:
     if args.value_map and not args.acceptance.startswith("distance"):
         raise ValueError(f"--value-map is for --acceptance distance:EPS, not {args.acceptance}")
     acceptance = parse_acceptance(args.acceptance, read_value_map(args.value_map) if args.value_map else None)
+    warpers = {"temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p}
+    given = [f"--{name.replace('_', '-')}" for name, v in {**warpers, "seed": args.seed}.items() if v is not None]
+    if given and not args.sample:
+        raise ValueError(f"{', '.join(given)} applies only when sampling: add --sample")
+    if args.sample and args.compare:
+        raise ValueError("--compare checks the output against greedy decoding; a sampled output is not greedy's")
 
     dtype = dtype_for(args.dtype)
     model, tokenizer = load(args.model, dtype, args.k, args.head_type)
@@ -50,8 +56,11 @@ def cmd_generate(args: argparse.Namespace) -> None:
         print(f"note: {args.model} has no trained heads; using untrained {args.head_type} heads", file=sys.stderr)
     ids = check_prompt(model.base, tokenizer(args.prompt, return_tensors="pt").input_ids, args.max_new_tokens)
     prompts = model_prompts(args.model, tokenizer) or [ids]  # "auto" times on the model's own prompts
-    plan = model.plan(args.drafter, args.k, args.tree, acceptance, prompts=prompts)
-    out = model.generate(ids, args.max_new_tokens, plan=plan)
+    plan = model.plan(args.drafter, args.k, args.tree, acceptance, prompts=prompts, do_sample=args.sample, **warpers)
+    generator = torch.Generator(device=model.base.device)
+    seed = generator.seed() if args.seed is None else args.seed  # a fresh one unless given, shown to repeat the run
+    generator.manual_seed(seed)
+    out = model.generate(ids, args.max_new_tokens, plan=plan, generator=generator)
     seq2seq = is_seq2seq(model.base)  # the output is the decoder's: a translation, not a continuation
     print(tokenizer.decode(out.sequences[0], skip_special_tokens=seq2seq))
     s = out.stats
@@ -60,8 +69,12 @@ def cmd_generate(args: argparse.Namespace) -> None:
         f"{s.calls} calls, mean accepted block {s.mean_block_size:.2f}, {s.tokens_per_second:.1f} tokens/s",
         file=sys.stderr,
     )
-    if not s.exact:
+    if s.sampling:
+        print(f"sampled ({s.sampling}, --seed {seed}): exact in distribution, not the greedy output", file=sys.stderr)
+    elif not s.exact:
         print(f"acceptance {s.acceptance}: approximate, this is NOT the exact greedy output", file=sys.stderr)
+    if s.note:
+        print(f"note: {s.note}", file=sys.stderr)
     if args.compare:
         start = time.perf_counter()
         ref = greedy_generate(model.base, ids, args.max_new_tokens)
@@ -434,7 +447,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads (default: torch's)")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    gen = sub.add_parser("generate", help="complete a prompt with exact blockwise decoding")
+    gen = sub.add_parser("generate", help="complete a prompt with exact blockwise decoding (greedy, or --sample)")
     gen.add_argument(
         "--model", default=DEFAULT_MODEL, help="saved BlockwiseLM or transformers causal-LM folder (default: built-in)"
     )
@@ -454,6 +467,17 @@ def main(argv: list[str] | None = None) -> None:
         help="exact (default), or approximate: topk:N, distance:EPS (needs --value-map), min-block:L",
     )
     gen.add_argument("--value-map", default=None, help="JSON list: each token id's value, for distance:EPS")
+    gen.add_argument(
+        "--sample", action="store_true", help="sample as transformers' do_sample=True does, exactly in distribution"
+    )
+    gen.add_argument("--temperature", type=float, default=None, help="with --sample (default: the generation config's)")
+    gen.add_argument(
+        "--top-k", type=int, default=None, help="with --sample: 0 is off (default: the generation config's)"
+    )
+    gen.add_argument(
+        "--top-p", type=float, default=None, help="with --sample: 1 is off (default: the generation config's)"
+    )
+    gen.add_argument("--seed", type=int, default=None, help="with --sample: the same seed gives the same text")
     gen.set_defaults(func=cmd_generate)
 
     add_train_parser(sub)

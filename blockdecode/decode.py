@@ -3,7 +3,9 @@
 One call of the base model verifies a block and, from the same pass, yields the hidden
 state the drafter proposes the next block from (the paper's merged scheme), so m tokens
 cost about m / k̂ + 1 calls. Acceptance is exact by default, so the output equals greedy
-decoding; the paper's relaxed rules (`blockdecode.acceptance`) are opt-in.
+decoding; the paper's relaxed rules (`blockdecode.acceptance`) are opt-in. Under sampling the
+acceptance step is speculative sampling (`blockdecode.sampling`), so the output has exactly the
+distribution of `transformers`' sampling.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from blockdecode.drafters import Drafter, check_proposal
 from blockdecode.hf import vocab_size
 from blockdecode.plan import DecodePlan, make_plan
 from blockdecode.rules import greedy_rules
+from blockdecode.sampling import sampling_settings, speculative_sample
 from blockdecode.tree import Tree
 
 
@@ -31,7 +34,8 @@ class DecodeStats:
     that call scored (the newest token and the proposals), `accepted_nodes` the proposals it
     accepted, as node indices (a chain's 1..a; a tree's in insertion order, so what a smaller
     budget would have gained is the part of the path within it). An encoder-decoder's `calls`
-    are its decoder's; its encoder's one pass is `encoder_calls`."""
+    are its decoder's; its encoder's one pass is `encoder_calls`. `sampling` holds the settings of a
+    sampled output ("" for greedy); `note` says where the decode differs from what was asked."""
 
     calls: int = 0
     encoder_calls: int = 0
@@ -41,10 +45,13 @@ class DecodeStats:
     new_tokens: int = 0
     seconds: float = 0.0
     acceptance: str = "exact"  # anything else: the output is not the exact greedy output
+    sampling: str = ""  # set: sampled, exact in distribution, not greedy's output
+    note: str = ""
 
     @property
     def exact(self) -> bool:
-        return self.acceptance == "exact"
+        """Whether the output is greedy decoding's own."""
+        return self.acceptance == "exact" and not self.sampling
 
     @property
     def mean_block_size(self) -> float:
@@ -66,7 +73,7 @@ class DecodeStats:
             total.accepted_nodes += s.accepted_nodes
             total.new_tokens += s.new_tokens
             total.seconds += s.seconds
-            total.acceptance = s.acceptance
+            total.acceptance, total.sampling, total.note = s.acceptance, s.sampling, s.note
         return total
 
     def to_dict(self) -> dict:
@@ -80,7 +87,9 @@ class DecodeStats:
             "seconds": self.seconds,
             "tokens_per_second": self.tokens_per_second,
             "acceptance": self.acceptance,
+            "sampling": self.sampling,
             "exact": self.exact,
+            "note": self.note,
         }
 
 
@@ -99,25 +108,29 @@ def decode(
     max_new_tokens: int,
     plan: DecodePlan,
     on_block: Callable[[list[int]], None] | None = None,
+    generator: torch.Generator | None = None,
 ) -> BlockwiseOutput:
-    """Greedy decoding of `model` as `plan` says, up to k tokens a call: predict, verify, accept.
+    """Greedy decoding of `model` as `plan` says (or sampling, if the plan samples), up to k tokens a
+    call: predict, verify, accept.
 
     `on_block`, if given, receives the tokens each call gains (the prefill's one included), in order:
-    enough to stream text and to show the accepted blocks."""
+    enough to stream text and to show the accepted blocks. `generator`: where sampling draws its
+    randomness (default: torch's global one), so that a seed gives the same tokens."""
     prompt = check_prompt(model, input_ids, max_new_tokens)
     base, start = open_decoder(model, prompt, plan.cache_implementation, max_new_tokens + (plan.tree or 0))
     run = Run(model, plan, start, int(max_new_tokens), on_block)
     logits, h = base.prefill(start)
-    run.gain([int(run.rules.apply(logits[:, -1].float(), run.length).argmax())], [0])
+    _, first, _ = accept(plan, Tree(), run.rules.apply(logits[:, -1].float(), run.length), generator)
+    run.gain(first, [0])
     newest, h_last = start.new_tensor([run.tokens[-1:]]), h[0, -1:]  # not a view a drafter can write to
     while not run.done:
         depth = min(plan.k - 1, run.total - run.length - 1)  # never deeper than k-1, nor past the budget
         candidates = predict(plan, run.seq[:, : run.length], h_last, depth, run.vocab)
         scores, h = verify(base, run, newest, candidates)
-        path, gained, greedy = accept(plan.acceptance, candidates, scores)
+        path, gained, after = accept(plan, candidates, scores, generator)
         base.keep(cache_kept(run.length, path))  # the context, the newest token and the accepted path
         run.gain(gained, path, verified=len(candidates) + 1)
-        newest, h_last = greedy[path[-1]].view(1, 1), h[0, path[-1] : path[-1] + 1]
+        newest, h_last = after[path[-1]].view(1, 1), h[0, path[-1] : path[-1] + 1]
     return run.output(base)
 
 
@@ -144,8 +157,9 @@ def predict(plan: DecodePlan, tokens: torch.LongTensor, hidden: torch.Tensor, de
 
 def verify(base, run: Run, newest: torch.LongTensor, candidates: Tree) -> tuple[torch.Tensor, torch.Tensor]:
     """One forward over the newest token and every candidate, each seeing the context and its own
-    ancestors (a chain: plain causal attention, the fast path); the scores greedy would take the
-    argmax of at each, and the decoder outputs."""
+    ancestors (a chain: plain causal attention, the fast path); the scores after the generation
+    config's rules at each (what greedy takes the argmax of, and sampling warps), and the decoder
+    outputs."""
     ids = torch.cat([newest, newest.new_tensor([candidates.tokens])], dim=1)
     if candidates.is_chain():
         logits, h = base.score(ids)
@@ -155,18 +169,26 @@ def verify(base, run: Run, newest: torch.LongTensor, candidates: Tree) -> tuple[
     return run.rules.apply(logits[0].float(), run.length, [0, *candidates.depths]), h
 
 
-def accept(rule: Acceptance, candidates: Tree, scores: torch.Tensor) -> tuple[list[int], list[int], torch.Tensor]:
-    """The deepest path of candidates the rule lets stand (each judged against its parent's scores),
-    as node indices from the newest token (0); the tokens it gains, ending with the model's own token
-    after the path; and the model's token after every node. One host sync a call."""
-    greedy = scores.argmax(-1)  # [m+1]: the model's token after each node
-    parents = torch.tensor([*candidates.parents, 0], device=scores.device)  # one row more, as agree() takes
+def accept(
+    plan: DecodePlan, candidates: Tree, scores: torch.Tensor, generator: torch.Generator | None = None
+) -> tuple[list[int], list[int], torch.Tensor]:
+    """The deepest path of candidates that stands, as node indices from the newest token (0); the
+    tokens it gains, ending with the model's own token after the path; and the token the model takes
+    after every node. Greedy: a candidate stands when the rule agrees with its parent's scores, and
+    the model's token is the argmax. Sampling (a chain): speculative sampling, and the model's token
+    a draw. One host sync a call."""
     ids = torch.tensor(candidates.tokens, dtype=torch.long, device=scores.device)
-    right = rule.agree(ids, scores[parents], greedy[parents])
-    host = torch.cat([right.long(), greedy]).tolist()
+    if plan.sampling is None:
+        after = scores.argmax(-1)  # [m+1]
+        parents = torch.tensor([*candidates.parents, 0], device=scores.device)  # one row more, as agree() takes
+        right = plan.acceptance.agree(ids, scores[parents], after[parents])
+    else:
+        one_hot = torch.nn.functional.one_hot(ids, scores.shape[-1]).float()  # a drafter's guess is certain
+        right, after = speculative_sample(plan.sampling.probs(scores), ids, one_hot, generator)
+    host = torch.cat([right.long(), after]).tolist()
     m = len(candidates)
     path = candidates.accepted_path(host[:m])
-    return path, [candidates.tokens[i - 1] for i in path[1:]] + [host[m + path[-1]]], greedy
+    return path, [candidates.tokens[i - 1] for i in path[1:]] + [host[m + path[-1]]], after
 
 
 def cache_kept(length: int, path: list[int]) -> Sequence[int]:
@@ -190,7 +212,8 @@ class Run:
         self.seq = start.new_empty((1, self.total))
         self.seq[:, : self.prompt_len] = start
         self.tokens = start[0].tolist()
-        self.stats = DecodeStats(acceptance=plan.acceptance.spec)
+        sampling = plan.sampling.spec if plan.sampling else ""
+        self.stats = DecodeStats(acceptance=plan.acceptance.spec, sampling=sampling, note=plan.note)
         self.done = False
         self.begun = time.perf_counter()
         for drafter in plan.drafters:
@@ -201,7 +224,7 @@ class Run:
         return len(self.tokens)
 
     def gain(self, gained: list[int], path: list[int], verified: int = 0) -> None:
-        """Append what a call gained, up to and including an EOS (greedy stops there)."""
+        """Append what a call gained, up to and including an EOS (generate stops there)."""
         stop = next((i for i, t in enumerate(gained) if t in self.plan.eos), None)
         if stop is not None:
             gained, self.done = gained[: stop + 1], True
@@ -235,14 +258,22 @@ def blockwise_generate(
     on_block: Callable[[list[int]], None] | None = None,
     acceptance: str | Acceptance | None = None,
     tree: int | None = None,
+    do_sample: bool = False,
+    temperature: float | None = None,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    generator: torch.Generator | None = None,
 ) -> BlockwiseOutput:
     """Greedy decoding of any `transformers` model with proposals from `drafter` (a Drafter, a list of
     them sharing a tree, or "ngram"): the plan made from these settings (`blockdecode.plan.make_plan`),
     then decoded. `tree=None` verifies one chain of k-1 proposals a call, `tree=N` a tree of up to N
-    candidates. `acceptance` other than exact (the default) is faster and no longer greedy's output."""
+    candidates. `acceptance` other than exact (the default) is faster and no longer greedy's output.
+    `do_sample=True` samples as `model.generate(do_sample=True, temperature, top_k, top_p)` does (see
+    `BlockwiseLM.generate`), drawing from `generator`."""
     check_prompt(model, input_ids, max_new_tokens)  # a bad prompt fails before any planning
-    plan = make_plan(model, drafter, k, tree, acceptance, eos_token_id, cache_implementation)
-    return decode(model, input_ids, max_new_tokens, plan, on_block)
+    sampling = sampling_settings(model, do_sample, temperature, top_k, top_p)
+    plan = make_plan(model, drafter, k, tree, acceptance, eos_token_id, cache_implementation, sampling=sampling)
+    return decode(model, input_ids, max_new_tokens, plan, on_block, generator)
 
 
 def decode_prompts(

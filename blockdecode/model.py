@@ -24,6 +24,7 @@ from blockdecode.heads import HeadsConfig, build_heads
 from blockdecode.hf import context_length, load_base, same_weights, weights_signature
 from blockdecode.io import CheckpointError, reading_folder, saving_folder, write_text
 from blockdecode.plan import DecodePlan, check_settings, make_plan
+from blockdecode.sampling import sampling_settings
 
 HEADS_CONFIG = "blockdecode.json"
 HEADS_WEIGHTS = "heads.safetensors"
@@ -173,20 +174,28 @@ class BlockwiseLM(nn.Module):
         eos_token_id: int | Sequence[int] | None = None,
         cache_implementation: str = "dynamic",
         prompts: Sequence[torch.LongTensor] = (),
+        do_sample: bool = False,
+        temperature: float | None = None,
+        top_k: int | None = None,
+        top_p: float | None = None,
     ) -> DecodePlan:
         """Every setting of a decode, resolved and checked once (see `generate` for their meaning).
 
         `drafter="auto"` with `tree="auto"` takes the drafters and budget predicted fastest for this
         model, dtype and machine (`blockdecode.calibrate`: about a second the first time, then cached;
         `prompts` are what it times on); "auto" with any other tree is the heads. `tree="default"` is
-        "auto" for named drafters and the drafter's own chain for a drafter object. Every setting is
-        checked before anything is measured."""
+        "auto" for named drafters and the drafter's own chain for a drafter object. Sampling verifies
+        chains, so there "auto" is the heads' chain (the calibration measures greedy's acceptance).
+        Every setting is checked before anything is measured."""
         k = self.k if k is None else k
         drafter = "auto" if drafter is None else drafter
+        sampling = sampling_settings(self.base, do_sample, temperature, top_k, top_p)
         if tree == "default":
             tree = "auto" if isinstance(drafter, str) else None
         if isinstance(tree, str) and tree != "auto":
             raise ValueError(f"tree must be a node budget >= 1, 'auto' or None, got {tree!r}")
+        if tree == "auto" and sampling is not None:
+            tree = None
         if tree == "auto" and parse_acceptance(acceptance).rule == "min-block":
             tree = None  # min-block forces a chain's first proposals
         if tree == "auto" or drafter == "auto":
@@ -202,7 +211,9 @@ class BlockwiseLM(nn.Module):
             tree = chosen.tree
         elif drafter == "auto":
             drafter = "heads"
-        return make_plan(self.base, drafter, k, tree, acceptance, eos_token_id, cache_implementation, lm=self)
+        return make_plan(
+            self.base, drafter, k, tree, acceptance, eos_token_id, cache_implementation, lm=self, sampling=sampling
+        )
 
     def generate(
         self,
@@ -216,8 +227,15 @@ class BlockwiseLM(nn.Module):
         acceptance: str | Acceptance | None = None,
         tree: int | str | None = "default",
         plan: DecodePlan | None = None,
+        do_sample: bool = False,
+        temperature: float | None = None,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        generator: torch.Generator | None = None,
     ) -> BlockwiseOutput:
-        """Exact greedy decoding, several tokens per base-model call.
+        """Exact greedy decoding, several tokens per base-model call; or, with `do_sample=True`,
+        sampling from exactly the distribution of `base.generate(do_sample=True, temperature=...,
+        top_k=..., top_p=...)`, the proposals verified by speculative sampling.
 
         By default (`drafter="auto"`, `tree="auto"`) the drafters and tree budget are the ones
         predicted fastest for this model, dtype, machine and k (`blockdecode.calibrate`). `drafter`:
@@ -225,12 +243,20 @@ class BlockwiseLM(nn.Module):
         sharing a tree. `tree=N` verifies a tree of up to N candidate tokens a call, `tree=None` one
         chain (a drafter object decodes its chain unless told otherwise). k defaults to the heads'
         block size; with the heads it may not exceed it. `acceptance` (topk:N, distance:EPS,
-        min-block:L) trades exactness for speed; exact by default. `plan`, if given (`lm.plan(...)`),
-        replaces all of these settings, so that many prompts share one resolution."""
+        min-block:L) trades exactness for speed; exact by default. Sampling settings left None come
+        from the model's generation config, else transformers' defaults (temperature 1, top_k 50, top_p
+        1), as for `generate`; top_k=0 and top_p=1.0 are off. Sampling verifies one chain a call: a
+        tree asked for is decoded as a chain, with a warning. `generator` (a torch.Generator on the
+        model's device) supplies every random draw, so a seed gives the same tokens. `plan`, if given
+        (`lm.plan(...)`), replaces all of these settings but `generator`, so that many prompts share
+        one resolution."""
         input_ids = check_prompt(self.base, input_ids, max_new_tokens)  # before any planning
         if plan is None:
-            plan = self.plan(drafter, k, tree, acceptance, eos_token_id, cache_implementation, prompts=[input_ids])
-        return decode(self.base, input_ids, max_new_tokens, plan, on_block)
+            sampling = dict(do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p)
+            plan = self.plan(
+                drafter, k, tree, acceptance, eos_token_id, cache_implementation, prompts=[input_ids], **sampling
+            )
+        return decode(self.base, input_ids, max_new_tokens, plan, on_block, generator)
 
     def save_pretrained(
         self,

@@ -18,6 +18,7 @@ from blockdecode.acceptance import Acceptance, parse_acceptance
 from blockdecode.adapter import takes_tree_masks
 from blockdecode.drafters import DRAFTERS, BaseDrafter, Drafter, HeadsDrafter, as_drafter, drafter_names
 from blockdecode.hf import CACHE_IMPLEMENTATIONS, context_length, resolve_eos, vocab_size
+from blockdecode.sampling import Sampling
 
 MAX_TREE = 1024
 """The most candidate tokens a tree may hold: a call gains at most k tokens, and past this a tree's
@@ -27,7 +28,8 @@ forward costs far more than a chain's while its masks grow with the square of it
 @dataclass(frozen=True)
 class DecodePlan:
     """What one decode does: who proposes, how far ahead, how many candidates a call, which proposals
-    stand, where it stops, and which cache holds the context."""
+    stand (greedy's argmax, or speculative sampling when `sampling` is set), where it stops, and which
+    cache holds the context. `note` says where the plan decodes otherwise than asked, and why."""
 
     drafters: tuple[BaseDrafter, ...]  # the first alone proposes a chain; all share a tree
     k: int  # tokens a call at best: the newest token's successor and k-1 proposals
@@ -35,6 +37,8 @@ class DecodePlan:
     acceptance: Acceptance = Acceptance()
     eos: frozenset[int] = frozenset()
     cache_implementation: str = "dynamic"
+    sampling: Sampling | None = None  # None: greedy
+    note: str = ""
 
     @property
     def drafter_name(self) -> str:
@@ -96,12 +100,14 @@ def make_plan(
     eos_token_id: int | Sequence[int] | None = None,
     cache_implementation: str = "dynamic",
     lm=None,
+    sampling: Sampling | None = None,
 ) -> DecodePlan:
     """The plan for decoding `model` (a BlockwiseLM's base when `lm` is given): `drafter` a name
     ("heads", "ngram", "heads+ngram", "heads-rescored"; the heads need `lm`), a drafter or a list of
-    them; `tree=None` a chain, N a budget of candidate tokens. Every setting is checked here. A model
-    that cannot score a tree (ALiBi, T5's relative positions) gets the first drafter's chain, with a
-    warning."""
+    them; `tree=None` a chain, N a budget of candidate tokens; `sampling` (`blockdecode.sampling`)
+    samples instead of decoding greedily. Every setting is checked here. A model that cannot score a
+    tree (ALiBi, T5's relative positions), or a tree under sampling, gets the first drafter's chain,
+    with a warning and a note."""
     if isinstance(drafter, str):
         names = drafter_names(drafter)
         if lm is None and any(name.startswith("heads") for name in names):
@@ -116,13 +122,26 @@ def make_plan(
         if isinstance(k, bool) or not isinstance(k, numbers.Integral) or not 1 <= k <= lm.k:
             raise ValueError(f"k must be between 1 and the heads' block size {lm.k}, got {k!r}")
     k, tree, rule, eos = check_settings(model, k, tree, acceptance, eos_token_id, cache_implementation)
-    if tree is None and len(drafters) != 1:
-        raise ValueError(f"{len(drafters)} drafters need a tree to share: pass tree=N")
-    if tree is not None and not takes_tree_masks(model):
-        warnings.warn(
-            f"{type(model).__name__} does not score a tree as given (custom attention mask and position ids, checked "
-            f"on its logits): decoding with one chain from {drafters[0]!r} instead of a tree",
-            stacklevel=2,
+    if sampling is not None and rule.rule != "exact":
+        raise ValueError(
+            f"acceptance {rule.spec} is approximate and has no exact meaning under sampling: sample with exact "
+            "acceptance (the default), or decode greedily"
         )
+    if tree is None and len(drafters) != 1:
+        if sampling is not None:
+            raise ValueError(
+                f"{len(drafters)} drafters share a tree, and sampling verifies one chain: pass one drafter"
+            )
+        raise ValueError(f"{len(drafters)} drafters need a tree to share: pass tree=N")
+    note = ""
+    if tree is not None and sampling is not None:
+        note = "sampling verifies one chain (speculative sampling), not a tree"
+    elif tree is not None and not takes_tree_masks(model):
+        note = (
+            f"{type(model).__name__} does not score a tree as given (custom attention mask and position ids, checked "
+            "on its logits)"
+        )
+    if note:
+        warnings.warn(f"{note}: decoding with one chain from {drafters[0]!r} instead of a tree", stacklevel=2)
         tree, drafters = None, drafters[:1]
-    return DecodePlan(drafters, k, tree, rule, eos, cache_implementation)
+    return DecodePlan(drafters, k, tree, rule, eos, cache_implementation, sampling, note)

@@ -141,6 +141,33 @@ def test_generate_bad_input_exits_with_a_clear_message(model_dir: Path, argv: li
         main(["generate", "--model", str(model_dir), *argv])  # with --tree auto: refused before calibrating
 
 
+def test_generate_samples_reproducibly_with_a_seed(model_dir: Path, capsys: pytest.CaptureFixture) -> None:
+    def run(*flags: str) -> tuple[str, str]:
+        main(["generate", "--model", str(model_dir), "--prompt", "def f(x):", "--max-new-tokens", "16", *flags])
+        return capsys.readouterr()
+
+    settings = ["--sample", "--temperature", "0.7", "--top-k", "5", "--top-p", "0.9"]
+    first, err = run(*settings, "--seed", "3")
+    assert "sampled (temperature=0.7, top_k=5, top_p=0.9, --seed 3): exact in distribution" in err
+    assert run(*settings, "--seed", "3")[0] == first != run(*settings, "--seed", "4")[0]
+    assert run("--sample", "--top-k", "1")[0] == run("--tree", "off")[0]  # one token left: greedy's
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--temperature", "0.7", "--seed", "1"], "--temperature, --seed applies only when sampling: add --sample"),
+        (["--sample", "--compare"], "--compare checks the output against greedy decoding"),
+        (["--sample", "--temperature", "0"], "temperature must be a number > 0"),
+        (["--sample", "--top-p", "1.5"], r"top_p must lie in \(0, 1\]"),
+        (["--sample", "--acceptance", "topk:2"], "no exact meaning under sampling"),
+    ],
+)
+def test_generate_bad_sampling_flags_are_named(model_dir: Path, argv: list[str], message: str) -> None:
+    with pytest.raises(SystemExit, match=message):
+        main(["generate", "--model", str(model_dir), "--prompt", "x", *argv])
+
+
 def test_generate_missing_model_dir(tmp_path: Path) -> None:
     with pytest.raises(SystemExit, match="no such directory"):
         main(["generate", "--model", str(tmp_path / "nope"), "--prompt", "x"])
