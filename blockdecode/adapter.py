@@ -7,7 +7,12 @@ The loop sees three operations, whatever the model is:
   decoder outputs the drafters read; a chain needs neither positions nor mask, a tree of
   candidates gives each node its depth as position and its ancestors as mask;
 - `keep(indices)`: keep these cache positions and drop the rest; rolling back a rejected chain
-  is the contiguous case, keeping a tree's accepted path the general one.
+  is the contiguous case, keeping a tree's accepted path the general one;
+- `keep_paths(paths)`: after a batch's call, each row keeps its own accepted nodes. Rows that keep
+  different nodes leave masked entries in the cache: a per-row validity mask (left padding and
+  rejected entries are 0) hides them from later calls, and every row gets its own position ids
+  (its count of valid entries), so each row computes what it would alone;
+- `select_rows(rows)`: keep these rows of the batch (the others have finished).
 
 `CausalAdapter` serves decoder-only models. `Seq2seqAdapter` serves encoder-decoder models with the
 same three calls: the encoder runs once, before the decoder's prefill, and its outputs (and the
@@ -28,9 +33,10 @@ from blockdecode.hf import cache_argument, context_length, decoder_output, is_se
 
 
 class CausalAdapter:
-    """One sequence through a causal LM with a KV cache that can keep any subset of its positions."""
+    """A batch of sequences through a causal LM with a KV cache that can keep any subset of each
+    row's positions."""
 
-    takes_positions = True  # score() can give tokens their own position ids (a tree needs it)
+    takes_positions = True  # score() can give tokens their own position ids (a tree, a batch need it)
 
     def __init__(self, model: PreTrainedModel, cache_implementation: str = "dynamic", max_len: int = 0):
         """`max_len`: the most positions the cache will hold (a static cache allocates them)."""
@@ -41,27 +47,111 @@ class CausalAdapter:
         self.max_len = max_len
         self.cache_arg = cache_argument(model)
         self.length = 0  # positions in the cache
+        self.scored = 0  # tokens the last forward appended
+        self.valid: torch.Tensor | None = None  # [B, length] bool, which entries each row sees; None: all
+        self.sliding = bool(getattr(model.config.get_text_config(decoder=True), "sliding_window", None))
         self.calls = 0  # forward passes, prefill included
         self.encoder_calls = 0
 
-    def prefill(self, prompt: torch.LongTensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """prompt [B, T] -> logits [B, 1, V] and decoder output [B, 1, D] at its last position."""
-        return self._forward(prompt, logits_to_keep=1)
+    def prefill(self, prompt: torch.LongTensor, mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """prompt [B, T] -> logits [B, 1, V] and decoder output [B, 1, D] at its last position.
+        `mask` [B, T]: 0 on left padding (None: none), with the position ids `generate` gives it."""
+        if mask is None:
+            return self._forward(prompt, logits_to_keep=1)
+        self.valid = mask.bool()
+        positions = (mask.long().cumsum(-1) - 1).masked_fill_(mask == 0, 1)
+        return self._forward(prompt, logits_to_keep=1, attention_mask=mask.long(), position_ids=positions)
 
     def score(
         self, ids: torch.LongTensor, positions: torch.LongTensor | None = None, mask: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """ids [B, q] after the cache -> logits [B, q, V] and decoder outputs [B, q, D].
 
-        `positions` [q]: each token's position id (default: the cache length onwards, a chain).
-        `mask` [q, q] bool: mask[i, j] says token i may see token j (its ancestors and itself);
-        default causal. Every token sees the whole cache."""
+        `positions` [q] or [B, q]: each token's position id (default: each row's count of valid
+        entries onwards, a chain). `mask` [q, q] or [B, q, q] bool: mask[i, j] says token i may see
+        token j (its ancestors and itself); default causal. Every token sees its row's valid cache."""
+        batch, q = ids.shape
+        if self.static and self.valid is not None and self.length + q > self.max_len:
+            self.compact()  # masked entries would leave no room
         kwargs: dict = {"logits_to_keep": 0}
+        if positions is None and self.valid is not None and self.takes_positions:
+            positions = self.valid.sum(-1, keepdim=True) + torch.arange(q, device=ids.device)
         if positions is not None:
-            kwargs["position_ids"] = positions.view(1, -1).expand(ids.shape[0], -1)
+            kwargs["position_ids"] = positions.view(-1, q).expand(batch, -1)
         if mask is not None:
-            kwargs["attention_mask"] = self._attention_mask(mask, ids.shape[0])
-        return self._forward(ids, **kwargs)
+            kwargs["attention_mask"] = self._attention_mask(mask.view(-1, q, q).expand(batch, -1, -1))
+        elif self.valid is not None:  # padding and rejected entries: a 2-D mask, made causal by the model
+            kwargs["attention_mask"] = self._padding_mask(q)
+        out = self._forward(ids, **kwargs)
+        if self.valid is not None:
+            self.valid = torch.cat([self.valid, self.valid.new_ones(batch, q)], dim=1)
+        return out
+
+    @property
+    def contiguous(self) -> bool:
+        """Whether attention reads where a key sits in the cache, not only the mask (relative
+        positions, a sliding window): then each row's valid entries stay contiguous and last."""
+        return self.sliding or not self.takes_positions
+
+    @torch.inference_mode()
+    def keep_paths(self, paths: Sequence[Sequence[int]]) -> None:
+        """Of the tokens the last `score` appended (node 0: the newest token), row r keeps the nodes
+        `paths[r]` (ascending, 0 first). Rows that keep the same nodes cut the cache as `keep` does;
+        others mask what they drop, and the tail no row kept is cut."""
+        start = self.length - self.scored
+        if all(list(p) == list(paths[0]) for p in paths):
+            path = list(paths[0])
+            self.keep(
+                range(start + len(path)) if path[-1] == len(path) - 1 else [*range(start), *(start + i for i in path)]
+            )
+            return
+        if self.valid is None:
+            self.valid = torch.ones(len(paths), self.length, dtype=torch.bool, device=self.model.device)
+        self.valid[:, start:] = False
+        for row, path in enumerate(paths):
+            self.valid[row, [start + i for i in path]] = True
+        self.keep(range(start + max(p[-1] for p in paths) + 1))
+        counts = self.valid.sum(-1)
+        if self.contiguous or 4 * (self.length - int(counts.max())) > self.length:
+            self.compact()
+
+    @torch.inference_mode()
+    def compact(self) -> None:
+        """Move each row's valid entries, in order, to the end of the cache (left padding before
+        them), as long as the longest row: no gaps, and no column that no row sees."""
+        slots = torch.arange(self.length, device=self.model.device).expand_as(self.valid)
+        order = torch.where(self.valid, slots, -1).sort(dim=-1).values  # the invalid (-1) first
+        n = int(self.valid.sum(-1).max())
+        order = order[:, self.length - n :]
+        self.valid, index = order >= 0, order.clamp(min=0)
+        for layer in self.layers:
+            if not getattr(layer, "is_initialized", True):
+                continue
+            for name in ("keys", "values"):
+                kv = getattr(layer, name)
+                moved = kv.gather(2, index[:, None, :, None].expand(-1, kv.shape[1], -1, kv.shape[-1]))
+                if self.static:
+                    kv[:, :, :n] = moved
+                else:
+                    setattr(layer, name, moved)
+            if self.static:
+                layer.cumulative_length.fill_(n)
+        self.length = n
+        if bool(self.valid.all()):
+            self.valid = None
+
+    @torch.inference_mode()
+    def select_rows(self, rows: Sequence[int]) -> None:
+        """Keep the batch's rows `rows` (in this order) and drop the others, finished."""
+        index = torch.tensor(list(rows), device=self.model.device)
+        for layer in self._all_layers():
+            if getattr(layer, "is_initialized", True) and getattr(layer, "keys", None) is not None:
+                layer.keys, layer.values = layer.keys[index], layer.values[index]
+        if self.valid is not None:
+            self.valid = self.valid[index]
+
+    def _all_layers(self) -> list:
+        return list(self.layers)
 
     @torch.inference_mode()
     def keep(self, indices: Sequence[int]) -> None:
@@ -74,6 +164,7 @@ class CausalAdapter:
             if n < self.length:
                 self.cache.crop(n - self.length)
                 self.length = n
+                self.valid = self.valid[:, :n] if self.valid is not None else None
             return
         indices = list(indices)
         ascending = all(a < b for a, b in zip(indices, indices[1:]))
@@ -94,18 +185,33 @@ class CausalAdapter:
             else:
                 layer.keys = torch.cat([layer.keys[..., :fixed, :], layer.keys.index_select(-2, moved)], dim=-2)
                 layer.values = torch.cat([layer.values[..., :fixed, :], layer.values.index_select(-2, moved)], dim=-2)
+        if self.valid is not None:
+            self.valid = torch.cat([self.valid[:, :fixed], self.valid[:, moved]], dim=1)
         self.length = n
 
-    def _attention_mask(self, mask: torch.Tensor, batch: int) -> torch.Tensor:
-        """The [B, 1, q, kv] additive mask transformers takes as given: 0 where a token may attend,
-        the dtype's minimum elsewhere (a bool mask is silently misread under eager attention)."""
-        q = mask.shape[0]
+    def _attention_mask(self, mask: torch.Tensor) -> torch.Tensor:
+        """The [B, 1, q, kv] additive mask transformers takes as given, from mask [B, q, q]: 0 where a
+        token may attend, the dtype's minimum elsewhere (a bool mask is silently misread under eager
+        attention)."""
+        batch, q = mask.shape[:2]
         width = self.max_len if self.static else self.length + q
         dtype = self.model.dtype
         full = torch.full((batch, 1, q, width), torch.finfo(dtype).min, dtype=dtype, device=self.model.device)
-        full[..., : self.length] = 0
-        full[..., self.length : self.length + q].masked_fill_(mask.to(full.device), 0)
+        if self.valid is None:
+            full[..., : self.length] = 0
+        else:
+            full[..., : self.length].masked_fill_(self.valid[:, None, None, :], 0)
+        full[..., self.length : self.length + q].masked_fill_(mask[:, None].to(full.device), 0)
         return full
+
+    def _padding_mask(self, q: int) -> torch.Tensor:
+        """The [B, kv] mask of which keys each row sees (its valid cache and the q new tokens), 0 past
+        them in a static cache."""
+        width = self.max_len if self.static else self.length + q
+        mask = torch.zeros(self.valid.shape[0], width, dtype=torch.long, device=self.model.device)
+        mask[:, : self.length] = self.valid
+        mask[:, self.length : self.length + q] = 1
+        return mask
 
     @torch.inference_mode()
     def _forward(self, ids: torch.LongTensor, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
@@ -113,6 +219,7 @@ class CausalAdapter:
             out = self._run(ids, use_cache=True, **{self.cache_arg: self.cache}, **kwargs)
         self.calls += 1
         self.length += ids.shape[1]
+        self.scored = ids.shape[1]
         return out.logits, hidden[0]
 
     def _run(self, ids: torch.LongTensor, **kwargs):
@@ -120,30 +227,46 @@ class CausalAdapter:
 
 
 class Seq2seqAdapter(CausalAdapter):
-    """The decoder of an encoder-decoder model over one source sequence, encoded once."""
+    """The decoder of an encoder-decoder model over a batch of source sequences, encoded once."""
 
     def __init__(
-        self, model: PreTrainedModel, source: torch.LongTensor, cache_implementation: str = "dynamic", max_len: int = 0
+        self,
+        model: PreTrainedModel,
+        source: torch.LongTensor,
+        cache_implementation: str = "dynamic",
+        max_len: int = 0,
+        source_mask: torch.Tensor | None = None,
     ):
-        """`source` [1, S]: the encoder's input; the decoder's tokens go through prefill and score."""
+        """`source` [B, S]: the encoder's input, `source_mask` [B, S] 0 on its padding (None: none);
+        the decoder's tokens go through prefill and score."""
         super().__init__(model, cache_implementation, max_len)
         self.source = source
+        self.source_mask = source_mask.long() if source_mask is not None else torch.ones_like(source)
         self.encoded = None
         self.layers = self.cache.self_attention_cache.layers
         self.position_arg = "decoder_position_ids" in inspect.signature(model.forward).parameters
         # Marian, BART, mBART and Pegasus take no position ids, but their decoders hand their own to
-        # the positional embedding, by keyword: a tree's replace them there for one call.
+        # the positional embedding, by keyword: a tree's, or a batch's, replace them there for one call.
         embed = getattr(model.get_decoder(), "embed_positions", None)
         takes = embed is not None and "position_ids" in inspect.signature(embed.forward).parameters
         self.embed_positions = embed if takes and not self.position_arg else None
         self.takes_positions = self.position_arg or self.embed_positions is not None
 
-    def prefill(self, prompt: torch.LongTensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def prefill(self, prompt: torch.LongTensor, mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """prompt [B, T]: the decoder's first tokens (its start token); the encoder runs first."""
         with torch.inference_mode():
-            self.encoded = self.model.get_encoder()(input_ids=self.source, attention_mask=torch.ones_like(self.source))
+            self.encoded = self.model.get_encoder()(input_ids=self.source, attention_mask=self.source_mask)
         self.encoder_calls += 1
-        return super().prefill(prompt)
+        return super().prefill(prompt, mask)
+
+    def select_rows(self, rows: Sequence[int]) -> None:
+        super().select_rows(rows)
+        index = torch.tensor(list(rows), device=self.model.device)
+        self.source, self.source_mask = self.source[index], self.source_mask[index]
+        self.encoded["last_hidden_state"] = self.encoded.last_hidden_state[index]
+
+    def _all_layers(self) -> list:
+        return [*self.layers, *self.cache.cross_attention_cache.layers]
 
     def _run(self, ids: torch.LongTensor, attention_mask=None, position_ids=None, logits_to_keep=0, **kwargs):
         if position_ids is not None and not self.takes_positions:
@@ -153,14 +276,16 @@ class Seq2seqAdapter(CausalAdapter):
         hook = None
         if position_ids is not None and self.embed_positions is not None:
 
-            def given_positions(_module, args, module_kwargs):
-                return args, {**module_kwargs, "position_ids": position_ids[0]}  # the decoder's own are 1-D
+            def given_positions(module, args, module_kwargs, _output):
+                # The decoder's own position ids are one row for the whole batch: embed each row's.
+                rows = [module.forward(*args, **{**module_kwargs, "position_ids": p}) for p in position_ids]
+                return torch.stack([r.reshape(r.shape[-2:]) for r in rows])
 
-            hook = self.embed_positions.register_forward_pre_hook(given_positions, with_kwargs=True)
+            hook = self.embed_positions.register_forward_hook(given_positions, with_kwargs=True)
         try:
             out = self.model(
                 encoder_outputs=self.encoded,
-                attention_mask=torch.ones_like(self.source),
+                attention_mask=self.source_mask,
                 decoder_input_ids=ids,
                 decoder_attention_mask=attention_mask,
                 **kwargs,
@@ -174,19 +299,15 @@ class Seq2seqAdapter(CausalAdapter):
 
 
 def check_prompt(model: PreTrainedModel, input_ids: torch.Tensor, max_new_tokens: int) -> torch.LongTensor:
-    """A [1, T] LongTensor on the model's device that the model can extend by max_new_tokens (for an
-    encoder-decoder: a source it can encode, with room for max_new_tokens in its decoder), or a
-    clear error."""
+    """A [B, T] LongTensor on the model's device that the model can extend by max_new_tokens (for an
+    encoder-decoder: sources it can encode, with room for max_new_tokens in its decoder), or a
+    clear error. A 1-D prompt is one row."""
     if not isinstance(input_ids, torch.Tensor):
         raise TypeError(f"input_ids must be a torch.LongTensor, got {type(input_ids).__name__}")
     if input_ids.dim() == 1:
         input_ids = input_ids.unsqueeze(0)
-    if input_ids.dim() != 2:
-        raise ValueError(f"input_ids must have shape [1, T], got {tuple(input_ids.shape)}")
-    if input_ids.shape[0] != 1:
-        raise ValueError(
-            f"input_ids has {input_ids.shape[0]} rows; blockwise decoding takes one sequence at a time for now"
-        )
+    if input_ids.dim() != 2 or input_ids.shape[0] == 0:
+        raise ValueError(f"input_ids must have shape [B, T] with B >= 1, got {tuple(input_ids.shape)}")
     seq2seq = is_seq2seq(model)
     what = "source" if seq2seq else "prompt"
     if input_ids.shape[1] == 0:
@@ -214,6 +335,35 @@ def check_prompt(model: PreTrainedModel, input_ids: torch.Tensor, max_new_tokens
     return input_ids.long().to(model.device)
 
 
+def check_attention_mask(
+    model: PreTrainedModel, input_ids: torch.LongTensor, attention_mask: torch.Tensor | None
+) -> torch.LongTensor | None:
+    """The attention mask of a checked `input_ids` [B, T], on the model's device: 1 on tokens, 0 on
+    padding; None when there is no padding. A decoder-only model's rows are padded on the left, as
+    `generate` expects (an encoder's on either side); every row holds at least one token."""
+    if attention_mask is None:
+        return None
+    if not isinstance(attention_mask, torch.Tensor):
+        raise TypeError(f"attention_mask must be a tensor, got {type(attention_mask).__name__}")
+    mask = attention_mask.unsqueeze(0) if attention_mask.dim() == 1 else attention_mask
+    if tuple(mask.shape) != tuple(input_ids.shape):
+        raise ValueError(
+            f"attention_mask has shape {tuple(attention_mask.shape)}; it must match input_ids {tuple(input_ids.shape)}"
+        )
+    if mask.is_floating_point() or mask.is_complex() or bool(((mask != 0) & (mask != 1)).any()):
+        raise ValueError("attention_mask must hold 1 for tokens and 0 for padding, nothing else")
+    mask = mask.long().to(model.device)
+    empty = (mask.sum(-1) == 0).nonzero().flatten().tolist()
+    if empty:
+        raise ValueError(f"row {empty[0]} of attention_mask is all padding: every row needs at least one token")
+    if not is_seq2seq(model) and bool((mask[:, 1:] < mask[:, :-1]).any()):
+        raise ValueError(
+            "attention_mask has padding after a token: a decoder-only model's rows must be padded on the left "
+            "(tokenizer.padding_side = 'left'), as transformers' generate expects"
+        )
+    return None if bool(mask.all()) else mask
+
+
 def decoder_prompt(
     model: PreTrainedModel, prompt: torch.LongTensor
 ) -> tuple[torch.LongTensor | None, torch.LongTensor]:
@@ -230,16 +380,23 @@ def decoder_prompt(
         raise ValueError(
             f"{type(model).__name__} names neither a decoder_start_token_id nor a bos_token_id in its generation config"
         )
-    return prompt, prompt.new_tensor([[int(start)]])
+    return prompt, prompt.new_full((prompt.shape[0], 1), int(start))
 
 
 def open_decoder(
-    model: PreTrainedModel, prompt: torch.LongTensor, cache_implementation: str = "dynamic", room: int = 0
+    model: PreTrainedModel,
+    prompt: torch.LongTensor,
+    cache_implementation: str = "dynamic",
+    room: int = 0,
+    mask: torch.Tensor | None = None,
 ) -> tuple[CausalAdapter, torch.LongTensor]:
-    """The adapter that decodes from `prompt` (an encoder-decoder's source), with cache room for `room`
-    positions past the decoder's start; and that start, the sequence the decoder extends."""
+    """The adapter that decodes from `prompt` (an encoder-decoder's source, `mask` its padding), with
+    cache room for `room` positions past the decoder's start; and that start, the sequences the
+    decoder extends."""
     source, start = decoder_prompt(model, prompt)
-    return adapter_for(model, source, cache_implementation, start.shape[1] + room), start
+    return adapter_for(
+        model, source, cache_implementation, start.shape[1] + room, mask if source is not None else None
+    ), start
 
 
 def sequence_logits(
@@ -292,10 +449,12 @@ def adapter_for(
     source: torch.LongTensor | None,
     cache_implementation: str = "dynamic",
     max_len: int = 0,
+    source_mask: torch.Tensor | None = None,
 ) -> CausalAdapter:
-    """The adapter for this model: `source` is an encoder-decoder's encoder input (None otherwise)."""
+    """The adapter for this model: `source` is an encoder-decoder's encoder input (None otherwise),
+    `source_mask` its padding."""
     if is_seq2seq(model):
         if source is None:
             raise ValueError(f"{type(model).__name__} is an encoder-decoder model: it needs the source to translate")
-        return Seq2seqAdapter(model, source, cache_implementation, max_len)
+        return Seq2seqAdapter(model, source, cache_implementation, max_len, source_mask)
     return CausalAdapter(model, cache_implementation, max_len)

@@ -71,6 +71,12 @@ class Calibration:
     def tree(self) -> int | None:
         return self.budget or None
 
+    def best_chain(self) -> str:
+        """The drafter whose chain is predicted fastest, what a batch decodes with (one chain a row);
+        unmeasured, the first of the chosen drafters."""
+        chains = {name: curve["0"] for name, curve in self.predicted.items() if "0" in curve}
+        return max(chains, key=chains.get) if chains else drafter_names(self.drafter)[0]
+
 
 def cache_file() -> Path:
     root = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"

@@ -11,16 +11,17 @@ distribution of `transformers`' sampling.
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 from transformers import PreTrainedModel
 
 from blockdecode.acceptance import Acceptance
-from blockdecode.adapter import check_prompt, open_decoder
+from blockdecode.adapter import check_attention_mask, check_prompt, open_decoder
 from blockdecode.drafters import Drafter, check_proposal
-from blockdecode.hf import vocab_size
+from blockdecode.hf import is_seq2seq, vocab_size
 from blockdecode.plan import DecodePlan, make_plan
 from blockdecode.rules import greedy_rules
 from blockdecode.sampling import sampling_settings, speculative_sample
@@ -95,10 +96,13 @@ class DecodeStats:
 
 @dataclass
 class BlockwiseOutput:
-    """Like transformers' generate output: `sequences` [1, T] holds the prompt and the new tokens."""
+    """Like transformers' generate output: `sequences` [B, T + new] holds the prompts and the new
+    tokens, each row padded after its end as `generate` pads. `stats`: the whole decode (for a batch,
+    `block_sizes` and `verified` add up every row's tokens per call); `row_stats`: each row's own."""
 
     sequences: torch.LongTensor
     stats: DecodeStats
+    row_stats: list[DecodeStats] = field(default_factory=list)
 
 
 @torch.inference_mode()
@@ -109,64 +113,100 @@ def decode(
     plan: DecodePlan,
     on_block: Callable[[list[int]], None] | None = None,
     generator: torch.Generator | None = None,
+    attention_mask: torch.Tensor | None = None,
 ) -> BlockwiseOutput:
     """Greedy decoding of `model` as `plan` says (or sampling, if the plan samples), up to k tokens a
-    call: predict, verify, accept.
+    call for every row of `input_ids` [B, T]: predict, verify, accept.
 
+    `attention_mask` [B, T]: 0 on padding (left padding for a decoder-only model, as `generate` takes
+    it). Every row accepts its own block each call and stops at its own EOS or budget; a batch
+    verifies one chain a row (a tree asked for is decoded as the first drafter's chain, with a note).
     `on_block`, if given, receives the tokens each call gains (the prefill's one included), in order:
-    enough to stream text and to show the accepted blocks. `generator`: where sampling draws its
-    randomness (default: torch's global one), so that a seed gives the same tokens."""
+    enough to stream text and to show the accepted blocks (one row only). `generator`: where sampling
+    draws its randomness (default: torch's global one), so that a seed gives the same tokens."""
     prompt = check_prompt(model, input_ids, max_new_tokens)
-    base, start = open_decoder(model, prompt, plan.cache_implementation, max_new_tokens + (plan.tree or 0))
-    run = Run(model, plan, start, int(max_new_tokens), on_block)
-    logits, h = base.prefill(start)
-    _, first, _ = accept(plan, Tree(), run.rules.apply(logits[:, -1].float(), run.length), generator)
-    run.gain(first, [0])
-    newest, h_last = start.new_tensor([run.tokens[-1:]]), h[0, -1:]  # not a view a drafter can write to
-    while not run.done:
-        depth = min(plan.k - 1, run.total - run.length - 1)  # never deeper than k-1, nor past the budget
-        candidates = predict(plan, run.seq[:, : run.length], h_last, depth, run.vocab)
+    mask = check_attention_mask(model, prompt, attention_mask)
+    if on_block is not None and prompt.shape[0] > 1:
+        raise ValueError(f"on_block streams one sequence; input_ids has {prompt.shape[0]} rows: decode them without it")
+    plan = plan_for_rows(plan, prompt.shape[0])
+    room = max_new_tokens + max(plan.tree or 0, plan.k)
+    base, start = open_decoder(model, prompt, plan.cache_implementation, room, mask)
+    padding = None if is_seq2seq(model) else mask  # the decoder's: an encoder-decoder's start tokens have none
+    run = Run(model, plan, start, padding, int(max_new_tokens), on_block)
+    logits, h = base.prefill(start, padding)
+    for i, row in enumerate(run.active):
+        _, first, _ = accept(plan, Tree(), run.rules.apply(logits[i, -1:].float(), run.rule_length(row)), generator)
+        run.gain(row, first, [0])
+    newest, h_last = run.newest(), h[:, -1].clone()  # not a view a drafter can write to
+    newest, h_last = run.drop_finished(base, newest, h_last)
+    while run.active:
+        depth = min(plan.k - 1, min(run.left(row) for row in run.active) - 1)  # never past any row's budget
+        candidates = predict(plan, run, h_last, depth)
         scores, h = verify(base, run, newest, candidates)
-        path, gained, after = accept(plan, candidates, scores, generator)
-        base.keep(cache_kept(run.length, path))  # the context, the newest token and the accepted path
-        run.gain(gained, path, verified=len(candidates) + 1)
-        newest, h_last = after[path[-1]].view(1, 1), h[0, path[-1] : path[-1] + 1]
+        accepted = [accept(plan, c, s, generator) for c, s in zip(candidates, scores)]
+        base.keep_paths([path for path, _, _ in accepted])  # each row: the newest token and its accepted path
+        for row, c, (path, gained, _) in zip(run.active, candidates, accepted):
+            run.gain(row, gained, path, verified=len(c) + 1)
+        last = [path[-1] for path, _, _ in accepted]
+        newest = torch.stack([after[i] for (_, _, after), i in zip(accepted, last)]).view(-1, 1)
+        h_last = h[torch.arange(len(last)), last]
+        newest, h_last = run.drop_finished(base, newest, h_last)
     return run.output(base)
 
 
-def predict(plan: DecodePlan, tokens: torch.LongTensor, hidden: torch.Tensor, depth: int, vocab: int) -> Tree:
-    """The candidates this call verifies: the first drafter's chain, or every drafter's paths merged
-    into one tree of at most `plan.tree` nodes, in the drafters' order."""
-    candidates = Tree()
+def plan_for_rows(plan: DecodePlan, rows: int) -> DecodePlan:
+    """The plan a batch of `rows` decodes with: as it is for one row; for several, one chain a row, a
+    tree asked for replaced by the first drafter's chain, with a warning and a note."""
+    if rows == 1 or plan.tree is None:
+        return plan
+    note = f"a batch verifies one chain a row, not a tree: decoding with one chain from {plan.drafters[0]!r}"
+    warnings.warn(note, stacklevel=3)
+    return replace(plan, tree=None, drafters=plan.drafters[:1], note="; ".join(filter(None, [plan.note, note])))
+
+
+def predict(plan: DecodePlan, run: Run, hidden: torch.Tensor, depth: int) -> list[Tree]:
+    """The candidates this call verifies for each row still decoding: the first drafter's chain (all
+    rows in one call), or (one row) every drafter's paths merged into one tree of at most `plan.tree`
+    nodes, in the drafters' order."""
+    tokens = [run.seq[row : row + 1, : run.length(row)] for row in run.active]
+    trees = [Tree() for _ in tokens]
     if depth == 0:
-        return candidates
+        return trees
     if plan.tree is None:
-        chain = plan.drafters[0].propose(tokens, hidden, depth)
-        check_proposal(chain, depth, vocab, bounds=not plan.drafters[0].in_vocabulary)
-        candidates.add_path(chain[0].tolist(), depth, depth)
-        return candidates
+        drafter = plan.drafters[0]
+        chains = drafter.propose_rows(tokens, hidden, depth, run.active)
+        check_proposal(chains, depth, run.vocab, bounds=not drafter.in_vocabulary, rows=len(tokens))
+        for tree, chain in zip(trees, chains.tolist()):
+            tree.add_path(chain, depth, depth)
+        return trees
+    candidates = trees[0]
     for drafter in plan.drafters:
         if len(candidates) >= plan.tree:
             break
-        for path in drafter.propose_paths(tokens, hidden, depth, plan.tree - len(candidates)):
-            if not drafter.in_vocabulary and any(not 0 <= t < vocab for t in path):
-                raise ValueError(f"the drafter proposed token ids outside the vocabulary [0, {vocab})")
+        for path in drafter.propose_paths(tokens[0], hidden, depth, plan.tree - len(candidates)):
+            if not drafter.in_vocabulary and any(not 0 <= t < run.vocab for t in path):
+                raise ValueError(f"the drafter proposed token ids outside the vocabulary [0, {run.vocab})")
             candidates.add_path(path, plan.tree, depth)
-    return candidates
+    return trees
 
 
-def verify(base, run: Run, newest: torch.LongTensor, candidates: Tree) -> tuple[torch.Tensor, torch.Tensor]:
-    """One forward over the newest token and every candidate, each seeing the context and its own
-    ancestors (a chain: plain causal attention, the fast path); the scores after the generation
-    config's rules at each (what greedy takes the argmax of, and sampling warps), and the decoder
-    outputs."""
-    ids = torch.cat([newest, newest.new_tensor([candidates.tokens])], dim=1)
-    if candidates.is_chain():
+def verify(base, run: Run, newest: torch.LongTensor, candidates: list[Tree]) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """One forward over each row's newest token and its candidates, each seeing its row's context and
+    its own ancestors (chains: plain causal attention, the fast path); each row's scores after the
+    generation config's rules at each (what greedy takes the argmax of, and sampling warps), and the
+    decoder outputs."""
+    ids = torch.cat([newest, newest.new_tensor([c.tokens for c in candidates])], dim=1)
+    if all(c.is_chain() for c in candidates):
         logits, h = base.score(ids)
-    else:
-        depths = torch.tensor([0, *candidates.depths], device=ids.device)
-        logits, h = base.score(ids, positions=depths + run.length - 1, mask=candidates.ancestry())
-    return run.rules.apply(logits[0].float(), run.length, [0, *candidates.depths]), h
+    else:  # one row: the tree
+        (tree,) = candidates
+        depths = torch.tensor([0, *tree.depths], device=ids.device)
+        logits, h = base.score(ids, positions=depths + run.length(run.active[0]) - 1, mask=tree.ancestry())
+    scores = [
+        run.rules.apply(logits[i].float(), run.rule_length(row), [0, *c.depths])
+        for i, (row, c) in enumerate(zip(run.active, candidates))
+    ]
+    return scores, h
 
 
 def accept(
@@ -191,60 +231,123 @@ def accept(
     return path, [candidates.tokens[i - 1] for i in path[1:]] + [host[m + path[-1]]], after
 
 
-def cache_kept(length: int, path: list[int]) -> Sequence[int]:
-    """The cache positions a call keeps: the context before the newest token, then the path's nodes
-    (scored in positions length-1 onwards); a range when the path is a prefix, which copies nothing."""
-    if path[-1] == len(path) - 1:
-        return range(length + path[-1])
-    return [*range(length - 1), *(length - 1 + i for i in path)]
-
-
 class Run:
-    """The sequence one decode builds, and what it cost. The drafters read `seq` on the device; the
-    output is built from `tokens`, which only the loop writes, so a drafter that scribbles on what it
-    is shown cannot change the result."""
+    """The sequences one decode builds, a row each, and what they cost. The drafters read `seq` on the
+    device (each row's tokens from the left, without padding); the output is built from `tokens`,
+    which only the loop writes, so a drafter that scribbles on what it is shown cannot change the
+    result. `active`: the rows still decoding, in the order the adapter holds them."""
 
-    def __init__(self, model, plan: DecodePlan, start: torch.LongTensor, max_new_tokens: int, on_block):
-        self.plan, self.on_block, self.prompt_len = plan, on_block, start.shape[1]
-        self.total = self.prompt_len + max_new_tokens
+    def __init__(self, model, plan: DecodePlan, start: torch.LongTensor, mask, max_new_tokens: int, on_block):
+        self.plan, self.on_block, self.start = plan, on_block, start
+        self.prompt_len = start.shape[1]  # padding included: the length `generate`'s rules count
+        self.max_new_tokens = max_new_tokens
         self.rules = greedy_rules(model, self.prompt_len, max_new_tokens, set(plan.eos))
         self.vocab = vocab_size(model)
-        self.seq = start.new_empty((1, self.total))
-        self.seq[:, : self.prompt_len] = start
-        self.tokens = start[0].tolist()
+        self.pad = pad_token(model, plan.eos)
+        rows = start.tolist() if mask is None else [r[m.bool()].tolist() for r, m in zip(start, mask)]
+        self.tokens: list[list[int]] = rows
+        self.new = [0] * len(rows)
+        self.seq = start.new_zeros((len(rows), self.prompt_len + max_new_tokens))
+        for row, tokens in enumerate(rows):
+            self.seq[row, : len(tokens)] = start.new_tensor(tokens)
         sampling = plan.sampling.spec if plan.sampling else ""
-        self.stats = DecodeStats(acceptance=plan.acceptance.spec, sampling=sampling, note=plan.note)
-        self.done = False
+        self.stats = [DecodeStats(acceptance=plan.acceptance.spec, sampling=sampling, note=plan.note) for _ in rows]
+        self.active = list(range(len(rows)))
+        self.done = [False] * len(rows)
         self.begun = time.perf_counter()
         for drafter in plan.drafters:
             drafter.start(self.tokens)
 
-    @property
-    def length(self) -> int:  # tokens decoded so far; the cache holds all but the newest
-        return len(self.tokens)
+    def length(self, row: int) -> int:  # the row's tokens decoded so far; the cache holds all but the newest
+        return len(self.tokens[row])
 
-    def gain(self, gained: list[int], path: list[int], verified: int = 0) -> None:
-        """Append what a call gained, up to and including an EOS (generate stops there)."""
+    def rule_length(self, row: int) -> int:
+        """The row's length as `generate`'s rules count it: with the batch's padding."""
+        return self.prompt_len + self.new[row]
+
+    def left(self, row: int) -> int:
+        """New tokens the row may still gain."""
+        return self.max_new_tokens - self.new[row]
+
+    def gain(self, row: int, gained: list[int], path: list[int], verified: int = 0) -> None:
+        """Append what a call gained for `row`, up to and including an EOS (generate stops there)."""
         stop = next((i for i, t in enumerate(gained) if t in self.plan.eos), None)
         if stop is not None:
-            gained, self.done = gained[: stop + 1], True
-        self.seq[0, self.length : self.length + len(gained)] = torch.tensor(gained)
-        self.tokens += gained
-        self.done = self.done or self.length >= self.total
+            gained, self.done[row] = gained[: stop + 1], True
+        n = self.length(row)
+        self.seq[row, n : n + len(gained)] = torch.tensor(gained)
+        self.tokens[row] += gained
+        self.new[row] += len(gained)
+        self.done[row] = self.done[row] or self.new[row] >= self.max_new_tokens
         if verified:  # not the prefill's token
-            self.stats.block_sizes.append(len(gained))
-            self.stats.verified.append(verified)
-            self.stats.accepted_nodes.append(path[1:])
+            stats = self.stats[row]
+            stats.block_sizes.append(len(gained))
+            stats.verified.append(verified)
+            stats.accepted_nodes.append(path[1:])
         for drafter in self.plan.drafters:
-            drafter.observe(gained)
+            drafter.observe(row, gained)
         if self.on_block is not None:
             self.on_block(gained)
 
+    def newest(self) -> torch.LongTensor:
+        """[N, 1]: each active row's newest token."""
+        return self.start.new_tensor([[self.tokens[row][-1]] for row in self.active])
+
+    def drop_finished(self, base, newest: torch.Tensor, h_last: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Stop decoding the rows that are done: out of the batch, the cache and the next call's inputs."""
+        keep = [i for i, row in enumerate(self.active) if not self.done[row]]
+        if len(keep) < len(self.active) and keep:
+            base.select_rows(keep)
+        self.active = [self.active[i] for i in keep]
+        return newest[keep], h_last[keep]
+
     def output(self, base) -> BlockwiseOutput:
-        self.stats.calls, self.stats.encoder_calls = base.calls, base.encoder_calls
-        self.stats.new_tokens = self.length - self.prompt_len
-        self.stats.seconds = time.perf_counter() - self.begun
-        return BlockwiseOutput(sequences=torch.tensor([self.tokens], device=self.seq.device), stats=self.stats)
+        seconds = time.perf_counter() - self.begun
+        for stats in self.stats:
+            stats.calls, stats.encoder_calls = 1 + len(stats.block_sizes), base.encoder_calls
+            stats.seconds = seconds
+        for stats, new in zip(self.stats, self.new):
+            stats.new_tokens = new
+        width = self.prompt_len + max(self.new)
+        sequences = self.start.new_full((len(self.tokens), width), self.pad)
+        sequences[:, : self.prompt_len] = self.start
+        for row, tokens in enumerate(self.tokens):
+            sequences[row, self.prompt_len : self.prompt_len + self.new[row]] = self.seq.new_tensor(
+                tokens[-self.new[row] :]
+            )
+        if len(self.stats) == 1:
+            total = self.stats[0]
+        else:
+            first = self.stats[0]
+            total = DecodeStats(acceptance=first.acceptance, sampling=first.sampling, note=first.note)
+            total.block_sizes, total.verified = (
+                per_call(s.block_sizes for s in self.stats),
+                per_call(s.verified for s in self.stats),
+            )
+            total.new_tokens, total.seconds = sum(self.new), seconds
+        total.calls, total.encoder_calls = base.calls, base.encoder_calls
+        return BlockwiseOutput(sequences=sequences, stats=total, row_stats=self.stats)
+
+
+def per_call(rows: Iterable[list[int]]) -> list[int]:
+    """A batch's count per call from each row's: a row takes part in the calls from the first until it ends."""
+    total: list[int] = []
+    for counts in rows:
+        total += [0] * (len(counts) - len(total))
+        for i, n in enumerate(counts):
+            total[i] += n
+    return total
+
+
+def pad_token(model: PreTrainedModel, eos: frozenset[int]) -> int:
+    """What `generate` pads finished rows with: the generation config's pad_token_id, else the first EOS
+    id in the order the generation config lists them (else the lowest of `eos`), else 0 (then no row
+    ends early)."""
+    cfg = model.generation_config
+    if cfg.pad_token_id is not None:
+        return int(cfg.pad_token_id)
+    listed = cfg.eos_token_id if isinstance(cfg.eos_token_id, list | tuple) else [cfg.eos_token_id]
+    return next((int(t) for t in listed if t in eos), min(eos, default=0))
 
 
 def blockwise_generate(
@@ -263,17 +366,20 @@ def blockwise_generate(
     top_k: int | None = None,
     top_p: float | None = None,
     generator: torch.Generator | None = None,
+    attention_mask: torch.Tensor | None = None,
 ) -> BlockwiseOutput:
     """Greedy decoding of any `transformers` model with proposals from `drafter` (a Drafter, a list of
     them sharing a tree, or "ngram"): the plan made from these settings (`blockdecode.plan.make_plan`),
     then decoded. `tree=None` verifies one chain of k-1 proposals a call, `tree=N` a tree of up to N
     candidates. `acceptance` other than exact (the default) is faster and no longer greedy's output.
     `do_sample=True` samples as `model.generate(do_sample=True, temperature, top_k, top_p)` does (see
-    `BlockwiseLM.generate`), drawing from `generator`."""
-    check_prompt(model, input_ids, max_new_tokens)  # a bad prompt fails before any planning
+    `BlockwiseLM.generate`), drawing from `generator`. `input_ids` [B, T] with `attention_mask` decodes
+    a batch, as `decode` says."""
+    prompt = check_prompt(model, input_ids, max_new_tokens)  # a bad prompt fails before any planning
+    check_attention_mask(model, prompt, attention_mask)
     sampling = sampling_settings(model, do_sample, temperature, top_k, top_p)
     plan = make_plan(model, drafter, k, tree, acceptance, eos_token_id, cache_implementation, sampling=sampling)
-    return decode(model, input_ids, max_new_tokens, plan, on_block, generator)
+    return decode(model, input_ids, max_new_tokens, plan, on_block, generator, attention_mask)
 
 
 def decode_prompts(

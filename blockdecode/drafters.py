@@ -44,15 +44,22 @@ class BaseDrafter:
     def propose(self, tokens: torch.LongTensor, hidden: torch.Tensor, n: int) -> torch.LongTensor:
         raise NotImplementedError
 
+    def propose_rows(
+        self, tokens: list[torch.LongTensor], hidden: torch.Tensor, n: int, rows: list[int]
+    ) -> torch.LongTensor:
+        """A chain for each row of a batch: tokens[i] [1, T_i] is row rows[i]'s sequence (no padding),
+        hidden [N, D] the rows' hidden states; returns [N, n]. Here: `propose`, row by row."""
+        return torch.cat([self.propose(t, hidden[i : i + 1], n) for i, t in enumerate(tokens)])
+
     def propose_paths(self, tokens: torch.LongTensor, hidden: torch.Tensor, depth: int, budget: int) -> list[list[int]]:
         """Candidate paths for a tree, best first: here the one chain."""
         return [self.propose(tokens, hidden, depth)[0].tolist()]
 
-    def start(self, prompt: list[int]) -> None:
-        """A decode begins from `prompt` (the sequence the decoder extends)."""
+    def start(self, prompts: list[list[int]]) -> None:
+        """A decode begins from `prompts`, one a row (the sequences the decoder extends)."""
 
-    def observe(self, accepted: list[int]) -> None:
-        """A call gained `accepted`: the tokens now at the sequence's end."""
+    def observe(self, row: int, accepted: list[int]) -> None:
+        """A call gained `accepted` for row `row`: the tokens now at that sequence's end."""
 
 
 class ChainDrafter(BaseDrafter):
@@ -87,14 +94,16 @@ def as_drafter(drafter: Drafter) -> BaseDrafter:
     return ChainDrafter(drafter)
 
 
-def check_proposal(draft: object, n: int, vocab_size: int, bounds: bool = True) -> None:
-    """Raise a clear error for a drafter's output that is not n token ids of this vocabulary.
-    `bounds=False` skips the id range check (a host sync) for drafters that draw ids from the
-    vocabulary themselves."""
+def check_proposal(draft: object, n: int, vocab_size: int, bounds: bool = True, rows: int = 1) -> None:
+    """Raise a clear error for a drafter's output that is not n token ids of this vocabulary for each
+    of `rows` rows. `bounds=False` skips the id range check (a host sync) for drafters that draw ids
+    from the vocabulary themselves."""
     if not isinstance(draft, torch.Tensor):
-        raise TypeError(f"the drafter returned {type(draft).__name__}; it must return a LongTensor of shape [1, {n}]")
-    if tuple(draft.shape) != (1, n):
-        raise ValueError(f"the drafter returned shape {tuple(draft.shape)}; expected [1, {n}]")
+        raise TypeError(
+            f"the drafter returned {type(draft).__name__}; it must return a LongTensor of shape [{rows}, {n}]"
+        )
+    if tuple(draft.shape) != (rows, n):
+        raise ValueError(f"the drafter returned shape {tuple(draft.shape)}; expected [{rows}, {n}]")
     if draft.dtype not in (torch.int64, torch.int32):
         raise TypeError(f"the drafter returned dtype {draft.dtype}; token ids must be integers")
     if n and bounds and bool(((draft < 0) | (draft >= vocab_size)).any()):
@@ -143,7 +152,7 @@ class HeadsDrafter(BaseDrafter):
         self._run = fastest_copies(heads, short)  # what computes the proposals
         self.width = width  # guesses per head considered for a tree
         self.rescore = rescore
-        self._context = ContextNgram([])  # rescoring's model of the context, fed what the decode accepts
+        self._contexts: list[ContextNgram] = []  # rescoring's model of each row's context, fed what it accepts
 
     def __eq__(self, other: object) -> bool:  # the same heads proposing the same way
         return (
@@ -162,13 +171,13 @@ class HeadsDrafter(BaseDrafter):
     def __repr__(self) -> str:
         return f"HeadsDrafter(rescore={self.rescore:g})" if self.rescore else "HeadsDrafter()"
 
-    def start(self, prompt: list[int]) -> None:
+    def start(self, prompts: list[list[int]]) -> None:
         if self.rescore:
-            self._context = ContextNgram(prompt)
+            self._contexts = [ContextNgram(p) for p in prompts]
 
-    def observe(self, accepted: list[int]) -> None:
+    def observe(self, row: int, accepted: list[int]) -> None:
         if self.rescore:
-            self._context.extend(accepted)
+            self._contexts[row].extend(accepted)
 
     def _logits(self, hidden: torch.Tensor, n: int) -> torch.Tensor:
         heads, project = self._run
@@ -179,30 +188,39 @@ class HeadsDrafter(BaseDrafter):
         return indices if self.token_map is None else self.token_map.to(indices.device)[indices]
 
     def propose(self, tokens: torch.LongTensor, hidden: torch.Tensor, n: int) -> torch.LongTensor:
+        return self.propose_rows([tokens], hidden, n, [0])
+
+    def propose_rows(
+        self, tokens: list[torch.LongTensor], hidden: torch.Tensor, n: int, rows: list[int]
+    ) -> torch.LongTensor:
+        """Every row's chain from one pass of the heads over hidden [N, D]; rescoring ranks each
+        row's paths by that row's own context."""
         if self.sequential:
-            return self._chain(tokens, hidden, n)
+            return self._chain(torch.cat([t[:, -1] for t in tokens]), hidden, n)
         if not self.rescore or not n:
-            return self._ids(self._logits(hidden, n).argmax(-1))  # [1, n]
+            return self._ids(self._logits(hidden, n).argmax(-1))  # [N, n]
         values, ids = self._top(hidden, n, self.width)
-        path = best_path(values, ids, self._factor(tokens))
-        return torch.tensor([path], dtype=torch.long, device=tokens.device)
+        paths = [best_path(v, i, self._factor(t, r)) for v, i, t, r in zip(values, ids, tokens, rows)]
+        return torch.tensor(paths, dtype=torch.long, device=hidden.device)
 
     def propose_paths(self, tokens: torch.LongTensor, hidden: torch.Tensor, depth: int, budget: int) -> list[list[int]]:
         if self.sequential:
             return self._beam(tokens, hidden, depth, budget)
         values, ids = self._top(hidden, depth, min(self.width, budget))
-        factor = self._factor(tokens) if self.rescore else None
+        values, ids = values[0], ids[0]
+        factor = self._factor(tokens, 0) if self.rescore else None
         return [path for path, _ in lattice_paths(values, ids, budget, factor)]
 
-    def _chain(self, tokens: torch.LongTensor, hidden: torch.Tensor, n: int) -> torch.LongTensor:
-        """Sequential heads' chain [1, n]: each head's argmax, fed to the next."""
+    def _chain(self, last: torch.LongTensor, hidden: torch.Tensor, n: int) -> torch.LongTensor:
+        """Sequential heads' chains [N, n] after each row's newest token `last` [N]: each head's
+        argmax, fed to the next."""
         heads, project = self._run
-        state, last, chain = hidden.to(project.weight.dtype), tokens[:, -1], []
+        state, chain = hidden.to(project.weight.dtype), []
         for i in range(n):
             state = heads.step(i, state, self.embed(last).to(state.dtype))
             last = self._ids(project(state).argmax(-1))
             chain.append(last)
-        return torch.stack(chain, dim=1) if chain else tokens.new_empty((1, 0))
+        return torch.stack(chain, dim=1) if chain else last.new_empty((last.shape[0], 0))
 
     def _beam(self, tokens: torch.LongTensor, hidden: torch.Tensor, depth: int, budget: int) -> list[list[int]]:
         """Sequential heads' tree: a beam of `width` paths a depth, each extended by the heads run along
@@ -229,15 +247,18 @@ class HeadsDrafter(BaseDrafter):
         return [list(path) for path in chosen if path not in inner]
 
     def _top(self, hidden: torch.Tensor, depth: int, width: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Each head's `width` most probable tokens: probabilities and ids, [depth, width] each."""
-        probs = self._logits(hidden, depth)[0].float().softmax(-1)  # [depth, V] (V: the draft vocabulary's)
+        """Each row's heads' `width` most probable tokens: probabilities and ids, [N, depth, width] each."""
+        probs = self._logits(hidden, depth).float().softmax(-1)  # [N, depth, V] (V: the draft vocabulary's)
         values, indices = probs.topk(min(width, probs.shape[-1]), dim=-1)
         return values, self._ids(indices)
 
-    def _factor(self, tokens: torch.LongTensor) -> Callable[[tuple[int, ...], int], float]:
-        if len(self._context.seq) != tokens.shape[1]:  # proposing outside a decode that keeps it informed
-            self._context = ContextNgram(tokens[0].tolist())
-        lm, power = self._context, self.rescore
+    def _factor(self, tokens: torch.LongTensor, row: int) -> Callable[[tuple[int, ...], int], float]:
+        """Row `row`'s rescoring factor, its context model rebuilt from `tokens` [1, T] when proposing
+        outside a decode that keeps it informed."""
+        self._contexts += [ContextNgram([]) for _ in range(row + 1 - len(self._contexts))]
+        if len(self._contexts[row].seq) != tokens.shape[1]:
+            self._contexts[row] = ContextNgram(tokens[0].tolist())
+        lm, power = self._contexts[row], self.rescore
         return lambda path, token: lm.prob(path, token) ** power
 
 

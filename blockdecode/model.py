@@ -16,7 +16,7 @@ from transformers import AutoTokenizer, PreTrainedModel
 
 from blockdecode import builtin
 from blockdecode.acceptance import Acceptance, parse_acceptance
-from blockdecode.adapter import check_prompt
+from blockdecode.adapter import check_attention_mask, check_prompt
 from blockdecode.calibrate import calibrate
 from blockdecode.decode import BlockwiseOutput, decode
 from blockdecode.drafters import Drafter, HeadsDrafter
@@ -178,6 +178,7 @@ class BlockwiseLM(nn.Module):
         temperature: float | None = None,
         top_k: int | None = None,
         top_p: float | None = None,
+        rows: int = 1,
     ) -> DecodePlan:
         """Every setting of a decode, resolved and checked once (see `generate` for their meaning).
 
@@ -185,8 +186,9 @@ class BlockwiseLM(nn.Module):
         model, dtype and machine (`blockdecode.calibrate`: about a second the first time, then cached;
         `prompts` are what it times on); "auto" with any other tree is the heads. `tree="default"` is
         "auto" for named drafters and the drafter's own chain for a drafter object. Sampling verifies
-        chains, so there "auto" is the heads' chain (the calibration measures greedy's acceptance).
-        Every setting is checked before anything is measured."""
+        chains, so there "auto" is the heads' chain (the calibration measures greedy's acceptance). A
+        batch of `rows` > 1 verifies one chain a row, so there "auto" is the drafter whose chain the
+        calibration predicts fastest. Every setting is checked before anything is measured."""
         k = self.k if k is None else k
         drafter = "auto" if drafter is None else drafter
         sampling = sampling_settings(self.base, do_sample, temperature, top_k, top_p)
@@ -207,8 +209,9 @@ class BlockwiseLM(nn.Module):
             if not prompts:
                 raise ValueError("tree='auto' needs a prompt to measure on: pass prompts=[input_ids]")
             chosen = calibrate(self, list(prompts), drafter, k)
-            drafter = chosen.drafter if isinstance(drafter, str) else drafter
-            tree = chosen.tree
+            if isinstance(drafter, str):
+                drafter = chosen.drafter if rows == 1 else chosen.best_chain()
+            tree = chosen.tree if rows == 1 else None
         elif drafter == "auto":
             drafter = "heads"
         return make_plan(
@@ -232,6 +235,7 @@ class BlockwiseLM(nn.Module):
         top_k: int | None = None,
         top_p: float | None = None,
         generator: torch.Generator | None = None,
+        attention_mask: torch.Tensor | None = None,
     ) -> BlockwiseOutput:
         """Exact greedy decoding, several tokens per base-model call; or, with `do_sample=True`,
         sampling from exactly the distribution of `base.generate(do_sample=True, temperature=...,
@@ -249,14 +253,23 @@ class BlockwiseLM(nn.Module):
         tree asked for is decoded as a chain, with a warning. `generator` (a torch.Generator on the
         model's device) supplies every random draw, so a seed gives the same tokens. `plan`, if given
         (`lm.plan(...)`), replaces all of these settings but `generator`, so that many prompts share
-        one resolution."""
+        one resolution.
+
+        `input_ids` [B, T] with `attention_mask` [B, T] (0 on padding: on the left for a decoder-only
+        model, as `transformers` pads for `generate`) decodes a batch: each row accepts its own block
+        every call and stops at its own EOS or budget, and `sequences` is padded after each row's end
+        as `generate` pads it; `row_stats` holds each row's stats. A batch verifies one chain a row:
+        tree="auto" takes the drafter whose chain is predicted fastest, a tree budget is decoded as the
+        first drafter's chain, with a warning."""
         input_ids = check_prompt(self.base, input_ids, max_new_tokens)  # before any planning
+        mask = check_attention_mask(self.base, input_ids, attention_mask)
         if plan is None:
             sampling = dict(do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p)
+            rows = list(input_ids.split(1)) if mask is None else [r[m.bool()][None] for r, m in zip(input_ids, mask)]
             plan = self.plan(
-                drafter, k, tree, acceptance, eos_token_id, cache_implementation, prompts=[input_ids], **sampling
+                drafter, k, tree, acceptance, eos_token_id, cache_implementation, rows, rows=len(rows), **sampling
             )
-        return decode(self.base, input_ids, max_new_tokens, plan, on_block, generator)
+        return decode(self.base, input_ids, max_new_tokens, plan, on_block, generator, attention_mask)
 
     def save_pretrained(
         self,

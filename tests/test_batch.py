@@ -1,0 +1,283 @@
+"""Batches of prompts: every row of a blockwise batch is transformers' batched greedy output for that
+row, and what decoding that row alone gives, whatever each row's drafter gets right."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from conftest import NO_EOS, assert_greedy_equal, make_prompt, perturb_heads, tiny
+from test_decode import sliding_window_model
+from transformers import PreTrainedModel
+
+from blockdecode import BlockwiseLM, NgramDrafter, blockwise_generate
+from blockdecode.calibrate import Calibration
+from blockdecode.drafters import BaseDrafter, HeadsDrafter
+from blockdecode.toy import TOY_ARCHITECTURES, TOY_SEQ2SEQ
+
+LENGTHS = (5, 11, 2, 8)  # prompts of different lengths: every row but the longest is padded
+
+
+class RowsScripted(BaseDrafter):
+    """Proposes each row's known continuation, right with that row's own probability: one row always
+    right, one always wrong, the others in between, so the rows accept different blocks each call."""
+
+    def __init__(self, references: list[list[int]], accuracy: tuple[float, ...] = (1.0, 0.0, 0.5, 0.8), seed: int = 0):
+        self.references, self.accuracy = references, accuracy
+        self.rng = torch.Generator().manual_seed(seed)
+        self.shown: list[tuple[int, list[int]]] = []  # (row, the tokens it was shown), per proposal
+
+    def propose_rows(self, tokens, hidden, n, rows):
+        chains = []
+        for seq, row in zip(tokens, rows):
+            self.shown.append((row, seq[0].tolist()))
+            truth = (self.references[row][seq.shape[1] : seq.shape[1] + n] + [3] * n)[:n]
+            wrong = torch.rand(n, generator=self.rng) >= self.accuracy[row % len(self.accuracy)]
+            chains.append([(t + 1) % 512 if bad else t for t, bad in zip(truth, wrong.tolist())])
+        return torch.tensor(chains, dtype=torch.long)
+
+
+def padded(prompts: list[torch.LongTensor], pad: int, left: bool) -> tuple[torch.LongTensor, torch.LongTensor]:
+    """The prompts as one batch [B, T] and its attention mask, padded on the left (or right)."""
+    width = max(p.shape[1] for p in prompts)
+    ids = torch.full((len(prompts), width), pad, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for row, p in enumerate(prompts):
+        span = slice(width - p.shape[1], width) if left else slice(0, p.shape[1])
+        ids[row, span], mask[row, span] = p[0], 1
+    return ids, mask
+
+
+def row_tokens(model: PreTrainedModel, sequences: torch.LongTensor, mask: torch.LongTensor, row: int, eos) -> list:
+    """Row `row` of a batch's output without its padding: the prompt's tokens (a decoder's: all of them)
+    and the new ones up to and including the first EOS."""
+    start = 1 if model.config.is_encoder_decoder else mask.shape[1]
+    seq = sequences[row].tolist()
+    prompt = seq[:start] if model.config.is_encoder_decoder else [t for t, m in zip(seq, mask[row].tolist()) if m]
+    new = seq[start:]
+    end = next((i + 1 for i, t in enumerate(new) if t in eos), len(new))
+    return prompt + new[:end]
+
+
+@torch.inference_mode()
+def hf_batch(model: PreTrainedModel, ids, mask, new: int, eos=NO_EOS) -> torch.LongTensor:
+    return model.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=new, eos_token_id=eos)
+
+
+def check_rows(model, prompts, ids, mask, ours, ref, eos=NO_EOS, what: str = "") -> None:
+    """Each row of `ours` is `ref`'s row (the batch's greedy output), or parts from it at a near-tie; when
+    no row parts, the padded batches are equal, padding and all."""
+    for row, prompt in enumerate(prompts):
+        mine, theirs = (torch.tensor(row_tokens(model, s, mask, row, set(eos))) for s in (ours, ref))
+        assert_greedy_equal(model, prompt, mine, theirs, what=f"{what} row {row}")
+    if all(
+        row_tokens(model, ours, mask, r, set(eos)) == row_tokens(model, ref, mask, r, set(eos))
+        for r in range(len(prompts))
+    ):
+        assert torch.equal(ours, ref)
+
+
+def causal_batch(arch: str, new: int = 24):
+    model = tiny(arch)
+    prompts = [make_prompt(n, 512, seed=n) for n in LENGTHS]
+    ids, mask = padded(prompts, model.generation_config.pad_token_id, left=True)
+    return model, prompts, ids, mask, hf_batch(model, ids, mask, new)
+
+
+@pytest.mark.parametrize("arch", TOY_ARCHITECTURES)
+def test_each_row_is_transformers_batched_greedy_and_decoded_alone(arch: str) -> None:
+    model, prompts, ids, mask, ref = causal_batch(arch)
+    drafter = RowsScripted([row_tokens(model, ref, mask, r, set()) for r in range(len(prompts))])
+    out = blockwise_generate(model, ids, 24, drafter, 4, eos_token_id=NO_EOS, attention_mask=mask)
+    check_rows(model, prompts, ids, mask, out.sequences, ref, what=arch)
+    assert len({tuple(s.block_sizes) for s in out.row_stats}) > 1, "the rows should accept different blocks"
+    assert out.row_stats[0].block_sizes[0] == 4 and max(out.row_stats[1].block_sizes) == 1  # right; always wrong
+    assert out.stats.new_tokens == 24 * len(prompts) and out.stats.calls == max(s.calls for s in out.row_stats)
+    assert sum(out.stats.block_sizes) + len(prompts) == out.stats.new_tokens
+    for row, prompt in enumerate(prompts):
+        alone = blockwise_generate(model, prompt, 24, NgramDrafter(), 4, eos_token_id=NO_EOS).sequences
+        mine = torch.tensor(row_tokens(model, out.sequences, mask, row, set()))
+        assert_greedy_equal(model, prompt, mine, alone, what=f"{arch} row {row} against itself alone")
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_static_cache_batch(arch: str) -> None:
+    """Masked entries fill a static cache faster than the rows grow: it is compacted before it overflows."""
+    model, prompts, ids, mask, ref = causal_batch(arch, new=40)
+    drafter = RowsScripted([row_tokens(model, ref, mask, r, set()) for r in range(len(prompts))])
+    out = blockwise_generate(
+        model, ids, 40, drafter, 6, eos_token_id=NO_EOS, attention_mask=mask, cache_implementation="static"
+    )
+    check_rows(model, prompts, ids, mask, out.sequences, ref, what=f"{arch} static")
+
+
+def test_sliding_window_batch() -> None:
+    """A sliding window counts cache slots: each row's entries are kept contiguous, so the window is
+    the row's own."""
+    model = sliding_window_model()
+    prompts = [make_prompt(n, 512, seed=n) for n in LENGTHS]
+    ids, mask = padded(prompts, 1, left=True)
+    ref = hf_batch(model, ids, mask, 30)
+    drafter = RowsScripted([row_tokens(model, ref, mask, r, set()) for r in range(len(prompts))])
+    out = blockwise_generate(model, ids, 30, drafter, 4, eos_token_id=NO_EOS, attention_mask=mask)
+    check_rows(model, prompts, ids, mask, out.sequences, ref, what="window 8")
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2", "opt"])
+def test_rows_end_at_different_calls(arch: str) -> None:
+    """One row's first token is EOS, another's a later one: each stops there, padded as transformers pads,
+    while the rest go on."""
+    model, prompts, ids, mask, free = causal_batch(arch)
+    new = [row_tokens(model, free, mask, r, set())[-24:] for r in range(len(prompts))]
+    eos = [new[2][0], new[0][9]]
+    ref = hf_batch(model, ids, mask, 24, eos=eos)
+    drafter = RowsScripted([row_tokens(model, free, mask, r, set()) for r in range(len(prompts))])
+    out = blockwise_generate(model, ids, 24, drafter, 4, eos_token_id=eos, attention_mask=mask)
+    check_rows(model, prompts, ids, mask, out.sequences, ref, eos, what=arch)
+    ended = [s.new_tokens for s in out.row_stats]
+    assert ended[2] == 1 and ended[0] <= 10 and len(set(ended)) > 2, ended
+    assert out.row_stats[2].calls == 1  # finished on the prefill's token: never verified
+
+
+@pytest.mark.parametrize("arch", TOY_SEQ2SEQ)
+def test_encoder_decoder_batch(arch: str) -> None:
+    """Right-padded sources of different lengths, each row its own decoder sequence."""
+    model = tiny(arch)
+    prompts = [make_prompt(n, 512, seed=n) for n in LENGTHS]
+    ids, mask = padded(prompts, model.generation_config.pad_token_id, left=False)
+    eos = sorted({model.generation_config.eos_token_id})
+    ref = hf_batch(model, ids, mask, 20, eos=eos)
+    drafter = RowsScripted([row_tokens(model, ref, mask, r, set(eos)) for r in range(len(prompts))])
+    out = blockwise_generate(model, ids, 20, drafter, 4, eos_token_id=eos, attention_mask=mask)
+    check_rows(model, prompts, ids, mask, out.sequences, ref, eos, what=arch)
+    for row, prompt in enumerate(prompts):
+        alone = blockwise_generate(model, prompt, 20, NgramDrafter(), 4, eos_token_id=eos).sequences
+        mine = torch.tensor(row_tokens(model, out.sequences, mask, row, set(eos)))
+        assert_greedy_equal(model, prompt, mine, alone, what=f"{arch} row {row} against itself alone")
+
+
+@pytest.mark.parametrize("head_type, rescore", [("paper", 0.0), ("paper", 1.0), ("hydra", 0.0)])
+def test_heads_propose_for_every_row_in_one_call(head_type: str, rescore: float, monkeypatch) -> None:
+    model, prompts, ids, mask, ref = causal_batch("llama")
+    lm = perturb_heads(BlockwiseLM.from_base(model, k=4, head_type=head_type))
+    drafter = lm.drafter(rescore=rescore)
+    batches = []
+    rows_call = drafter.propose_rows
+
+    def spy(tokens, hidden, n, rows):
+        batches.append((len(tokens), hidden.shape[0]))
+        return rows_call(tokens, hidden, n, rows)
+
+    monkeypatch.setattr(drafter, "propose_rows", spy)
+    monkeypatch.setattr(drafter, "propose", lambda *a: pytest.fail("the heads proposed row by row"))
+    out = lm.generate(ids, 24, eos_token_id=NO_EOS, drafter=drafter, tree=None, attention_mask=mask)
+    check_rows(model, prompts, ids, mask, out.sequences, ref, what=f"{head_type} heads")
+    assert batches and all(b == (4, 4) for b in batches)  # every row (all of them decode to the end) at once
+    if rescore:  # each row's own context, fed what that row accepted
+        assert [len(c.seq) for c in drafter._contexts] == [
+            len(row_tokens(model, ref, mask, r, set())) for r in range(4)
+        ]
+
+
+def test_ngram_reads_each_rows_own_tokens() -> None:
+    """Every proposal is made from its own row's tokens, without padding: what that row has decoded so far."""
+    model, prompts, ids, mask, ref = causal_batch("gpt2")
+    rows = [row_tokens(model, ref, mask, r, set()) for r in range(len(prompts))]
+    drafter = RowsScripted(rows)
+    out = blockwise_generate(model, ids, 24, drafter, 4, eos_token_id=NO_EOS, attention_mask=mask)
+    check_rows(model, prompts, ids, mask, out.sequences, ref, what="gpt2")
+    assert {row for row, _ in drafter.shown} == {0, 1, 2, 3}
+    assert all(rows[row][: len(seen)] == seen and len(seen) > LENGTHS[row] for row, seen in drafter.shown)
+    ngram = blockwise_generate(model, ids, 24, NgramDrafter(), 4, eos_token_id=NO_EOS, attention_mask=mask)
+    check_rows(model, prompts, ids, mask, ngram.sequences, ref, what="gpt2 n-gram")
+
+
+def test_a_padded_single_row_decodes_as_transformers_does() -> None:
+    model = tiny("llama")
+    prompt = make_prompt(5, 512, seed=5)
+    ids, mask = padded([prompt, make_prompt(9, 512)], 1, left=True)
+    ids, mask = ids[:1], mask[:1]  # one row, with the padding a batch gave it
+    ref = hf_batch(model, ids, mask, 20)
+    out = blockwise_generate(model, ids, 20, NgramDrafter(), 4, eos_token_id=NO_EOS, attention_mask=mask)
+    assert torch.equal(out.sequences, ref)
+
+
+def test_a_tree_for_a_batch_decodes_chains_and_says_so() -> None:
+    model, prompts, ids, mask, ref = causal_batch("llama")
+    with pytest.warns(UserWarning, match="a batch verifies one chain a row"):
+        out = blockwise_generate(model, ids, 24, NgramDrafter(), 4, eos_token_id=NO_EOS, tree=8, attention_mask=mask)
+    assert "one chain a row" in out.stats.note and all(s.note == out.stats.note for s in out.row_stats)
+    check_rows(model, prompts, ids, mask, out.sequences, ref, what="tree asked")
+
+
+def test_auto_for_a_batch_is_the_fastest_chain() -> None:
+    lm = BlockwiseLM.from_base(tiny("llama"), k=4)
+    prompts = [make_prompt(n, 512, seed=n) for n in LENGTHS]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no tree asked for, so nothing to warn about
+        plan = lm.plan(prompts=prompts, rows=4)
+    assert plan.tree is None and len(plan.drafters) == 1
+    curves = {"heads": {"0": 10.0, "4": 30.0}, "ngram": {"0": 20.0}, "heads+ngram": {"8": 40.0}}
+    assert Calibration("key", "heads+ngram", 8, curves).best_chain() == "ngram"
+    assert Calibration("key", "heads+ngram", 8, {}).best_chain() == "ngram"  # unmeasured: the first drafter
+
+
+def test_sampling_a_batch_is_reproducible() -> None:
+    model, prompts, ids, mask, _ = causal_batch("llama")
+
+    def sample(seed: int) -> torch.LongTensor:
+        generator = torch.Generator().manual_seed(seed)
+        return blockwise_generate(
+            model, ids, 16, NgramDrafter(), 4, eos_token_id=NO_EOS, attention_mask=mask, do_sample=True,
+            temperature=0.7, top_k=0, generator=generator,
+        ).sequences  # fmt: skip
+
+    first = sample(1)
+    assert torch.equal(first, sample(1)) and not torch.equal(first, sample(2))
+    assert first.shape == (4, ids.shape[1] + 16) and torch.equal(first[:, : ids.shape[1]], ids)
+
+
+@pytest.mark.parametrize(
+    "mask, match",
+    [
+        (torch.ones(4, 3, dtype=torch.long), "must match input_ids"),
+        (
+            torch.tensor([[1, 1, 1, 1], [0, 0, 0, 0], [1, 1, 1, 1], [1, 1, 1, 1]]),
+            "row 1 of attention_mask is all padding",
+        ),
+        (torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0], [1, 1, 1, 1], [1, 1, 1, 1]]), "padded on the left"),
+        (torch.full((4, 4), 2), "1 for tokens and 0 for padding"),
+    ],
+)
+def test_bad_attention_mask_raises(mask: torch.Tensor, match: str) -> None:
+    lm = BlockwiseLM.from_base(tiny("llama"), k=4)
+    with pytest.raises(ValueError, match=match):
+        lm.generate(torch.full((4, 4), 5), 5, tree=None, attention_mask=mask)
+
+
+def test_streaming_a_batch_raises() -> None:
+    ids = torch.full((2, 4), 5)
+    with pytest.raises(ValueError, match="on_block streams one sequence"):
+        blockwise_generate(tiny("llama"), ids, 5, NgramDrafter(), 4, on_block=print)
+
+
+def test_a_right_padded_source_is_fine_for_an_encoder_decoder() -> None:
+    """Padding after the tokens is how encoder inputs are padded; only a decoder-only model refuses it."""
+    model = tiny("marian")
+    ids, mask = padded([make_prompt(3, 512), make_prompt(6, 512)], 2, left=False)
+    out = blockwise_generate(model, ids, 8, NgramDrafter(), 4, eos_token_id=NO_EOS, attention_mask=mask)
+    assert torch.equal(out.sequences, hf_batch(model, ids, mask, 8))
+    with pytest.raises(ValueError, match="padded on the left"):
+        blockwise_generate(tiny("llama"), ids, 8, NgramDrafter(), 4, attention_mask=mask)
+
+
+def test_heads_drafter_batches_its_rows() -> None:
+    """The heads' chains for several rows at once are each row's chain alone."""
+    lm = perturb_heads(BlockwiseLM.from_base(tiny("llama"), k=4))
+    drafter: HeadsDrafter = lm.drafter()
+    hidden = torch.randn(3, lm.config.hidden_size)
+    tokens = [torch.tensor([[5, 6]]), torch.tensor([[7]]), torch.tensor([[8, 9, 10]])]
+    together = drafter.propose_rows(tokens, hidden, 3, [0, 1, 2])
+    alone = torch.cat([drafter.propose(t, hidden[i : i + 1], 3) for i, t in enumerate(tokens)])
+    assert together.shape == (3, 3) and torch.equal(together, alone)
