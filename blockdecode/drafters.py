@@ -48,8 +48,12 @@ class BaseDrafter:
         self, tokens: list[torch.LongTensor], hidden: torch.Tensor, n: int, rows: list[int]
     ) -> torch.LongTensor:
         """A chain for each row of a batch: tokens[i] [1, T_i] is row rows[i]'s sequence (no padding),
-        hidden [N, D] the rows' hidden states; returns [N, n]. Here: `propose`, row by row."""
-        return torch.cat([self.propose(t, hidden[i : i + 1], n) for i, t in enumerate(tokens)])
+        hidden [N, D] the rows' hidden states; returns [N, n]. Here: `propose`, row by row, each
+        row's answer checked for its shape (the caller checks the ids)."""
+        chains = [self.propose(t, hidden[i : i + 1], n) for i, t in enumerate(tokens)]
+        for chain in chains:
+            check_proposal(chain, n, 0, bounds=False)
+        return torch.cat(chains)
 
     def propose_paths(self, tokens: torch.LongTensor, hidden: torch.Tensor, depth: int, budget: int) -> list[list[int]]:
         """Candidate paths for a tree, best first: here the one chain."""
