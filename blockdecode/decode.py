@@ -98,7 +98,8 @@ class DecodeStats:
 class BlockwiseOutput:
     """Like transformers' generate output: `sequences` [B, T + new] holds the prompts and the new
     tokens, each row padded after its end as `generate` pads. `stats`: the whole decode (for a batch,
-    `block_sizes` and `verified` add up every row's tokens per call); `row_stats`: each row's own."""
+    `block_sizes` and `verified` add up every row's tokens per call); `row_stats`: each row's own, its
+    `calls` the prefill and the calls it took part in, its `seconds` the batch's."""
 
     sequences: torch.LongTensor
     stats: DecodeStats

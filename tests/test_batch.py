@@ -7,7 +7,7 @@ import warnings
 
 import pytest
 import torch
-from conftest import NO_EOS, assert_greedy_equal, make_prompt, perturb_heads, tiny
+from conftest import NO_EOS, assert_greedy_equal, make_prompt, perturb_heads, script, tiny
 from test_decode import sliding_window_model
 from transformers import PreTrainedModel
 
@@ -281,3 +281,12 @@ def test_heads_drafter_batches_its_rows() -> None:
     together = drafter.propose_rows(tokens, hidden, 3, [0, 1, 2])
     alone = torch.cat([drafter.propose(t, hidden[i : i + 1], 3) for i, t in enumerate(tokens)])
     assert together.shape == (3, 3) and torch.equal(together, alone)
+
+
+def test_batch_benchmark_row() -> None:
+    """benchmarks/batch_throughput.py's row: what it times is the batch, and exact."""
+    model, prompts, ids, mask, _ = causal_batch("llama")
+    lm = BlockwiseLM.from_base(model, k=4)
+    row = script("batch_throughput").measure(lm, ids, mask, 12, "ngram", 4, reps=1, pad=1)
+    assert row["batch"] == 4 and row["exact"] and row["drafter"] == "ngram: ngram, chain"
+    assert row["calls"] == row["slowest_row_calls"] <= 12 and row["tokens_per_call"] >= 4
