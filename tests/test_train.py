@@ -442,7 +442,7 @@ def test_distill_sequences_are_the_base_models_greedy_output(tiny_base, tmp_path
     def no_generate(*args, **kwargs):
         raise AssertionError("generate called although the distilled data is cached")
 
-    monkeypatch.setattr(base, "generate", no_generate)
+    monkeypatch.setattr(train_module, "blockwise_generate", no_generate)
     assert torch.equal(distill_sequences(base, sequences, cfg, show=False), data)
     # ... and the cache key depends on what is generated: another budget is not served from it.
     with pytest.raises(AssertionError, match="generate called"):
@@ -459,7 +459,7 @@ def test_distillation_killed_mid_way_resumes_where_it_stopped(tiny_base, tmp_pat
     whole = distill_sequences(base, sequences, make_cfg(tiny_base, tmp_path / "whole", **kw), show=False)
 
     cfg = make_cfg(tiny_base, tmp_path / "killed", **kw)
-    generate, calls = base.generate, []
+    generate, calls = train_module.blockwise_generate, []
 
     def crash_on_third(*args, **kwargs):
         calls.append(1)
@@ -467,11 +467,11 @@ def test_distillation_killed_mid_way_resumes_where_it_stopped(tiny_base, tmp_pat
             raise KeyboardInterrupt
         return generate(*args, **kwargs)
 
-    monkeypatch.setattr(base, "generate", crash_on_third)
+    monkeypatch.setattr(train_module, "blockwise_generate", crash_on_third)
     with pytest.raises(KeyboardInterrupt):
         distill_sequences(base, sequences, cfg, show=False)
     calls.clear()
-    monkeypatch.setattr(base, "generate", lambda *a, **k: calls.append(1) or generate(*a, **k))
+    monkeypatch.setattr(train_module, "blockwise_generate", lambda *a, **k: calls.append(1) or generate(*a, **k))
     assert torch.equal(distill_sequences(base, sequences, cfg, show=False), whole)
     assert len(calls) == 2  # batches 3 and 4 of 4
     cache = tmp_path / "killed" / "distill-cache"
@@ -521,6 +521,7 @@ def test_distill_mode_trains_and_reuses_the_cache(tiny_base, tmp_path, monkeypat
         raise AssertionError("a second run with the same base and prompts generated again")
 
     monkeypatch.setattr(transformers.GenerationMixin, "generate", no_generate)
+    monkeypatch.setattr(train_module, "blockwise_generate", no_generate)
     train(make_cfg(tiny_base, tmp_path / "b", **kw))
     assert (tmp_path / "b" / HEADS_WEIGHTS).is_file()
 
