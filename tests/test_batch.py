@@ -4,6 +4,7 @@ row, and what decoding that row alone gives, whatever each row's drafter gets ri
 from __future__ import annotations
 
 import warnings
+from collections import Counter
 
 import pytest
 import torch
@@ -11,9 +12,10 @@ from conftest import NO_EOS, assert_greedy_equal, make_prompt, perturb_heads, sc
 from test_decode import sliding_window_model
 from transformers import PreTrainedModel
 
-from blockdecode import BlockwiseLM, NgramDrafter, blockwise_generate
+from blockdecode import BlockwiseLM, NgramDrafter, blockwise_generate, decode, make_plan
 from blockdecode.calibrate import Calibration
 from blockdecode.drafters import BaseDrafter, HeadsDrafter
+from blockdecode.sampling import sampling_settings
 from blockdecode.toy import TOY_ARCHITECTURES, TOY_SEQ2SEQ
 
 LENGTHS = (5, 11, 2, 8)  # prompts of different lengths: every row but the longest is padded
@@ -290,3 +292,23 @@ def test_batch_benchmark_row() -> None:
     row = script("batch_throughput").measure(lm, ids, mask, 12, "ngram", 4, reps=1, pad=1)
     assert row["batch"] == 4 and row["exact"] and row["drafter"] == "ngram: ngram, chain"
     assert row["calls"] == row["slowest_row_calls"] <= 12 and row["tokens_per_call"] >= 4
+
+
+def test_sampling_a_padded_batch_matches_transformers_in_distribution() -> None:
+    """Rows of a left-padded batch, sampled with a drafter that is often wrong (so rows keep different
+    blocks, and rejected entries the mask must hide), each have the law of transformers' sampling of the
+    unpadded prompt: the chi-square test of test_sampling, which rejects rejected entries left visible
+    (p ~ 1e-27)."""
+    from test_sampling import BUDGET, DRAFTERS, PROMPT, SETTINGS, SHOWN, homogeneity, reference, small
+
+    model, setting = small(), "t1.3-k5-p0.8"
+    sampling = sampling_settings(model, True, **SETTINGS[setting])
+    plan = make_plan(model, DRAFTERS["random"](model), k=3, sampling=sampling)
+    ids = torch.cat([torch.full((8, 2), 1), PROMPT.expand(8, -1)], dim=1)
+    mask = torch.ones_like(ids).index_fill_(1, torch.tensor([0, 1]), 0)
+    generator, samples = torch.Generator().manual_seed(0), Counter()
+    for _ in range(75):
+        out = decode(model, ids, BUDGET[setting], plan, generator=generator, attention_mask=mask)
+        for row in out.sequences[:, ids.shape[1] :].tolist():
+            samples[tuple((row + [1] * SHOWN)[:SHOWN])] += 1  # as transformers pads a finished row
+    assert sum(samples.values()) == 600 and homogeneity(samples, reference(setting)) > 1e-3
