@@ -67,7 +67,7 @@ def hf_batch(model: PreTrainedModel, ids, mask, new: int, eos=NO_EOS) -> torch.L
     return model.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=new, eos_token_id=eos)
 
 
-def check_rows(model, prompts, ids, mask, ours, ref, eos=NO_EOS, what: str = "") -> None:
+def check_rows(model, prompts, mask, ours, ref, eos=NO_EOS, what: str = "") -> None:
     """Each row of `ours` is `ref`'s row (the batch's greedy output), or parts from it at a near-tie; when
     no row parts, the padded batches are equal, padding and all."""
     for row, prompt in enumerate(prompts):
@@ -92,7 +92,7 @@ def test_each_row_is_transformers_batched_greedy_and_decoded_alone(arch: str) ->
     model, prompts, ids, mask, ref = causal_batch(arch)
     drafter = RowsScripted([row_tokens(model, ref, mask, r, set()) for r in range(len(prompts))])
     out = blockwise_generate(model, ids, 24, drafter, 4, eos_token_id=NO_EOS, attention_mask=mask)
-    check_rows(model, prompts, ids, mask, out.sequences, ref, what=arch)
+    check_rows(model, prompts, mask, out.sequences, ref, what=arch)
     assert len({tuple(s.block_sizes) for s in out.row_stats}) > 1, "the rows should accept different blocks"
     assert out.row_stats[0].block_sizes[0] == 4 and max(out.row_stats[1].block_sizes) == 1  # right; always wrong
     assert out.stats.new_tokens == 24 * len(prompts) and out.stats.calls == max(s.calls for s in out.row_stats)
@@ -111,7 +111,7 @@ def test_static_cache_batch(arch: str) -> None:
     out = blockwise_generate(
         model, ids, 40, drafter, 6, eos_token_id=NO_EOS, attention_mask=mask, cache_implementation="static"
     )
-    check_rows(model, prompts, ids, mask, out.sequences, ref, what=f"{arch} static")
+    check_rows(model, prompts, mask, out.sequences, ref, what=f"{arch} static")
 
 
 def test_sliding_window_batch() -> None:
@@ -123,7 +123,7 @@ def test_sliding_window_batch() -> None:
     ref = hf_batch(model, ids, mask, 30)
     drafter = RowsScripted([row_tokens(model, ref, mask, r, set()) for r in range(len(prompts))])
     out = blockwise_generate(model, ids, 30, drafter, 4, eos_token_id=NO_EOS, attention_mask=mask)
-    check_rows(model, prompts, ids, mask, out.sequences, ref, what="window 8")
+    check_rows(model, prompts, mask, out.sequences, ref, what="window 8")
 
 
 @pytest.mark.parametrize("arch", ["llama", "gpt2", "opt"])
@@ -136,7 +136,7 @@ def test_rows_end_at_different_calls(arch: str) -> None:
     ref = hf_batch(model, ids, mask, 24, eos=eos)
     drafter = RowsScripted([row_tokens(model, free, mask, r, set()) for r in range(len(prompts))])
     out = blockwise_generate(model, ids, 24, drafter, 4, eos_token_id=eos, attention_mask=mask)
-    check_rows(model, prompts, ids, mask, out.sequences, ref, eos, what=arch)
+    check_rows(model, prompts, mask, out.sequences, ref, eos, what=arch)
     ended = [s.new_tokens for s in out.row_stats]
     assert ended[2] == 1 and ended[0] <= 10 and len(set(ended)) > 2, ended
     assert out.row_stats[2].calls == 1  # finished on the prefill's token: never verified
@@ -152,7 +152,7 @@ def test_encoder_decoder_batch(arch: str) -> None:
     ref = hf_batch(model, ids, mask, 20, eos=eos)
     drafter = RowsScripted([row_tokens(model, ref, mask, r, set(eos)) for r in range(len(prompts))])
     out = blockwise_generate(model, ids, 20, drafter, 4, eos_token_id=eos, attention_mask=mask)
-    check_rows(model, prompts, ids, mask, out.sequences, ref, eos, what=arch)
+    check_rows(model, prompts, mask, out.sequences, ref, eos, what=arch)
     for row, prompt in enumerate(prompts):
         alone = blockwise_generate(model, prompt, 20, NgramDrafter(), 4, eos_token_id=eos).sequences
         mine = torch.tensor(row_tokens(model, out.sequences, mask, row, set(eos)))
@@ -174,7 +174,7 @@ def test_heads_propose_for_every_row_in_one_call(head_type: str, rescore: float,
     monkeypatch.setattr(drafter, "propose_rows", spy)
     monkeypatch.setattr(drafter, "propose", lambda *a: pytest.fail("the heads proposed row by row"))
     out = lm.generate(ids, 24, eos_token_id=NO_EOS, drafter=drafter, tree=None, attention_mask=mask)
-    check_rows(model, prompts, ids, mask, out.sequences, ref, what=f"{head_type} heads")
+    check_rows(model, prompts, mask, out.sequences, ref, what=f"{head_type} heads")
     assert batches and all(b == (4, 4) for b in batches)  # every row (all of them decode to the end) at once
     if rescore:  # each row's own context, fed what that row accepted
         assert [len(c.seq) for c in drafter._contexts] == [
@@ -188,11 +188,11 @@ def test_ngram_reads_each_rows_own_tokens() -> None:
     rows = [row_tokens(model, ref, mask, r, set()) for r in range(len(prompts))]
     drafter = RowsScripted(rows)
     out = blockwise_generate(model, ids, 24, drafter, 4, eos_token_id=NO_EOS, attention_mask=mask)
-    check_rows(model, prompts, ids, mask, out.sequences, ref, what="gpt2")
+    check_rows(model, prompts, mask, out.sequences, ref, what="gpt2")
     assert {row for row, _ in drafter.shown} == {0, 1, 2, 3}
     assert all(rows[row][: len(seen)] == seen and len(seen) > LENGTHS[row] for row, seen in drafter.shown)
     ngram = blockwise_generate(model, ids, 24, NgramDrafter(), 4, eos_token_id=NO_EOS, attention_mask=mask)
-    check_rows(model, prompts, ids, mask, ngram.sequences, ref, what="gpt2 n-gram")
+    check_rows(model, prompts, mask, ngram.sequences, ref, what="gpt2 n-gram")
 
 
 def test_a_padded_single_row_decodes_as_transformers_does() -> None:
@@ -210,7 +210,7 @@ def test_a_tree_for_a_batch_decodes_chains_and_says_so() -> None:
     with pytest.warns(UserWarning, match="a batch verifies one chain a row"):
         out = blockwise_generate(model, ids, 24, NgramDrafter(), 4, eos_token_id=NO_EOS, tree=8, attention_mask=mask)
     assert "one chain a row" in out.stats.note and all(s.note == out.stats.note for s in out.row_stats)
-    check_rows(model, prompts, ids, mask, out.sequences, ref, what="tree asked")
+    check_rows(model, prompts, mask, out.sequences, ref, what="tree asked")
 
 
 def test_auto_for_a_batch_is_the_fastest_chain() -> None:
