@@ -350,7 +350,7 @@ def check_attention_mask(
         raise ValueError(
             f"attention_mask has shape {tuple(attention_mask.shape)}; it must match input_ids {tuple(input_ids.shape)}"
         )
-    if mask.is_floating_point() or mask.is_complex() or bool(((mask != 0) & (mask != 1)).any()):
+    if bool(((mask != 0) & (mask != 1)).any()):
         raise ValueError("attention_mask must hold 1 for tokens and 0 for padding, nothing else")
     mask = mask.long().to(model.device)
     empty = (mask.sum(-1) == 0).nonzero().flatten().tolist()

@@ -201,8 +201,9 @@ def test_a_padded_single_row_decodes_as_transformers_does() -> None:
     ids, mask = padded([prompt, make_prompt(9, 512)], 1, left=True)
     ids, mask = ids[:1], mask[:1]  # one row, with the padding a batch gave it
     ref = hf_batch(model, ids, mask, 20)
-    out = blockwise_generate(model, ids, 20, NgramDrafter(), 4, eos_token_id=NO_EOS, attention_mask=mask)
-    assert torch.equal(out.sequences, ref)
+    for given in (mask, mask.bool(), mask.float()):  # a mask of any dtype, as transformers takes it
+        out = blockwise_generate(model, ids, 20, NgramDrafter(), 4, eos_token_id=NO_EOS, attention_mask=given)
+        assert torch.equal(out.sequences, ref)
 
 
 def test_a_tree_for_a_batch_decodes_chains_and_says_so() -> None:
@@ -250,6 +251,7 @@ def test_sampling_a_batch_is_reproducible() -> None:
         ),
         (torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0], [1, 1, 1, 1], [1, 1, 1, 1]]), "padded on the left"),
         (torch.full((4, 4), 2), "1 for tokens and 0 for padding"),
+        (torch.full((4, 4), 0.5), "1 for tokens and 0 for padding"),
     ],
 )
 def test_bad_attention_mask_raises(mask: torch.Tensor, match: str) -> None:
