@@ -277,7 +277,7 @@ def causal_only(model_dir: str | None, command: str) -> None:
 
 
 def cmd_bench(args: argparse.Namespace) -> None:
-    from blockdecode.bench import PRESETS, acceptance_markdown, core_markdown, markdown, run_bench
+    from blockdecode.bench import PRESETS, acceptance_markdown, core_markdown, markdown, run_bench, sampling_markdown
 
     preset = "quick" if args.quick else args.preset
     chosen = {"model": args.model, "draft": args.draft, "prompts": args.prompts}
@@ -286,6 +286,8 @@ def cmd_bench(args: argparse.Namespace) -> None:
     chosen["acceptance"] = [a for a in (args.acceptance or "").split(",") if a]
     if args.k:
         chosen["ks"] = [int(k) for k in args.k.split(",")]
+    if args.temperatures is not None:
+        chosen["temperatures"] = [float(t) for t in args.temperatures.split(",") if t and t != "off"]
     if args.trees:
         chosen["trees"] = [t for t in args.trees if t is not None]
     for name in ("new_tokens", "n_prompts", "repeats", "out", "device"):
@@ -299,6 +301,8 @@ def cmd_bench(args: argparse.Namespace) -> None:
     report = run_bench(cfg)
     if report["methods"]:
         print(markdown(report))
+    if report.get("sampling"):
+        print(f"\n{sampling_markdown(report['sampling'])}")
     if cfg.acceptance:
         print("\nApproximate acceptance: NOT the exact greedy output; what each rule costs:\n")
         print(acceptance_markdown(report))
@@ -328,6 +332,11 @@ def add_bench_parser(sub) -> None:
     p.add_argument("--n-prompts", type=positive_int, default=None)
     p.add_argument("--repeats", type=positive_int, default=None)
     p.add_argument("--acceptance", default=None, help="approximate rules to measure too, e.g. topk:2,min-block:3")
+    p.add_argument(
+        "--temperatures",
+        default=None,
+        help="sampling temperatures, comma-separated (default 0.7,1.0; quick 0.7), or off",
+    )
     p.add_argument(
         "--trees",
         type=tree_budgets,

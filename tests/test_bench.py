@@ -102,8 +102,16 @@ def test_quick_bench_reports_every_method_and_metric(setup: dict) -> None:
     assert system["scripted p=1"]["mean_block_size"] > system["scripted p=0.5"]["mean_block_size"]
     for png in ("speedup.png", "blocks.png", "cost.png"):
         assert (Path(cfg.out) / png).stat().st_size > 1000
+    sampled = saved["sampling"]["0.7"]  # --quick samples at 0.7, against transformers' own sampling
+    assert sampled["settings"] == "temperature=0.7, top_k=50, top_p=1"
+    assert set(sampled["methods"]) == {"sampling t=0.7", "heads k=4 sampling", "n-gram k=4 sampling"}
+    assert sampled["methods"]["sampling t=0.7"]["calls_per_token"] == pytest.approx(1.0)
+    for name in ("heads k=4 sampling", "n-gram k=4 sampling"):
+        r = sampled["methods"][name]
+        assert 1 <= r["tokens_per_call"] <= 4 and r["mean_block_size"] >= 1 and not r["exact_method"]
     table = (Path(cfg.out) / "table.md").read_text()
     assert "| heads k=4 |" in table and "no (approximate)" in table
+    assert "| temperature=0.7, top_k=50, top_p=1 | heads k=4 sampling |" in table
     assert "| topk:2 | 4 |" in table and "| min-block:2 | 2 |" in table and "| exact | 4 |" in table
 
 
@@ -129,6 +137,8 @@ def test_cli_bench_quick_and_bad_input(setup: dict, tmp_path: Path, capsys: pyte
         main([*args, "--acceptance", "topk:0"])
     with pytest.raises(SystemExit, match="ks must be block sizes >= 1"):
         main([*args, "--k", "0"])
+    with pytest.raises(SystemExit, match="temperature must be a number > 0"):
+        main([*args, "--temperatures", "0"])
     (tmp_path / "bad.json").write_text('"def f():"')
     with pytest.raises(SystemExit, match="prompts must be a JSON list of non-empty strings"):
         main([*args, "--prompts", str(tmp_path / "bad.json")])

@@ -53,6 +53,8 @@ def write_report(report: dict, out: Path) -> None:
     write_json(out / "bench.json", report)
     plots.bench(report, out)
     tables = [markdown(report), acceptance_markdown(report)] if report["methods"] else []
+    if report.get("sampling"):
+        tables.append(sampling_markdown(report["sampling"]))
     if "system_ceiling" in report:
         tables.append(core_markdown(report["system_ceiling"]))
     write_text(out / "table.md", "\n\n".join(tables) + "\n")
@@ -100,6 +102,24 @@ def markdown(report: dict) -> str:
             f"| {name} | {r['tokens_per_s']:.0f} | {r['speedup']:.2f}x | {r['calls_per_token']:.3f} | {block} | "
             f"{ceiling} | {eff} | {r['overhead_ms_per_call']:.2f} | {same} | {r['chrf']:.1f} | {r['loss']:.3f} |"
         )
+    return "\n".join(lines)
+
+
+def sampling_markdown(sampled: dict) -> str:
+    """Sampling at each temperature: blockwise chains verified by speculative sampling against
+    transformers' own sampling with the same settings (same distribution, other draws)."""
+    lines = [
+        "Sampling: speedup over transformers' sampling with the same settings.",
+        "",
+        "| settings | method | tokens/s | speedup | tokens/call |",
+        "|---|---|---|---|---|",
+    ]
+    for entry in sampled.values():
+        for name, r in entry["methods"].items():
+            lines.append(
+                f"| {entry['settings']} | {name} | {r['tokens_per_s']:.0f} | {r['speedup']:.2f}x | "
+                f"{r['tokens_per_call']:.2f} |"
+            )
     return "\n".join(lines)
 
 

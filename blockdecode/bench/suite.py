@@ -38,6 +38,7 @@ from blockdecode.drafters import CHOICES, ScriptedDrafter
 from blockdecode.hf import CACHE_IMPLEMENTATIONS, DTYPES, dtype_for, dtype_name, is_seq2seq, load_base, vocab_size
 from blockdecode.model import BlockwiseLM, load
 from blockdecode.plan import make_plan
+from blockdecode.sampling import Sampling, sampling_settings
 from blockdecode.timing import forward_cost
 from blockdecode.toy import toy_model
 
@@ -57,6 +58,7 @@ class BenchConfig:
     max_q: int = 32
     fwd_reps: int = 7
     acceptance: list[str] = field(default_factory=list)  # relaxed rules to measure beside exact
+    temperatures: list[float] = field(default_factory=lambda: [0.7, 1.0])  # sampling, against transformers'
     trees: list[int | str] = field(default_factory=lambda: ["auto"])  # budgets or "auto", at the largest k
     static_cache: bool = False  # also greedy and the chains at the largest k with transformers' StaticCache
     methods: bool = True  # the model's own methods; False: the scripted-drafter study alone
@@ -83,6 +85,8 @@ class BenchConfig:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         for spec in self.acceptance:
             parse_acceptance(spec)  # a bad rule fails before anything runs
+        for t in self.temperatures:
+            Sampling(temperature=t)  # so does a bad temperature
         unknown = set(self.system_caches) - set(CACHE_IMPLEMENTATIONS)
         if unknown or not self.system_caches:
             raise ValueError(f"system_caches must name some of {', '.join(CACHE_IMPLEMENTATIONS)}, got {unknown}")
@@ -92,7 +96,9 @@ class BenchConfig:
     @classmethod
     def quick(cls, **overrides) -> BenchConfig:
         """About two minutes on 2 cores: fewer prompts, k and q, no GPT-2-sized study."""
-        base = dict(ks=[2, 4, 8], new_tokens=64, n_prompts=4, repeats=1, max_q=16, fwd_reps=3, system=False)
+        base = dict(
+            ks=[2, 4, 8], new_tokens=64, n_prompts=4, repeats=1, max_q=16, fwd_reps=3, system=False, temperatures=[0.7]
+        )
         return cls(**{**base, **overrides, "out": overrides.get("out", "benchmarks/results/bench_quick")})
 
     @classmethod
@@ -199,6 +205,7 @@ def model_methods(cfg: BenchConfig, show: bool) -> dict:
 
     results = measure(methods_for(cfg, lm, draft, prompts), prompts, cfg.repeats, show)
     add_quality(results, tokenizer, lm.base, prompts)
+    sampled = {f"{t:g}": sampling_methods(cfg, lm, prompts, t, show) for t in cfg.temperatures}
     greedy_text = results["greedy"]["outputs"][0][: cfg.new_tokens // 2]
     # t(q) over a prompt and half a continuation (an encoder-decoder: its source, as decoder context too)
     context = torch.tensor([prompts[0][0].tolist() + ([] if seq2seq else greedy_text)], device=cfg.device)
@@ -215,7 +222,40 @@ def model_methods(cfg: BenchConfig, show: bool) -> dict:
             "relative": {q: t / cost[1] for q, t in cost.items()},
         },
         "methods": results,
+        "sampling": sampled,
     }
+
+
+def sampling_methods(
+    cfg: BenchConfig, lm: BlockwiseLM, prompts: list[torch.LongTensor], temperature: float, show: bool
+):
+    """Sampling at `temperature` (the model's other generation settings, as transformers takes them):
+    transformers' own sampling, the baseline, against the heads' and n-gram lookup's chains at the
+    largest k, verified by speculative sampling (trees are for greedy). Each run draws other tokens,
+    so these rows compare speed and tokens per call, not outputs."""
+    n, eos = cfg.new_tokens, is_seq2seq(lm.base)
+    sampling = sampling_settings(lm.base, True, temperature=temperature)
+    settings = dict(do_sample=True, temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p)
+
+    def blockwise(drafter: str, k: int):
+        plan = make_plan(lm.base, drafter, k, eos_token_id=None if eos else [], lm=lm, sampling=sampling)
+        return lambda ids: blockwise_run(lm.base, ids, n, plan)
+
+    ms = [
+        Method(
+            f"sampling t={temperature:g}", "sampling", lambda ids: transformers_run(lm.base, ids, n, eos, **settings)
+        )
+    ]
+    k = max((k for k in cfg.ks if k <= lm.k), default=None)
+    if k:
+        ms.append(Method(f"heads k={k} sampling", "heads", blockwise("heads", k), k=k, acceptance=sampling.spec))
+    top = max(cfg.ks)
+    ms.append(Method(f"n-gram k={top} sampling", "ngram", blockwise("ngram", top), k=top, acceptance=sampling.spec))
+    results = measure(ms, prompts, cfg.repeats, show)
+    for r in results.values():  # sampled outputs are compared with nothing
+        for name in ("outputs", "identical_to_greedy", "token_agreement", "prefix_agreement"):
+            r.pop(name)
+    return {"settings": sampling.spec, "methods": results}
 
 
 def system_ceiling(cfg: BenchConfig, show: bool) -> dict:
