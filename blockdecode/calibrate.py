@@ -23,7 +23,6 @@ cannot be stored is used anyway."""
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import statistics
@@ -40,7 +39,7 @@ from blockdecode.adapter import takes_tree_masks
 from blockdecode.decode import decode
 from blockdecode.drafters import CHOICES, drafter_names
 from blockdecode.hf import context_length, dtype_name, same_weights, weights_digest, weights_signature
-from blockdecode.io import locked, write_json
+from blockdecode.io import locked, read_json, write_json
 from blockdecode.plan import make_plan, max_tree
 from blockdecode.timing import forward_cost
 
@@ -81,22 +80,9 @@ _CACHE: dict[str, dict] = {}  # cache file -> its entries, read once per process
 _UNWRITABLE: set[str] = set()  # cache files already warned about
 
 
-def note(path: Path, problem: str) -> None:
-    print(f"blockdecode: {path} {problem}; measuring again", file=sys.stderr)
-
-
-def read_json(path: Path) -> object:
-    """The JSON in `path`, or a ValueError saying in a few words what is wrong with the file."""
-    try:
-        return json.loads(Path(path).read_bytes().decode("utf-8"))
-    except UnicodeDecodeError:
-        raise ValueError("is not UTF-8 text") from None
-    except json.JSONDecodeError as err:
-        raise ValueError(f"is not JSON ({err.msg}, line {err.lineno})") from None
-    except RecursionError:
-        raise ValueError("nests its JSON too deeply to read") from None
-    except OSError as err:
-        raise ValueError(f"cannot be read ({err.strerror or err})") from None
+def note(message: str) -> None:
+    """One line on stderr: what was wrong with a file (named in `message`), and that it is measured again."""
+    print(f"blockdecode: {message}; measuring again", file=sys.stderr)
 
 
 def read_cache(path: Path, quiet: bool = False) -> dict:
@@ -107,10 +93,10 @@ def read_cache(path: Path, quiet: bool = False) -> dict:
     try:
         stored = read_json(path)
         if not isinstance(stored, dict):
-            raise ValueError(f"holds a JSON {type(stored).__name__}, not an object of choices")
+            raise ValueError(f"{path} holds a JSON {type(stored).__name__}, not an object of choices")
     except ValueError as err:
         if not quiet:
-            note(path, str(err))
+            note(str(err))
         return {}
     return stored
 
@@ -306,19 +292,19 @@ def shipped_statistics(lm, k: int, names: Sequence[str]) -> dict | None:
     try:
         saved = read_json(path)
         if not isinstance(saved, dict):
-            raise ValueError(f"holds a JSON {type(saved).__name__}, not an object")
+            raise ValueError(f"{path} holds a JSON {type(saved).__name__}, not an object")
         signature, sources = saved.get("signature"), saved.get("sources")
         if not (isinstance(signature, list) and all(is_number(x) for x in signature) and isinstance(sources, dict)):
-            raise ValueError("holds no weights signature or no statistics")
+            raise ValueError(f"{path} holds no weights signature or no statistics")
     except ValueError as err:
-        note(path, str(err))
+        note(str(err))
         return None
     if saved.get("k") != k or not same_weights(signature, weights_signature(lm)):
         return None
     if any(n not in sources for n in names):
         return None
     if not all(is_statistics(sources[n]) for n in names):
-        note(path, "holds acceptance statistics that are not lists of counts")
+        note(f"{path} holds acceptance statistics that are not lists of counts")
         return None
     return {n: sources[n] for n in names}
 
@@ -349,7 +335,7 @@ def calibrate(
         try:
             return cached(entry, key, spec, min(LARGEST, max_tree(lm.base)))
         except ValueError as err:
-            note(cache_file(), f"entry for {name}, k={k} {err}")
+            note(f"{cache_file()} entry for {name}, k={k} {err}")
     if not prompts:
         raise ValueError("calibration needs at least one prompt")
     limit = context_length(lm.base)

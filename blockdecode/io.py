@@ -168,6 +168,44 @@ def locked(folder: Path) -> Iterator[None]:
         yield
 
 
+def one_line(err: BaseException) -> str:
+    """An exception's message on one line (transformers' and huggingface_hub's run over several)."""
+    return " ".join(str(err).split())
+
+
+def read_utf8(path: str | Path) -> str:
+    """A text file's content; bytes that are not UTF-8 are a ValueError naming the file, where
+    Python's own message names none."""
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{path} is not UTF-8 text: {err}") from err
+
+
+def read_json(path: str | Path, error: type[ValueError] = ValueError) -> object:
+    """A JSON file's content. Bytes that are not UTF-8, a truncated file or nesting too deep for
+    the parser are one `error` naming the file, where the decoder's own message names none."""
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except RecursionError as err:
+        raise error(f"{path} is nested too deeply to be read as JSON") from err
+    except ValueError as err:  # a UnicodeDecodeError or a JSONDecodeError
+        raise error(f"{path} is not valid JSON: {err}") from err
+    except OSError as err:  # a folder, or a file this process may not read
+        raise error(f"{path} cannot be read: {err.strerror or err}") from err
+
+
+def read_prompts(path: str | Path) -> list[str]:
+    """The prompt texts a JSON file lists (a model's prompts.json, bench --prompts); anything else
+    in it is refused with the file's name."""
+    texts = read_json(path)
+    if not isinstance(texts, list) or not texts or not all(isinstance(t, str) and t for t in texts):
+        raise ValueError(f"{path}: prompts must be a JSON list of non-empty strings")
+    if not all(t == t.encode("utf-8", "surrogatepass").decode("utf-8", "ignore") for t in texts):
+        raise ValueError(f"{path}: a prompt holds a lone surrogate, not text")
+    return texts
+
+
 def write_text(path: Path, text: str) -> None:
     atomic_write(path, lambda p: Path(p).write_text(text, encoding="utf-8"))
 

@@ -12,7 +12,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
-from transformers import AutoTokenizer, PreTrainedModel
+from transformers import PreTrainedModel
 
 from blockdecode import builtin
 from blockdecode.acceptance import Acceptance, parse_acceptance
@@ -21,7 +21,7 @@ from blockdecode.calibrate import calibrate
 from blockdecode.decode import BlockwiseOutput, decode
 from blockdecode.drafters import Drafter, HeadsDrafter
 from blockdecode.heads import HeadsConfig, build_heads
-from blockdecode.hf import context_length, load_base, same_weights, weights_signature
+from blockdecode.hf import context_length, load_base, load_tokenizer, same_weights, weights_signature
 from blockdecode.io import CheckpointError, reading_folder, saving_folder, write_text
 from blockdecode.plan import DecodePlan, check_settings, make_plan
 from blockdecode.sampling import sampling_settings
@@ -64,11 +64,7 @@ def load(
         model = BlockwiseLM.from_pretrained(path, dtype=dtype)
     else:
         model = BlockwiseLM.from_base(load_base(str(path), dtype), k=k or 8, head_type=head_type)
-    tokenizer_dir = path if (path / "tokenizer.json").is_file() else model.base_location
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
-    except Exception as err:  # the tokenizers library raises a bare Exception for a damaged file
-        raise CheckpointError(f"{tokenizer_dir}/tokenizer.json cannot be read: {err}") from err
+    tokenizer = load_tokenizer(path if (path / "tokenizer.json").is_file() else model.base_location)
     return model.to(dtype).eval(), tokenizer
 
 

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from accelerate import DistributedDataParallelKwargs
 from torch import nn
 from tqdm.auto import tqdm
-from transformers import AutoTokenizer, PreTrainedModel
+from transformers import PreTrainedModel
 
 from blockdecode import plots, training
 from blockdecode.adapter import decoder_prompt, sequence_logits
@@ -35,6 +35,7 @@ from blockdecode.hf import (
     decoder_output,
     is_seq2seq,
     load_base,
+    load_tokenizer,
     resolve_eos,
     vocab_size,
     weights_digest,
@@ -476,13 +477,12 @@ def evaluate(objective: Objective, held_out: torch.LongTensor, cfg: TrainConfig,
 
 
 def base_and_tokenizer(cfg: TrainConfig) -> tuple[PreTrainedModel, object]:
-    """The base model in fp32 and its tokenizer (None if the directory has none)."""
+    """The base model in fp32 and its tokenizer: None if the folder holds none (transformers saves
+    one with tokenizer_config.json), refused by name if it is damaged."""
     base = load_base(cfg.base, torch.float32)
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(cfg.base)
-    except (OSError, ValueError):
-        tokenizer = None
-    return base, tokenizer
+    folder = Path(cfg.base)
+    saved = any((folder / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json"))
+    return base, load_tokenizer(cfg.base) if saved or not folder.is_dir() else None
 
 
 class HeadTraining(training.Task):

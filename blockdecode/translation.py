@@ -24,6 +24,7 @@ from blockdecode import plots, training
 from blockdecode.bible import read_tsv
 from blockdecode.corpus import train_tokenizer
 from blockdecode.data import fingerprint
+from blockdecode.hf import load_tokenizer
 from blockdecode.io import saving_folder
 
 EOS, PAD = "</s>", "<pad>"
@@ -94,9 +95,9 @@ def prepare(cfg: TranslationConfig, show: bool = True) -> tuple[PreTrainedTokeni
     if not pairs["train"] or not pairs["valid"]:
         raise ValueError(f"{corpus} needs verse pairs in both train.tsv and valid.tsv")
     if (data / "tokenizer.json").is_file():
-        tokenizer = PreTrainedTokenizerFast.from_pretrained(data)
+        tokenizer = load_tokenizer(data, PreTrainedTokenizerFast)
     elif cfg.tokenizer:
-        tokenizer = PreTrainedTokenizerFast.from_pretrained(cfg.tokenizer)
+        tokenizer = load_tokenizer(cfg.tokenizer, PreTrainedTokenizerFast)
         missing = [t for t in (EOS, PAD) if t not in tokenizer.get_vocab()]
         if missing:
             raise ValueError(
@@ -113,7 +114,14 @@ def prepare(cfg: TranslationConfig, show: bool = True) -> tuple[PreTrainedTokeni
     for name, split in pairs.items():
         src = tokenizer([p.source for p in split]).input_ids
         tgt = tokenizer([p.target for p in split]).input_ids
-        keep = [i for i in range(len(split)) if max(len(src[i]), len(tgt[i])) <= cfg.context]
+        lengths = [max(len(s), len(t)) for s, t in zip(src, tgt)]
+        keep = [i for i, n in enumerate(lengths) if n <= cfg.context]
+        if not keep:  # nothing to train on, or to evaluate
+            kind = "training" if name == "train" else "validation"
+            raise ValueError(
+                f"no {kind} pair in {corpus / f'{name}.tsv'} fits --context {cfg.context}: the shortest has "
+                f"{min(lengths)} tokens"
+            )
         encoded[name] = [(src[i], tgt[i]) for i in keep]
         encoded[f"{name}_text"] = [split[i] for i in keep]
     return tokenizer, encoded

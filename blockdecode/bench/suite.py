@@ -12,7 +12,6 @@ ceiling it sets, k̂ · t(1) / t(k); efficiency = speedup / ceiling is what the 
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -36,6 +35,7 @@ from blockdecode.calibrate import calibrate
 from blockdecode.decode import decode
 from blockdecode.drafters import CHOICES, ScriptedDrafter
 from blockdecode.hf import CACHE_IMPLEMENTATIONS, DTYPES, dtype_for, dtype_name, is_seq2seq, load_base, vocab_size
+from blockdecode.io import read_prompts
 from blockdecode.model import BlockwiseLM, load
 from blockdecode.plan import make_plan
 from blockdecode.sampling import Sampling, sampling_settings
@@ -116,7 +116,7 @@ def default_prompts(model_dir: Path, n: int, translate: bool = False) -> list[st
     Bible verses for a translation model)."""
     path = model_dir / "prompts.json"
     if path.is_file():
-        prompts = json.loads(path.read_text())
+        prompts = read_prompts(path)
     elif translate:
         prompts = list(HELD_OUT_VERSES)
     else:
@@ -184,6 +184,7 @@ def model_methods(cfg: BenchConfig, show: bool) -> dict:
     """Every method on the model: speed, blocks, quality against greedy, and its t(q) curve."""
     dtype = DTYPES[cfg.dtype]
     model_dir = Path(cfg.model or DEFAULT_MODEL)
+    given = read_prompts(cfg.prompts)[: cfg.n_prompts] if cfg.prompts else None  # checked before the models load
     lm, tokenizer = load(model_dir, dtype)
     lm.to(cfg.device)
     seq2seq = is_seq2seq(lm.base)
@@ -191,16 +192,7 @@ def model_methods(cfg: BenchConfig, show: bool) -> dict:
     draft = load_base(draft_dir, dtype).to(cfg.device).eval() if draft_dir else None
     if draft is not None and vocab_size(draft) != lm.config.vocab_size:
         raise ValueError(f"the draft model {draft_dir} has another vocabulary than {model_dir}")
-    try:
-        shipped = default_prompts(model_dir, cfg.n_prompts, translate=seq2seq) if not cfg.prompts else None
-        texts = json.loads(Path(cfg.prompts).read_text()) if cfg.prompts else shipped
-    except json.JSONDecodeError as err:
-        raise ValueError(f"{cfg.prompts}: not JSON ({err})") from err
-    if not isinstance(texts, list) or not texts or not all(isinstance(t, str) and t for t in texts):
-        raise ValueError(f"{cfg.prompts}: prompts must be a JSON list of non-empty strings")
-    if not all(t == t.encode("utf-8", "surrogatepass").decode("utf-8", "ignore") for t in texts):
-        raise ValueError(f"{cfg.prompts}: a prompt holds a lone surrogate, not text")
-    texts = texts[: cfg.n_prompts]
+    texts = given or default_prompts(model_dir, cfg.n_prompts, translate=seq2seq)
     prompts = [tokenizer(t, return_tensors="pt").input_ids.to(cfg.device) for t in texts]
 
     results = measure(methods_for(cfg, lm, draft, prompts), prompts, cfg.repeats, show)
