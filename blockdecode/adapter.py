@@ -20,11 +20,20 @@ import inspect
 import numbers
 import weakref
 from collections.abc import Sequence
+from contextlib import nullcontext
 
 import torch
 from transformers import PreTrainedModel
 
-from blockdecode.hf import cache_argument, context_length, decoder_output, is_seq2seq, make_cache, vocab_size
+from blockdecode.hf import (
+    cache_argument,
+    context_length,
+    decoder_output,
+    is_seq2seq,
+    make_cache,
+    own_thread_hook,
+    vocab_size,
+)
 
 
 class CausalAdapter:
@@ -150,14 +159,12 @@ class Seq2seqAdapter(CausalAdapter):
             raise ValueError(f"{type(self.model).__name__} takes no decoder position ids: it cannot score a tree")
         if position_ids is not None and self.position_arg:
             kwargs["decoder_position_ids"] = position_ids
-        hook = None
-        if position_ids is not None and self.embed_positions is not None:
+        given = position_ids is not None and self.embed_positions is not None
 
-            def given_positions(_module, args, module_kwargs):
-                return args, {**module_kwargs, "position_ids": position_ids[0]}  # the decoder's own are 1-D
+        def given_positions(_module, args, module_kwargs):
+            return args, {**module_kwargs, "position_ids": position_ids[0]}  # the decoder's own are 1-D
 
-            hook = self.embed_positions.register_forward_pre_hook(given_positions, with_kwargs=True)
-        try:
+        with own_thread_hook(self.embed_positions, given_positions, with_kwargs=True) if given else nullcontext():
             out = self.model(
                 encoder_outputs=self.encoded,
                 attention_mask=torch.ones_like(self.source),
@@ -165,9 +172,6 @@ class Seq2seqAdapter(CausalAdapter):
                 decoder_attention_mask=attention_mask,
                 **kwargs,
             )
-        finally:
-            if hook is not None:
-                hook.remove()
         if logits_to_keep:  # seq2seq heads score every position; keep what a causal LM would
             out.logits = out.logits[:, -logits_to_keep:]
         return out

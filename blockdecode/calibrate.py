@@ -21,13 +21,15 @@ oldest dropped."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import statistics
 import sys
+import threading
 import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -207,6 +209,23 @@ def record_statistics(lm, prompts: list[torch.LongTensor], folder: str | Path) -
     return sources
 
 
+_CHOOSING = threading.Lock()
+
+
+def one_at_a_time(choose: Callable[..., Calibration]) -> Callable[..., Calibration]:
+    """Calibrations in one process run one at a time: a thread that asks while another measures waits
+    and reads the choice from the cache, rather than measuring under the other's load or racing it
+    to store."""
+
+    @functools.wraps(choose)
+    def serialised(*args, **kwargs) -> Calibration:
+        with _CHOOSING:
+            return choose(*args, **kwargs)
+
+    return serialised
+
+
+@one_at_a_time
 def calibrate(
     lm, prompts: list[torch.LongTensor], drafter="auto", k: int | None = None, refresh: bool = False, show: bool = True
 ) -> Calibration:

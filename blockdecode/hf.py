@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import inspect
 import operator
+import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -166,9 +167,25 @@ def make_cache(model: PreTrainedModel, impl: str, max_len: int):
 
 
 @contextmanager
+def own_thread_hook(module: torch.nn.Module, hook, with_kwargs: bool = False) -> Iterator[None]:
+    """`hook` as a forward pre-hook of `module` while the context is open, run only on forwards of the
+    thread that opened it: threads sharing one model never see, or change, each other's calls."""
+    owner = threading.get_ident()
+
+    def own(*args):
+        return hook(*args) if threading.get_ident() == owner else None
+
+    handle = module.register_forward_pre_hook(own, with_kwargs=with_kwargs)
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
+@contextmanager
 def decoder_output(model: PreTrainedModel) -> Iterator[list[torch.Tensor]]:
     """Record the input of the model's output projection, the decoder output h that the heads
-    read, for as long as the context is open.
+    read, for as long as the context is open, from this thread's forwards only.
 
     A hook on the projection works for every architecture (final norms, OPT's project_out,
     NeoX's embed_out, Phi's biased head, tied embeddings) without re-implementing any model's
@@ -178,8 +195,5 @@ def decoder_output(model: PreTrainedModel) -> Iterator[list[torch.Tensor]]:
     def hook(_module: torch.nn.Module, args: tuple) -> None:
         box[:] = [args[0]]
 
-    handle = model.get_output_embeddings().register_forward_pre_hook(hook)
-    try:
+    with own_thread_hook(model.get_output_embeddings(), hook):
         yield box
-    finally:
-        handle.remove()

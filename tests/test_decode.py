@@ -13,7 +13,7 @@ import torch
 from conftest import NO_EOS, assert_greedy_equal, hf_greedy, make_prompt, perturb_heads, tiny, vocab_size
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
-from blockdecode import BlockwiseLM, NgramDrafter, ScriptedDrafter, blockwise_generate
+from blockdecode import BaseDrafter, BlockwiseLM, NgramDrafter, ScriptedDrafter, blockwise_generate
 from blockdecode.toy import TOY_ARCHITECTURES, TOY_SEQ2SEQ, toy_config, toy_model
 from blockdecode.tree import Tree
 
@@ -621,3 +621,73 @@ def test_seq2seq_start_token_falls_back_to_bos_as_generate_does() -> None:
     assert int(ref[0, 0]) == 7
     out = blockwise_generate(model, source, 12, ScriptedDrafter(ref, vocab_size(model), 0.5), 4)
     assert_greedy_equal(model, source, out.sequences, ref, what="BOS as the start token")
+
+
+
+class Knowing(BaseDrafter):
+    """Proposes the reference (so paths run deep) and checks that the hidden state it is handed is the
+    base's decoder output that produced the newest token, as one teacher-forced pass computed it."""
+
+    def __init__(self, reference: torch.LongTensor, hidden: torch.Tensor):
+        self.reference, self.hidden = reference[0].tolist(), hidden
+
+    def propose(self, tokens: torch.Tensor, hidden: torch.Tensor, n: int) -> torch.LongTensor:
+        expected = self.hidden[tokens.shape[1] - 2 : tokens.shape[1] - 1]
+        if hidden.shape != expected.shape or not torch.allclose(hidden, expected, atol=1e-3):
+            raise AssertionError(f"handed another call's hidden state (shape {tuple(hidden.shape)})")
+        truth = self.reference[tokens.shape[1] : tokens.shape[1] + n]
+        return torch.tensor([truth + [2] * (n - len(truth))])
+
+
+@pytest.mark.parametrize("arch", ["llama", "marian"])
+def test_threads_sharing_one_model_each_get_greedy(arch: str) -> None:
+    """4 threads, 20 calls each, on one model: every output is greedy's, and every call's drafter is
+    handed its own hidden states (an encoder-decoder's tree, its own positions). A slow output
+    projection, as a large vocabulary's is, holds each call there while the others run."""
+    import threading
+    import time
+
+    from blockdecode.adapter import sequence_logits
+    from blockdecode.hf import decoder_output
+
+    model = toy_model(arch)
+    lm = perturb_heads(BlockwiseLM.from_base(model, k=4))
+    prompts = [make_prompt(3 + 4 * i, vocab_size(model), seed=i) for i in range(4)]
+    refs = [hf_greedy(model, ids, 12, eos_token_id=NO_EOS) for ids in prompts]
+    drafters = []
+    for ids, ref in zip(prompts, refs):
+        with torch.inference_mode(), decoder_output(model) as hidden:
+            sequence_logits(model, ref, ids if model.config.is_encoder_decoder else None)
+        drafters.append(Knowing(ref, hidden[0][0]))
+    outputs: list[list] = [[] for _ in prompts]
+
+    def work(i: int) -> None:
+        settings = [
+            dict(drafter=drafters[i], tree=None),
+            dict(drafter=[drafters[i], NgramDrafter()], tree=9),
+            dict(drafter="heads", tree=None),
+        ]
+        for call in range(20):
+            try:
+                setting = settings[(i + call) % len(settings)]
+                outputs[i].append(lm.generate(prompts[i], 12, eos_token_id=NO_EOS, **setting).sequences)
+            except Exception as err:  # noqa: BLE001  (a crash is a wrong answer too)
+                outputs[i].append(err)
+
+    def slow(_module, _args, _out) -> None:
+        time.sleep(0.001)
+
+    handle = model.get_output_embeddings().register_forward_hook(slow)
+    try:
+        threads = [threading.Thread(target=work, args=(i,)) for i in range(len(prompts))]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    finally:
+        handle.remove()
+    for i, outs in enumerate(outputs):
+        assert len(outs) == 20
+        for out in outs:
+            assert not isinstance(out, Exception), f"thread {i}: {type(out).__name__}: {out}"
+            assert_greedy_equal(model, prompts[i], out, refs[i], what=f"thread {i}")
