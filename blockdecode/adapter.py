@@ -17,7 +17,6 @@ self-attention cache only (see docs/design.md)."""
 from __future__ import annotations
 
 import inspect
-import numbers
 import weakref
 from collections.abc import Sequence
 from contextlib import nullcontext
@@ -26,6 +25,7 @@ import torch
 from transformers import PreTrainedModel
 
 from blockdecode.hf import (
+    at_least,
     cache_argument,
     context_length,
     decoder_output,
@@ -177,6 +177,11 @@ class Seq2seqAdapter(CausalAdapter):
         return out
 
 
+def token_budget(max_new_tokens: object) -> int:
+    """max_new_tokens as an int >= 1 (any integral type), or a clear error."""
+    return at_least(max_new_tokens, 1, "max_new_tokens must be a positive integer")
+
+
 def check_prompt(model: PreTrainedModel, input_ids: torch.Tensor, max_new_tokens: int) -> torch.LongTensor:
     """A [1, T] LongTensor on the model's device that the model can extend by max_new_tokens (for an
     encoder-decoder: a source it can encode, with room for max_new_tokens in its decoder), or a
@@ -197,8 +202,7 @@ def check_prompt(model: PreTrainedModel, input_ids: torch.Tensor, max_new_tokens
         raise ValueError(f"the {what} is empty: give at least one token")
     if input_ids.dtype not in (torch.int64, torch.int32):
         raise TypeError(f"input_ids must hold integer token ids, got dtype {input_ids.dtype}")
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, numbers.Integral) or max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
+    max_new_tokens = token_budget(max_new_tokens)
     vocab = model.get_input_embeddings().num_embeddings if seq2seq else vocab_size(model)
     if int(input_ids.min()) < 0 or int(input_ids.max()) >= vocab:
         raise ValueError(f"the {what} holds token ids outside the model's vocabulary [0, {vocab})")

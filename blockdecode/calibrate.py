@@ -40,7 +40,7 @@ from blockdecode.decode import decode
 from blockdecode.drafters import CHOICES, drafter_names
 from blockdecode.hf import context_length, dtype_name, same_weights, weights_digest, weights_signature
 from blockdecode.io import write_json
-from blockdecode.plan import make_plan
+from blockdecode.plan import block_size, make_plan
 from blockdecode.timing import forward_cost
 
 LARGEST = 64  # the largest tree, decoded to predict every smaller one
@@ -232,7 +232,7 @@ def calibrate(
     """The fastest setting for `lm` here (and for drafter="auto" the fastest drafters of CHOICES),
     from the cache when it was chosen for exactly this model and setting, else predicted now and
     stored. `drafter` is a name or a drafter object. One line on stderr says when it measures."""
-    k = k or lm.k
+    k = lm.k if k is None else block_size(k)
     name = drafter if isinstance(drafter, str) else make_plan(lm.base, drafter, k, 1, lm=lm).drafter_name
     key = calibration_key(lm, name, k)
     entry = _entries().get(key)

@@ -16,7 +16,7 @@ import torch
 from transformers import PreTrainedModel
 
 from blockdecode.acceptance import Acceptance
-from blockdecode.adapter import check_prompt, open_decoder
+from blockdecode.adapter import check_prompt, open_decoder, token_budget
 from blockdecode.drafters import Drafter, check_proposal
 from blockdecode.hf import vocab_size
 from blockdecode.plan import DecodePlan, make_plan
@@ -104,9 +104,9 @@ def decode(
 
     `on_block`, if given, receives the tokens each call gains (the prefill's one included), in order:
     enough to stream text and to show the accepted blocks."""
-    prompt = check_prompt(model, input_ids, max_new_tokens)
+    prompt, max_new_tokens = check_prompt(model, input_ids, max_new_tokens), token_budget(max_new_tokens)
     base, start = open_decoder(model, prompt, plan.cache_implementation, max_new_tokens + (plan.tree or 0))
-    run = Run(model, plan, start, int(max_new_tokens), on_block)
+    run = Run(model, plan, start, max_new_tokens, on_block)
     logits, h = base.prefill(start)
     run.gain([int(run.rules.apply(logits[:, -1].float(), run.length).argmax())], [0])
     newest, h_last = start.new_tensor([run.tokens[-1:]]), h[0, -1:]  # not a view a drafter can write to

@@ -19,6 +19,7 @@ from typing import Protocol, runtime_checkable
 import torch
 
 from blockdecode.heads import short_projection
+from blockdecode.hf import as_integer, at_least
 from blockdecode.tree import best_path, lattice_paths
 
 
@@ -141,7 +142,7 @@ class HeadsDrafter(BaseDrafter):
         self.heads, self.project, self.token_map, self.embed = heads, output_projection, token_map, embeddings
         short = short_rows(output_projection, token_map) if token_map is not None else output_projection
         self._run = fastest_copies(heads, short)  # what computes the proposals
-        self.width = width  # guesses per head considered for a tree
+        self.width = at_least(width, 1, "width must be an integer >= 1")  # guesses per head considered for a tree
         self.rescore = rescore
         self._context = ContextNgram([])  # rescoring's model of the context, fed what the decode accepts
 
@@ -342,9 +343,11 @@ class NgramDrafter(BaseDrafter):
     in_vocabulary = True  # every proposal is a token of the sequence itself
 
     def __init__(self, max_ngram: int = 3, min_ngram: int = 1, max_paths: int = 4):
-        if not 1 <= min_ngram <= max_ngram:
-            raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
-        self.max_ngram, self.min_ngram, self.max_paths = max_ngram, min_ngram, max_paths
+        low, high = as_integer(min_ngram), as_integer(max_ngram)
+        if low is None or high is None or not 1 <= low <= high:
+            raise ValueError(f"need 1 <= min_ngram <= max_ngram (integers), got {min_ngram!r}, {max_ngram!r}")
+        self.max_ngram, self.min_ngram = high, low
+        self.max_paths = at_least(max_paths, 1, "max_paths must be an integer >= 1")
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, NgramDrafter) and vars(other) == vars(self)
@@ -393,7 +396,7 @@ class ScriptedDrafter(BaseDrafter):
             raise ValueError(f"accuracy must lie in [0, 1], got {accuracy}")
         self.reference = reference.reshape(-1).tolist()
         self.accuracy = accuracy
-        self.vocab_size = vocab_size
+        self.vocab_size = at_least(vocab_size, 1, "vocab_size must be an integer >= 1")
         self.rng = torch.Generator().manual_seed(seed)
 
     def propose(self, tokens: torch.LongTensor, hidden: torch.Tensor, n: int) -> torch.LongTensor:

@@ -109,15 +109,33 @@ def context_length(model: PreTrainedModel) -> int | None:
     return None
 
 
-def integer(value: object, name: str) -> int:
-    """An int from anything integer-like (numpy and 0-d tensor integers too); bools, strings and
-    floats are refused with a message naming the argument."""
+def as_integer(value: object) -> int | None:
+    """The int an integral value stands for (Python and numpy integers, a 0-d integer tensor), else
+    None: a bool, a float or a string is not a count, whatever int() would make of it."""
     if isinstance(value, bool | str | bytes):
-        raise TypeError(f"{name} must be an integer, got {value!r}")
+        return None
+    if isinstance(value, torch.Tensor) and (value.dim() != 0 or value.dtype == torch.bool):
+        return None
     try:
         return operator.index(value)
     except TypeError:
-        raise TypeError(f"{name} must be an integer, got {type(value).__name__} {value!r}") from None
+        return None
+
+
+def integer(value: object, name: str) -> int:
+    """An int from anything integral (`as_integer`), else a TypeError naming the argument."""
+    result = as_integer(value)
+    if result is None:
+        raise TypeError(f"{name} must be an integer, got {value!r}")
+    return result
+
+
+def at_least(value: object, low: int, message: str) -> int:
+    """An int >= low from anything integral (`as_integer`), else a ValueError: `message`, got `value`."""
+    result = as_integer(value)
+    if result is None or result < low:
+        raise ValueError(f"{message}, got {value!r}")
+    return result
 
 
 def resolve_eos(model: PreTrainedModel, eos_token_id: int | Sequence[int] | None) -> set[int]:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import numbers
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -23,7 +22,7 @@ from blockdecode.drafters import Drafter, HeadsDrafter
 from blockdecode.heads import HeadsConfig, build_heads
 from blockdecode.hf import context_length, load_base, same_weights, weights_signature
 from blockdecode.io import CheckpointError, reading_folder, saving_folder, write_text
-from blockdecode.plan import DecodePlan, check_settings, make_plan
+from blockdecode.plan import DecodePlan, block_size, check_settings, make_plan
 
 HEADS_CONFIG = "blockdecode.json"
 HEADS_WEIGHTS = "heads.safetensors"
@@ -127,8 +126,8 @@ class BlockwiseLM(nn.Module):
             embed_size=base.get_input_embeddings().weight.shape[1] if head_type == "hydra" else 0,
         )
         context = context_length(base)
-        if context is not None and k > context:
-            raise ValueError(f"k={k} exceeds the model's context of {context} positions")
+        if context is not None and cfg.k > context:
+            raise ValueError(f"k={cfg.k} exceeds the model's context of {context} positions")
         gib = cfg.parameters() * projection.weight.element_size() / 2**30
         memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30 if hasattr(os, "sysconf") else None
         if memory is not None and gib > memory / 2:  # refused before the memory is asked for
@@ -191,8 +190,7 @@ class BlockwiseLM(nn.Module):
             tree = None  # min-block forces a chain's first proposals
         if tree == "auto" or drafter == "auto":
             uses_heads = drafter == "auto" or (isinstance(drafter, str) and "heads" in drafter)
-            if uses_heads and (isinstance(k, bool) or not isinstance(k, numbers.Integral) or not 1 <= k <= self.k):
-                raise ValueError(f"k must be between 1 and the heads' block size {self.k}, got {k!r}")
+            k = block_size(k, self.k if uses_heads else None)
             check_settings(self.base, k, None, acceptance, eos_token_id, cache_implementation)
         if tree == "auto":
             if not prompts:

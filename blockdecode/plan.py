@@ -7,7 +7,6 @@ in `blockdecode.calibrate`; a plan holds only what was chosen."""
 
 from __future__ import annotations
 
-import numbers
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -17,7 +16,7 @@ from transformers import PreTrainedModel
 from blockdecode.acceptance import Acceptance, parse_acceptance
 from blockdecode.adapter import takes_tree_masks
 from blockdecode.drafters import DRAFTERS, BaseDrafter, Drafter, HeadsDrafter, as_drafter, drafter_names
-from blockdecode.hf import CACHE_IMPLEMENTATIONS, resolve_eos, vocab_size
+from blockdecode.hf import CACHE_IMPLEMENTATIONS, as_integer, at_least, resolve_eos, vocab_size
 
 
 @dataclass(frozen=True)
@@ -42,10 +41,14 @@ class DecodePlan:
         return f"trees of {self.tree}" if self.tree else "chain"
 
 
-def positive(value: object, message: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-        raise ValueError(f"{message}, got {value!r}")
-    return int(value)
+def block_size(k: object, heads_k: int | None = None) -> int:
+    """k as an int >= 1, and where the heads propose, at most their block size."""
+    if heads_k is None:
+        return at_least(k, 1, "k must be an integer >= 1 (the block size, head 1 included)")
+    n = as_integer(k)
+    if n is None or not 1 <= n <= heads_k:
+        raise ValueError(f"k must be between 1 and the heads' block size {heads_k}, got {k!r}")
+    return n
 
 
 def check_settings(
@@ -58,9 +61,9 @@ def check_settings(
 ) -> tuple[int, int | None, Acceptance, frozenset[int]]:
     """The settings that need no drafter, checked without calling the model: k, the tree budget, the
     acceptance rule, EOS and the cache."""
-    k = positive(k, "k must be an integer >= 1 (the block size, head 1 included)")
+    k = block_size(k)
     if tree is not None:
-        tree = positive(tree, "tree must be a node budget >= 1 (or None for a chain)")
+        tree = at_least(tree, 1, "tree must be a node budget >= 1 (or None for a chain)")
     if cache_implementation not in CACHE_IMPLEMENTATIONS:
         raise ValueError(
             f"unknown cache implementation {cache_implementation!r}: choose one of {', '.join(CACHE_IMPLEMENTATIONS)}"
@@ -98,8 +101,7 @@ def make_plan(
             raise ValueError("no drafter given: pass a drafter, a list of them, or a name")
         drafters = tuple(as_drafter(d) for d in given)
     if lm is not None and any(isinstance(d, HeadsDrafter) and d.heads is lm.heads for d in drafters):
-        if isinstance(k, bool) or not isinstance(k, numbers.Integral) or not 1 <= k <= lm.k:
-            raise ValueError(f"k must be between 1 and the heads' block size {lm.k}, got {k!r}")
+        k = block_size(k, lm.k)
     k, tree, rule, eos = check_settings(model, k, tree, acceptance, eos_token_id, cache_implementation)
     if tree is None and len(drafters) != 1:
         raise ValueError(f"{len(drafters)} drafters need a tree to share: pass tree=N")

@@ -8,6 +8,7 @@ import functools
 import math
 from collections.abc import Callable
 
+import numpy as np
 import pytest
 import torch
 from conftest import NO_EOS, assert_greedy_equal, hf_greedy, make_prompt, perturb_heads, tiny, vocab_size
@@ -623,7 +624,6 @@ def test_seq2seq_start_token_falls_back_to_bos_as_generate_does() -> None:
     assert_greedy_equal(model, source, out.sequences, ref, what="BOS as the start token")
 
 
-
 class Knowing(BaseDrafter):
     """Proposes the reference (so paths run deep) and checks that the hidden state it is handed is the
     base's decoder output that produced the newest token, as one teacher-forced pass computed it."""
@@ -691,3 +691,36 @@ def test_threads_sharing_one_model_each_get_greedy(arch: str) -> None:
         for out in outs:
             assert not isinstance(out, Exception), f"thread {i}: {type(out).__name__}: {out}"
             assert_greedy_equal(model, prompts[i], out, refs[i], what=f"thread {i}")
+
+
+@pytest.mark.parametrize("spell", [np.int64, np.int32, torch.tensor], ids=["int64", "int32", "tensor"])
+def test_integral_settings_of_any_type_are_taken_everywhere(spell: Callable[[int], object]) -> None:
+    """Every count (k, tree, max_new_tokens, the heads' k, a rule's N, a drafter's sizes, a benchmark's
+    lists) takes any integral type and keeps a plain int; bools, floats, strings and 1-element tensors
+    are refused alike."""
+    import json
+    from dataclasses import asdict
+
+    from blockdecode.acceptance import Acceptance
+    from blockdecode.bench.suite import BenchConfig
+    from blockdecode.plan import make_plan
+
+    model, ids, ref = no_eos_case("llama")
+    expected = ref[:, : ids.shape[1] + 12]
+    lm = BlockwiseLM.from_base(model, k=spell(4))
+    assert type(lm.config.k) is int
+    ngram = NgramDrafter(max_ngram=spell(3), min_ngram=spell(1), max_paths=spell(2))
+    for drafter, tree in (("heads", None), ("heads", spell(8)), (ngram, spell(8)), ("heads+ngram", spell(5))):
+        out = lm.generate(ids, spell(12), eos_token_id=NO_EOS, drafter=drafter, k=spell(3), tree=tree)
+        assert torch.equal(out.sequences, expected), (drafter, tree)
+    out = blockwise_generate(model, ids, spell(12), ngram, spell(3), eos_token_id=NO_EOS, tree=spell(8))
+    assert torch.equal(out.sequences, expected)
+    plan = make_plan(model, ngram, spell(3), spell(8), acceptance=Acceptance("topk", n=spell(2)))
+    assert (type(plan.k), type(plan.tree), plan.acceptance.spec) == (int, int, "topk:2")
+    cfg = BenchConfig(ks=[spell(2)], trees=[spell(8), "auto"], new_tokens=spell(4), n_prompts=spell(1))
+    assert json.loads(json.dumps(asdict(cfg)))["trees"] == [8, "auto"]
+    for bad in (True, 2.0, "8", torch.tensor([8]), torch.tensor(8.0), np.float64(8)):
+        with pytest.raises(ValueError, match="tree must be a node budget >= 1"):
+            make_plan(model, ngram, 3, bad)
+        with pytest.raises(ValueError, match="max_new_tokens must be a positive integer"):
+            lm.generate(ids, bad, drafter=ngram)
