@@ -17,7 +17,7 @@ from transformers import PreTrainedModel
 
 from blockdecode.acceptance import Acceptance
 from blockdecode.adapter import check_prompt, open_decoder, token_budget
-from blockdecode.drafters import Drafter, check_proposal
+from blockdecode.drafters import Drafter, check_ids, check_paths, check_proposal
 from blockdecode.hf import vocab_size
 from blockdecode.plan import DecodePlan, make_plan
 from blockdecode.rules import greedy_rules
@@ -128,16 +128,14 @@ def predict(plan: DecodePlan, tokens: torch.LongTensor, hidden: torch.Tensor, de
     if depth == 0:
         return candidates
     if plan.tree is None:
-        chain = plan.drafters[0].propose(tokens, hidden, depth)
-        check_proposal(chain, depth, vocab, bounds=not plan.drafters[0].in_vocabulary)
-        candidates.add_path(chain[0].tolist(), depth, depth)
+        chain = check_proposal(plan.drafters[0].propose(tokens, hidden, depth), depth)
+        candidates.add_path(check_ids(chain, vocab), depth, depth)
         return candidates
     for drafter in plan.drafters:
         if len(candidates) >= plan.tree:
             break
-        for path in drafter.propose_paths(tokens, hidden, depth, plan.tree - len(candidates)):
-            if not drafter.in_vocabulary and any(not 0 <= t < vocab for t in path):
-                raise ValueError(f"the drafter proposed token ids outside the vocabulary [0, {vocab})")
+        paths = drafter.propose_paths(tokens, hidden, depth, plan.tree - len(candidates))
+        for path in check_paths(paths, depth, vocab):
             candidates.add_path(path, plan.tree, depth)
     return candidates
 

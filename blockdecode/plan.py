@@ -15,8 +15,10 @@ from transformers import PreTrainedModel
 
 from blockdecode.acceptance import Acceptance, parse_acceptance
 from blockdecode.adapter import takes_tree_masks
-from blockdecode.drafters import DRAFTERS, BaseDrafter, Drafter, HeadsDrafter, as_drafter, drafter_names
-from blockdecode.hf import CACHE_IMPLEMENTATIONS, as_integer, at_least, resolve_eos, vocab_size
+from blockdecode.drafters import DRAFTERS, BaseDrafter, Drafter, HeadsDrafter, as_drafters, drafter_names
+from blockdecode.hf import CACHE_IMPLEMENTATIONS, as_integer, at_least, integer, resolve_eos, vocab_size
+
+TREE = "tree must be a node budget >= 1 (or None for a chain)"
 
 
 @dataclass(frozen=True)
@@ -31,6 +33,18 @@ class DecodePlan:
     eos: frozenset[int] = frozenset()
     cache_implementation: str = "dynamic"
 
+    def __post_init__(self) -> None:
+        """A plan built by hand is checked as make_plan checks one (what needs the model aside)."""
+        object.__setattr__(self, "drafters", as_drafters(self.drafters))
+        object.__setattr__(self, "k", block_size(self.k))
+        if self.tree is not None:
+            object.__setattr__(self, "tree", at_least(self.tree, 1, TREE))
+        elif len(self.drafters) != 1:
+            raise ValueError(f"{len(self.drafters)} drafters need a tree to share: pass tree=N")
+        object.__setattr__(self, "acceptance", parse_acceptance(self.acceptance))
+        object.__setattr__(self, "eos", frozenset(integer(t, "eos_token_id") for t in self.eos))
+        check_cache(self.cache_implementation)
+
     @property
     def drafter_name(self) -> str:
         """The drafters as the CLI names them: "heads", "ngram+heads", or a drafter's class name."""
@@ -39,6 +53,13 @@ class DecodePlan:
     @property
     def setting(self) -> str:
         return f"trees of {self.tree}" if self.tree else "chain"
+
+
+def check_cache(implementation: str) -> None:
+    if implementation not in CACHE_IMPLEMENTATIONS:
+        raise ValueError(
+            f"unknown cache implementation {implementation!r}: choose one of {', '.join(CACHE_IMPLEMENTATIONS)}"
+        )
 
 
 def block_size(k: object, heads_k: int | None = None) -> int:
@@ -63,11 +84,8 @@ def check_settings(
     acceptance rule, EOS and the cache."""
     k = block_size(k)
     if tree is not None:
-        tree = at_least(tree, 1, "tree must be a node budget >= 1 (or None for a chain)")
-    if cache_implementation not in CACHE_IMPLEMENTATIONS:
-        raise ValueError(
-            f"unknown cache implementation {cache_implementation!r}: choose one of {', '.join(CACHE_IMPLEMENTATIONS)}"
-        )
+        tree = at_least(tree, 1, TREE)
+    check_cache(cache_implementation)
     rule = parse_acceptance(acceptance)
     rule.check(k, vocab_size(model))
     if tree is not None and rule.rule == "min-block":
@@ -96,15 +114,10 @@ def make_plan(
             raise ValueError(f"drafter {drafter!r} needs a BlockwiseLM's heads: decode with lm.generate")
         drafters = tuple(DRAFTERS[name](lm) for name in names)
     else:
-        given = list(drafter) if isinstance(drafter, Sequence) else [drafter]
-        if not given:
-            raise ValueError("no drafter given: pass a drafter, a list of them, or a name")
-        drafters = tuple(as_drafter(d) for d in given)
+        drafters = as_drafters(drafter)
     if lm is not None and any(isinstance(d, HeadsDrafter) and d.heads is lm.heads for d in drafters):
         k = block_size(k, lm.k)
     k, tree, rule, eos = check_settings(model, k, tree, acceptance, eos_token_id, cache_implementation)
-    if tree is None and len(drafters) != 1:
-        raise ValueError(f"{len(drafters)} drafters need a tree to share: pass tree=N")
     if tree is not None and not takes_tree_masks(model):
         warnings.warn(
             f"{type(model).__name__} does not score a tree as given (custom attention mask and position ids, checked "

@@ -14,7 +14,7 @@ import torch
 from conftest import NO_EOS, assert_greedy_equal, hf_greedy, make_prompt, perturb_heads, tiny, vocab_size
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
-from blockdecode import BaseDrafter, BlockwiseLM, NgramDrafter, ScriptedDrafter, blockwise_generate
+from blockdecode import BaseDrafter, BlockwiseLM, DecodePlan, NgramDrafter, ScriptedDrafter, blockwise_generate, decode
 from blockdecode.toy import TOY_ARCHITECTURES, TOY_SEQ2SEQ, toy_config, toy_model
 from blockdecode.tree import Tree
 
@@ -724,3 +724,59 @@ def test_integral_settings_of_any_type_are_taken_everywhere(spell: Callable[[int
             make_plan(model, ngram, 3, bad)
         with pytest.raises(ValueError, match="max_new_tokens must be a positive integer"):
             lm.generate(ids, bad, drafter=ngram)
+
+
+class OffVocabulary(NgramDrafter):
+    """A subclass of a built-in drafter whose chain and paths both hold an id past the vocabulary."""
+
+    def propose(self, tokens: torch.Tensor, hidden: torch.Tensor, n: int) -> torch.LongTensor:
+        return torch.full((1, n), 512)
+
+    def propose_paths(self, tokens: torch.Tensor, hidden: torch.Tensor, depth: int, budget: int) -> list[list[int]]:
+        return [[3] * depth, [512] * depth]
+
+
+BAD_DRAFTERS: dict[str, tuple[Callable, type, str]] = {
+    "no drafter": (lambda lm: lm.generate(IDS, 8, drafter=[]), ValueError, "no drafter given"),
+    "an int": (lambda lm: lm.generate(IDS, 8, drafter=5, tree=8), TypeError, "needs a propose\\(tokens, hidden, n\\)"),
+    "plan, none": (lambda lm: decode(lm.base, IDS, 8, DecodePlan((), 4)), ValueError, "no drafter given"),
+    "plan, an int": (lambda lm: decode(lm.base, IDS, 8, DecodePlan(5, 4)), TypeError, "needs a propose"),
+    "plan, two chains": (lambda lm: decode(lm.base, IDS, 8, DecodePlan([NgramDrafter()] * 2, 4)), ValueError, "tree"),
+    "ids, chain": (lambda lm: lm.generate(IDS, 8, drafter=OffVocabulary(), tree=None), ValueError, "outside the vocab"),
+    "ids, tree": (lambda lm: lm.generate(IDS, 8, drafter=OffVocabulary(), tree=8), ValueError, "outside the vocab"),
+    "ids, shared": (
+        lambda lm: lm.generate(IDS, 8, drafter=[NgramDrafter(), OffVocabulary()], tree=8),
+        ValueError,
+        "outside the vocabulary",
+    ),
+    "paths None": (lambda lm: lm.generate(IDS, 8, drafter=Paths(None), tree=8), TypeError, "a list of lists"),
+    "float ids": (lambda lm: lm.generate(IDS, 8, drafter=Paths([[3.5]]), tree=8), TypeError, "integer token ids"),
+    "flat paths": (lambda lm: lm.generate(IDS, 8, drafter=Paths([7]), tree=8), TypeError, "integer token ids"),
+    "chain in a tree": (
+        lambda lm: lm.generate(IDS, 8, drafter=Returns(lambda n: torch.zeros(0, 9, dtype=torch.long)), tree=8),
+        ValueError,
+        "returned shape \\(0, 9\\); expected \\[1, 3\\]",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(BAD_DRAFTERS))
+def test_bad_drafters_fail_alike_in_a_chain_and_a_tree(name: str) -> None:
+    """No drafter, a non-drafter, a plan built by hand from either, ids outside the vocabulary from a
+    subclass of a built-in drafter, paths that are not lists of ids: one clear error each, the same
+    whether the drafter proposes a chain or a tree."""
+    make, error, match = BAD_DRAFTERS[name]
+    lm = BlockwiseLM.from_base(tiny("llama"), k=4)
+    with pytest.raises(error, match=match):
+        make(lm)
+
+
+class Paths(BaseDrafter):
+    def __init__(self, paths: object):
+        self.paths = paths
+
+    def propose_paths(self, tokens: torch.Tensor, hidden: torch.Tensor, depth: int, budget: int) -> object:
+        return self.paths
+
+
+IDS = make_prompt(5, 512)
