@@ -32,6 +32,7 @@ from blockdecode.hf import (
     is_seq2seq,
     make_cache,
     own_thread_hook,
+    special_ids,
     vocab_size,
 )
 
@@ -206,6 +207,8 @@ def check_prompt(model: PreTrainedModel, input_ids: torch.Tensor, max_new_tokens
     vocab = model.get_input_embeddings().num_embeddings if seq2seq else vocab_size(model)
     if int(input_ids.min()) < 0 or int(input_ids.max()) >= vocab:
         raise ValueError(f"the {what} holds token ids outside the model's vocabulary [0, {vocab})")
+    if set(input_ids[0].tolist()) <= special_ids(model):  # "" as a tokenizer that adds EOS or BOS encodes it
+        raise ValueError(f"the {what} is empty: it holds only special tokens {input_ids[0].tolist()}, no text")
     limit = context_length(model)
     if seq2seq:
         if limit is not None and input_ids.shape[1] > limit:

@@ -151,6 +151,17 @@ def resolve_eos(model: PreTrainedModel, eos_token_id: int | Sequence[int] | None
     return {integer(eos_token_id, "eos_token_id")}
 
 
+def special_ids(model: PreTrainedModel) -> set[int]:
+    """The ids that carry no text: EOS, BOS, padding and an encoder-decoder's decoder start token."""
+    ids = resolve_eos(model, None)
+    for cfg in (model.generation_config, model.config):
+        for name in ("bos_token_id", "pad_token_id", "decoder_start_token_id"):
+            value = as_integer(getattr(cfg, name, None))
+            if value is not None:
+                ids.add(value)
+    return ids
+
+
 def cache_argument(model: PreTrainedModel) -> str:
     """transformers renamed `past_key_values` to `cache` during 5.x: the name this model takes (a
     wrong name would be swallowed by **kwargs and every pass would run without its context)."""

@@ -602,6 +602,27 @@ def test_seq2seq_bad_sources_are_named(change: Callable, match: str) -> None:
         blockwise_generate(model, source, NEW, NgramDrafter(), 4)
 
 
+@pytest.mark.parametrize("arch", ["llama", "marian", "t5"])
+def test_a_prompt_of_special_tokens_alone_is_empty_for_every_model(arch: str) -> None:
+    """ "" becomes [] for one tokenizer and [EOS] (Marian, T5) or [BOS] for another: a prompt or source
+    that holds no token but EOS, BOS, padding or the decoder start is refused as empty alike, for a
+    causal LM and an encoder-decoder, through generate, a plan and the CLI."""
+    from blockdecode import DEFAULT_TRANSLATION_MODEL
+    from blockdecode.cli import main
+
+    model = tiny(arch)
+    cfg = model.generation_config
+    what = "source" if model.config.is_encoder_decoder else "prompt"
+    lm = BlockwiseLM.from_base(model, k=4)
+    for ids in ([[cfg.eos_token_id]], [[cfg.bos_token_id]], [[cfg.pad_token_id, cfg.eos_token_id]]):
+        with pytest.raises(ValueError, match=f"the {what} is empty: it holds only special tokens"):
+            lm.generate(torch.tensor(ids), 8, tree=None)
+        with pytest.raises(ValueError, match=f"the {what} is empty"):
+            blockwise_generate(model, torch.tensor(ids), 8, NgramDrafter(), 4)
+    with pytest.raises(SystemExit, match="the source is empty"):
+        main(["generate", "--model", DEFAULT_TRANSLATION_MODEL, "--prompt", "", "--tree", "off"])
+
+
 def test_seq2seq_refuses_what_does_not_apply() -> None:
     model = toy_model("bart", seed=1)
     source = make_prompt(5, vocab_size(model))
