@@ -151,6 +151,15 @@ def resolve_eos(model: PreTrainedModel, eos_token_id: int | Sequence[int] | None
     return {integer(eos_token_id, "eos_token_id")}
 
 
+def generate_length(model: PreTrainedModel, prompt_length: int, max_new_tokens: int) -> dict[str, int | None]:
+    """transformers' generate arguments for `max_new_tokens` new tokens, given as max_length (the
+    decoder's start token, or the prompt, plus max_new_tokens) with max_new_tokens cleared: a
+    checkpoint whose generation config sets its own max_length (Marian's do) would otherwise meet
+    max_new_tokens, and transformers warns of the clash on every call."""
+    start = 1 if is_seq2seq(model) else prompt_length
+    return {"max_length": start + max_new_tokens, "max_new_tokens": None}
+
+
 def special_ids(model: PreTrainedModel) -> set[int]:
     """The ids that carry no text: EOS, BOS, padding and an encoder-decoder's decoder start token."""
     ids = resolve_eos(model, None)

@@ -33,6 +33,7 @@ from blockdecode.heads import most_frequent, path_tokens
 from blockdecode.hf import (
     context_length,
     decoder_output,
+    generate_length,
     is_seq2seq,
     load_base,
     resolve_eos,
@@ -366,8 +367,8 @@ def distill_pairs(base: PreTrainedModel, pairs: Pairs, cfg: TrainConfig, show: b
             attention_mask=(batch >= 0).long().to(base.device),
             do_sample=False,
             num_beams=cfg.distill_beams,
-            max_new_tokens=cfg.distill_new_tokens,
             decoder_start_token_id=start,
+            **generate_length(base, 1, cfg.distill_new_tokens),
         ).cpu()
         return _cut_at_eos(out, 1, eos, 1 + cfg.distill_new_tokens)
 

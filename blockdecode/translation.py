@@ -24,6 +24,7 @@ from blockdecode import plots, training
 from blockdecode.bible import read_tsv
 from blockdecode.corpus import train_tokenizer
 from blockdecode.data import fingerprint
+from blockdecode.hf import generate_length
 from blockdecode.io import saving_folder
 
 EOS, PAD = "</s>", "<pad>"
@@ -239,7 +240,10 @@ def translate(
         limit = min(model.config.max_position_embeddings - 1, int(1.5 * ids.shape[1]) + 10)
         with autocast():
             generated = model.generate(
-                ids.to(device), attention_mask=(ids != pad).long().to(device), max_new_tokens=limit, num_beams=1
+                ids.to(device),
+                attention_mask=(ids != pad).long().to(device),
+                num_beams=1,
+                **generate_length(model, ids.shape[1], limit),
             )
         out += tokenizer.batch_decode(generated, skip_special_tokens=True)
     return [text.strip() for text in out]
