@@ -9,6 +9,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from conftest import interrupt_after
 from pysword.books import BibleStructure
 
 from blockdecode.bible import (
@@ -126,3 +127,21 @@ def test_cli_writes_the_corpus(library: Path, tmp_path: Path, capsys: pytest.Cap
     main(["bible", "--modules", str(library), "--out", str(tmp_path / "bible")])
     assert sum(len(read_tsv(tmp_path / "bible" / f"{s}.tsv")) for s in ("train", "valid", "test")) == 4
     assert "4 verse pairs" in capsys.readouterr().out
+
+
+def test_an_interrupted_corpus_leaves_the_old_files_or_the_new(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Stopped after any split's file is written, a new corpus leaves the earlier one as it was."""
+
+    def pairs(text: str) -> list[VersePair]:
+        return [VersePair(f"Ps.{c}.1", f"{text} {c}", f"{text} {c}") for c in range(1, 151)]
+
+    write_corpus(pairs("old"), tmp_path)
+    old = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    for stop in range(1, len(old) + 1):
+        interrupt_after(monkeypatch, stop)
+        with pytest.raises(KeyboardInterrupt):
+            write_corpus(pairs("new"), tmp_path)
+        assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == old, f"stopped after {stop} files"
+    monkeypatch.undo()
+    write_corpus(pairs("new"), tmp_path)
+    assert all("old" not in p.read_text() for p in tmp_path.iterdir())
