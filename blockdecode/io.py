@@ -121,7 +121,7 @@ def _settle(folder: Path, last: str) -> None:
     """Finish saves killed while their files were being moved in, drop those killed before, and
     remove what a killed `atomic_write` left. Called with the folder locked exclusively."""
     for staging in _abandoned(folder):
-        if (staging / last).is_file():
+        if (staging / last).exists():
             _move_in(staging, folder, last)
         else:
             shutil.rmtree(staging, ignore_errors=True)
@@ -158,7 +158,7 @@ def reading_folder(folder: Path, last: str) -> Iterator[None]:
     folder = Path(folder)
     with _opened(folder) as fd:
         _lock(fd, "shared")
-        while any((s / last).is_file() for s in _abandoned(folder)):
+        while any((s / last).exists() for s in _abandoned(folder)):
             _lock(fd, "exclusive")
             _settle(folder, last)
             _lock(fd, "shared")

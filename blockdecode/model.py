@@ -243,20 +243,26 @@ class BlockwiseLM(nn.Module):
 
         A save replaces the folder's files as a whole: a reader, or a crash, sees the old save or
         the new one, never the new base with the old heads (`io.saving_folder`)."""
-        directory = Path(directory)
+        with saving_folder(Path(directory), HEADS_CONFIG) as staging:
+            self.write_save(staging, save_base, training, tokenizer)
+
+    def write_save(
+        self, folder: Path, save_base: bool = True, training: dict | None = None, tokenizer: object | None = None
+    ) -> None:
+        """save_pretrained's files, written into `folder` as they are, blockdecode.json last: for a
+        caller that replaces a folder as a whole itself (a training run's final save, with its plot)."""
         tensors = {name: t.detach().contiguous().cpu() for name, t in self.heads.state_dict().items()}
         meta = {"heads": self.config.to_dict(), "base_model": "." if save_base else self.base_location}
         if not save_base:  # so a reload can tell whether that location still holds these weights
             meta["base_signature"] = weights_signature(self.base)
         if training is not None:
             meta["training"] = training
-        with saving_folder(directory, HEADS_CONFIG) as staging:
-            if save_base:
-                self.base.save_pretrained(staging)
-            if tokenizer is not None:
-                tokenizer.save_pretrained(staging)
-            save_file(tensors, str(staging / HEADS_WEIGHTS), metadata={"format": "pt"})
-            write_text(staging / HEADS_CONFIG, json.dumps(meta, indent=2) + "\n")
+        if save_base:
+            self.base.save_pretrained(folder)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(folder)
+        save_file(tensors, str(folder / HEADS_WEIGHTS), metadata={"format": "pt"})
+        write_text(folder / HEADS_CONFIG, json.dumps(meta, indent=2) + "\n")
 
     @classmethod
     def from_pretrained(

@@ -253,7 +253,7 @@ class TranslationTraining(training.Task):
     """The translation model trained from scratch on length-bucketed batches of verse pairs, for
     `training.Loop`."""
 
-    name, png, rate = "translation model", "translation.png", "target_tokens_per_s"
+    name, png, rate, last = "translation model", "translation.png", "target_tokens_per_s", "model"
     curves = plots.Curves(
         train="train loss (smoothed labels)", heldout={"heldout_loss": "held-out loss"}, side=plots.bleu
     )
@@ -301,11 +301,10 @@ class TranslationTraining(training.Task):
     def load_state(self, state: dict) -> None:
         self.model.load_state_dict(state["model"])
 
-    def save(self, model: MarianMTModel, records: list[dict]) -> None:
-        """model/: the weights, Marian's generation config and the tokenizer, saved whole."""
-        with saving_folder(Path(self.config.out) / "model", "config.json") as staging:
-            self.tokenizer.save_pretrained(staging)
-            model.save_pretrained(staging)
+    def save(self, model: MarianMTModel, records: list[dict], folder: Path) -> None:
+        """model/: the weights, Marian's generation config and the tokenizer."""
+        self.tokenizer.save_pretrained(folder / "model")
+        model.save_pretrained(folder / "model")
 
 
 def train_translation(cfg: TranslationConfig, show: bool = True) -> MarianMTModel:
