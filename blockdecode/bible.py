@@ -26,7 +26,7 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from blockdecode.io import read_utf8, write_text
+from blockdecode.io import read_utf8, saving_folder, write_text
 
 ENGLISH, SPANISH = "engKJV2006eb", "spaRV1909eb"
 HELD_OUT_VERSES = (  # from the test split (chapters a model trained on the training verses never saw)
@@ -169,15 +169,14 @@ def _pairs(src: Module, tgt: Module, show: bool) -> Iterator[VersePair]:
 
 
 def write_corpus(pairs: list[VersePair], out: str | Path) -> dict[str, int]:
-    """train.tsv, valid.tsv and test.tsv in `out` (columns: reference, English, Spanish), each
-    written atomically; the pairs per split."""
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    """train.tsv, valid.tsv and test.tsv in `out` (columns: reference, English, Spanish), replacing an
+    earlier corpus's as a whole (`io.saving_folder`); the pairs per split."""
     rows: dict[str, list[str]] = {"train": [], **{name: [] for name in SPLITS}}
     for pair in pairs:
         rows[split_of(pair.chapter)].append(f"{pair.ref}\t{pair.source}\t{pair.target}\n")
-    for name, lines in rows.items():
-        write_text(out / f"{name}.tsv", "".join(lines))
+    with saving_folder(Path(out), "train.tsv") as staging:
+        for name in sorted(rows, key=lambda n: n == "train"):  # train.tsv last: it marks the corpus whole
+            write_text(staging / f"{name}.tsv", "".join(rows[name]))
     return {name: len(lines) for name, lines in rows.items()}
 
 

@@ -23,13 +23,15 @@ cannot be stored is used anyway."""
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import statistics
 import sys
+import threading
 import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -40,7 +42,7 @@ from blockdecode.decode import decode
 from blockdecode.drafters import CHOICES, drafter_names
 from blockdecode.hf import context_length, dtype_name, same_weights, weights_digest, weights_signature
 from blockdecode.io import locked, read_json, write_json
-from blockdecode.plan import make_plan, max_tree
+from blockdecode.plan import block_size, make_plan, max_tree
 from blockdecode.timing import forward_cost
 
 LARGEST = 64  # the largest tree, decoded to predict every smaller one
@@ -319,13 +321,30 @@ def record_statistics(lm, prompts: list[torch.LongTensor], folder: str | Path) -
     return sources
 
 
+_CHOOSING = threading.Lock()
+
+
+def one_at_a_time(choose: Callable[..., Calibration]) -> Callable[..., Calibration]:
+    """Calibrations in one process run one at a time: a thread that asks while another measures waits
+    and reads the choice from the cache, rather than measuring under the other's load or racing it
+    to store."""
+
+    @functools.wraps(choose)
+    def serialised(*args, **kwargs) -> Calibration:
+        with _CHOOSING:
+            return choose(*args, **kwargs)
+
+    return serialised
+
+
+@one_at_a_time
 def calibrate(
     lm, prompts: list[torch.LongTensor], drafter="auto", k: int | None = None, refresh: bool = False, show: bool = True
 ) -> Calibration:
     """The fastest setting for `lm` here (and for drafter="auto" the fastest drafters of CHOICES),
     from the cache when it was chosen for exactly this model and setting, else predicted now and
     stored. `drafter` is a name or a drafter object. One line on stderr says when it measures."""
-    k = k or lm.k
+    k = lm.k if k is None else block_size(k)
     name = drafter if isinstance(drafter, str) else make_plan(lm.base, drafter, k, 1, lm=lm).drafter_name
     key = calibration_key(lm, name, k)
     names = CHOICES if name == "auto" else (name,)

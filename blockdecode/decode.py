@@ -18,8 +18,8 @@ import torch
 from transformers import PreTrainedModel
 
 from blockdecode.acceptance import Acceptance
-from blockdecode.adapter import check_prompt, open_decoder
-from blockdecode.drafters import Drafter, check_proposal
+from blockdecode.adapter import check_prompt, open_decoder, token_budget
+from blockdecode.drafters import Drafter, check_ids, check_paths, check_proposal
 from blockdecode.hf import vocab_size
 from blockdecode.plan import DecodePlan, make_plan
 from blockdecode.rules import greedy_rules
@@ -116,9 +116,9 @@ def decode(
     `on_block`, if given, receives the tokens each call gains (the prefill's one included), in order:
     enough to stream text and to show the accepted blocks. `generator`: where sampling draws its
     randomness (default: torch's global one), so that a seed gives the same tokens."""
-    prompt = check_prompt(model, input_ids, max_new_tokens)
+    prompt, max_new_tokens = check_prompt(model, input_ids, max_new_tokens), token_budget(max_new_tokens)
     base, start = open_decoder(model, prompt, plan.cache_implementation, max_new_tokens + (plan.tree or 0))
-    run = Run(model, plan, start, int(max_new_tokens), on_block)
+    run = Run(model, plan, start, max_new_tokens, on_block)
     logits, h = base.prefill(start)
     _, first, _ = accept(plan, Tree(), run.rules.apply(logits[:, -1].float(), run.length), generator)
     run.gain(first, [0])
@@ -141,16 +141,14 @@ def predict(plan: DecodePlan, tokens: torch.LongTensor, hidden: torch.Tensor, de
     if depth == 0:
         return candidates
     if plan.tree is None:
-        chain = plan.drafters[0].propose(tokens, hidden, depth)
-        check_proposal(chain, depth, vocab, bounds=not plan.drafters[0].in_vocabulary)
-        candidates.add_path(chain[0].tolist(), depth, depth)
+        chain = check_proposal(plan.drafters[0].propose(tokens, hidden, depth), depth)
+        candidates.add_path(check_ids(chain, vocab), depth, depth)
         return candidates
     for drafter in plan.drafters:
         if len(candidates) >= plan.tree:
             break
-        for path in drafter.propose_paths(tokens, hidden, depth, plan.tree - len(candidates)):
-            if not drafter.in_vocabulary and any(not 0 <= t < vocab for t in path):
-                raise ValueError(f"the drafter proposed token ids outside the vocabulary [0, {vocab})")
+        paths = drafter.propose_paths(tokens, hidden, depth, plan.tree - len(candidates))
+        for path in check_paths(paths, depth, vocab):
             candidates.add_path(path, plan.tree, depth)
     return candidates
 

@@ -9,6 +9,7 @@ import hashlib
 import inspect
 import logging
 import operator
+import threading
 import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -202,15 +203,33 @@ def context_length(model: PreTrainedModel) -> int | None:
     return None
 
 
-def integer(value: object, name: str) -> int:
-    """An int from anything integer-like (numpy and 0-d tensor integers too); bools, strings and
-    floats are refused with a message naming the argument."""
+def as_integer(value: object) -> int | None:
+    """The int an integral value stands for (Python and numpy integers, a 0-d integer tensor), else
+    None: a bool, a float or a string is not a count, whatever int() would make of it."""
     if isinstance(value, bool | str | bytes):
-        raise TypeError(f"{name} must be an integer, got {value!r}")
+        return None
+    if isinstance(value, torch.Tensor) and (value.dim() != 0 or value.dtype == torch.bool):
+        return None
     try:
         return operator.index(value)
     except TypeError:
-        raise TypeError(f"{name} must be an integer, got {type(value).__name__} {value!r}") from None
+        return None
+
+
+def integer(value: object, name: str) -> int:
+    """An int from anything integral (`as_integer`), else a TypeError naming the argument."""
+    result = as_integer(value)
+    if result is None:
+        raise TypeError(f"{name} must be an integer, got {value!r}")
+    return result
+
+
+def at_least(value: object, low: int, message: str) -> int:
+    """An int >= low from anything integral (`as_integer`), else a ValueError: `message`, got `value`."""
+    result = as_integer(value)
+    if result is None or result < low:
+        raise ValueError(f"{message}, got {value!r}")
+    return result
 
 
 def resolve_eos(model: PreTrainedModel, eos_token_id: int | Sequence[int] | None) -> set[int]:
@@ -224,6 +243,26 @@ def resolve_eos(model: PreTrainedModel, eos_token_id: int | Sequence[int] | None
     if isinstance(eos_token_id, Sequence) and not isinstance(eos_token_id, str | bytes):
         return {integer(t, "eos_token_id") for t in eos_token_id}
     return {integer(eos_token_id, "eos_token_id")}
+
+
+def generate_length(model: PreTrainedModel, prompt_length: int, max_new_tokens: int) -> dict[str, int | None]:
+    """transformers' generate arguments for `max_new_tokens` new tokens, given as max_length (the
+    decoder's start token, or the prompt, plus max_new_tokens) with max_new_tokens cleared: a
+    checkpoint whose generation config sets its own max_length (Marian's do) would otherwise meet
+    max_new_tokens, and transformers warns of the clash on every call."""
+    start = 1 if is_seq2seq(model) else prompt_length
+    return {"max_length": start + max_new_tokens, "max_new_tokens": None}
+
+
+def special_ids(model: PreTrainedModel) -> set[int]:
+    """The ids that carry no text: EOS, BOS, padding and an encoder-decoder's decoder start token."""
+    ids = resolve_eos(model, None)
+    for cfg in (model.generation_config, model.config):
+        for name in ("bos_token_id", "pad_token_id", "decoder_start_token_id"):
+            value = as_integer(getattr(cfg, name, None))
+            if value is not None:
+                ids.add(value)
+    return ids
 
 
 def cache_argument(model: PreTrainedModel) -> str:
@@ -260,9 +299,25 @@ def make_cache(model: PreTrainedModel, impl: str, max_len: int):
 
 
 @contextmanager
+def own_thread_hook(module: torch.nn.Module, hook, with_kwargs: bool = False) -> Iterator[None]:
+    """`hook` as a forward pre-hook of `module` while the context is open, run only on forwards of the
+    thread that opened it: threads sharing one model never see, or change, each other's calls."""
+    owner = threading.get_ident()
+
+    def own(*args):
+        return hook(*args) if threading.get_ident() == owner else None
+
+    handle = module.register_forward_pre_hook(own, with_kwargs=with_kwargs)
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
+@contextmanager
 def decoder_output(model: PreTrainedModel) -> Iterator[list[torch.Tensor]]:
     """Record the input of the model's output projection, the decoder output h that the heads
-    read, for as long as the context is open.
+    read, for as long as the context is open, from this thread's forwards only.
 
     A hook on the projection works for every architecture (final norms, OPT's project_out,
     NeoX's embed_out, Phi's biased head, tied embeddings) without re-implementing any model's
@@ -272,8 +327,5 @@ def decoder_output(model: PreTrainedModel) -> Iterator[list[torch.Tensor]]:
     def hook(_module: torch.nn.Module, args: tuple) -> None:
         box[:] = [args[0]]
 
-    handle = model.get_output_embeddings().register_forward_pre_hook(hook)
-    try:
+    with own_thread_hook(model.get_output_embeddings(), hook):
         yield box
-    finally:
-        handle.remove()

@@ -30,7 +30,7 @@ from blockdecode.corpus import (
 )
 from blockdecode.data import fingerprint
 from blockdecode.hf import load_tokenizer
-from blockdecode.io import atomic_write, read_json, save_npy, saving_folder, write_json
+from blockdecode.io import atomic_write, read_json, save_npy, write_json
 
 SPLITS = ("train", "heldout", "heldout_packages")
 """`heldout` holds the standard library's held-out files alone (the same files as the first built-in
@@ -209,7 +209,7 @@ def lm_loss(model: LlamaForCausalLM, batch: torch.LongTensor) -> torch.Tensor:
 class Pretraining(training.Task):
     """The base model trained from scratch on the corpus' token stream, for `training.Loop`."""
 
-    name, png = "pretrain", "pretrain.png"
+    name, png, last = "pretrain", "pretrain.png", "pretrain.json"
     curves = plots.Curves(
         heldout={"heldout_loss": "held-out stdlib", "heldout_packages_loss": "held-out torch + transformers"}
     )
@@ -252,17 +252,15 @@ class Pretraining(training.Task):
             )
         self.model.load_state_dict(state["model"])
 
-    def save(self, model: LlamaForCausalLM, records: list[dict]) -> None:
-        """model/ (safetensors, tokenizer, generation config), saved whole, and pretrain.json."""
+    def save(self, model: LlamaForCausalLM, records: list[dict], folder: Path) -> None:
+        """model/ (safetensors, tokenizer, generation config), then pretrain.json."""
         eos = self.eos
         model.generation_config = GenerationConfig(
             bos_token_id=eos, eos_token_id=eos, pad_token_id=eos, do_sample=False
         )
-        out = Path(self.config.out)
-        with saving_folder(out / "model", "config.json") as staging:
-            model.save_pretrained(staging)
-            self.tokenizer.save_pretrained(staging)
-        write_json(out / "pretrain.json", summary(self.config, records, self.corpus))
+        model.save_pretrained(folder / "model")
+        self.tokenizer.save_pretrained(folder / "model")
+        write_json(folder / "pretrain.json", summary(self.config, records, self.corpus))
 
 
 def pretrain(cfg: PretrainConfig, show: bool = True) -> LlamaForCausalLM:

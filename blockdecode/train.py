@@ -33,6 +33,7 @@ from blockdecode.heads import most_frequent, path_tokens
 from blockdecode.hf import (
     context_length,
     decoder_output,
+    generate_length,
     is_seq2seq,
     load_base,
     load_tokenizer,
@@ -42,7 +43,7 @@ from blockdecode.hf import (
 )
 from blockdecode.io import CheckpointError, atomic_write, read_jsonl, save_npy, write_json
 from blockdecode.loss import IGNORE, linear_cross_entropy
-from blockdecode.model import BlockwiseLM
+from blockdecode.model import HEADS_CONFIG, BlockwiseLM
 from blockdecode.plan import make_plan
 from blockdecode.reference import greedy_generate
 from blockdecode.rules import greedy_rules
@@ -367,8 +368,8 @@ def distill_pairs(base: PreTrainedModel, pairs: Pairs, cfg: TrainConfig, show: b
             attention_mask=(batch >= 0).long().to(base.device),
             do_sample=False,
             num_beams=cfg.distill_beams,
-            max_new_tokens=cfg.distill_new_tokens,
             decoder_start_token_id=start,
+            **generate_length(base, 1, cfg.distill_new_tokens),
         ).cpu()
         return _cut_at_eos(out, 1, eos, 1 + cfg.distill_new_tokens)
 
@@ -490,6 +491,7 @@ class HeadTraining(training.Task):
     each process takes its share of the global batch, and the loss is the global batch's token mean."""
 
     evaluate_first = True  # the first evaluation is the original base's
+    last = HEADS_CONFIG  # what write_save writes last, and what readers of the folder wait on
     curves = plots.Curves(heldout={"eval_base_loss": "held-out base loss"}, ylabel=None, side=plots.head_accuracy)
 
     def __init__(
@@ -565,10 +567,10 @@ class HeadTraining(training.Task):
             self.model.model.base.load_state_dict(state["base"])
         random.setstate(state["python_rng"])
 
-    def save(self, model: Objective, records: list[dict]) -> None:
+    def save(self, model: Objective, records: list[dict], folder: Path) -> None:
         """The heads (and in finetune modes the base), with the tokenizer and the run's record."""
         cfg, record = self.config, run_record(records, self.config, self.row_tokens, self.coverage)
-        model.model.save_pretrained(cfg.out, save_base=cfg.finetune, training=record, tokenizer=self.tokenizer)
+        model.model.write_save(folder, save_base=cfg.finetune, training=record, tokenizer=self.tokenizer)
 
 
 def train(cfg: TrainConfig, callback: Callable[[int, dict], None] | None = None) -> BlockwiseLM:

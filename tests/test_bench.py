@@ -14,7 +14,7 @@ from blockdecode.bench import PRESETS, BenchConfig, Run, block_stats, run_bench
 from blockdecode.cli import main
 from blockdecode.corpus import train_tokenizer
 from blockdecode.toy import toy_model
-from tests.conftest import perturb_heads
+from tests.conftest import interrupt_after, perturb_heads
 
 METRICS = (
     "tokens_per_s",
@@ -201,3 +201,30 @@ def test_bench_on_an_encoder_decoder_translates_to_eos_and_stays_exact(tmp_path:
         assert r["identical_to_greedy"], name
     eos = tokenizer.eos_token_id
     assert all(out[-1] == eos for out in methods["greedy"]["outputs"])  # each translation ended at its EOS
+
+
+def test_an_interrupted_bench_leaves_the_old_folder_or_the_new_one(tmp_path: Path, monkeypatch) -> None:
+    """Stopped (Ctrl-C) after any file of a new run is written, `bench --out` leaves the earlier run's
+    files as they were; finished, the new run's set alone, with no plot of the earlier run beside it."""
+    from blockdecode.bench.report import write_report
+
+    small = dict(new_tokens=6, repeats=1, fwd_reps=1, system_accuracies=[1.0])
+    cfg = BenchConfig.core(
+        out=str(tmp_path / "new"), system_model=dict(vocab=300, width=32, layers=1, heads=2), **small
+    )
+    report = run_bench(cfg, show=False)
+    new = {p.name: p.read_bytes() for p in (tmp_path / "new").iterdir()}
+    out = tmp_path / "out"
+    out.mkdir()
+    for name in ("bench.json", "table.md", "speedup.png", "blocks.png", "cost.png"):
+        (out / name).write_text(f"the earlier run's {name}")
+    old = {p.name: p.read_bytes() for p in out.iterdir()}
+    for stop in range(1, len(new) + 1):
+        interrupt_after(monkeypatch, stop)
+        with pytest.raises(KeyboardInterrupt):
+            write_report(report, out)
+        assert {p.name: p.read_bytes() for p in out.iterdir()} == old, f"stopped after {stop} files"
+    monkeypatch.undo()
+    write_report(report, out)
+    assert sorted(p.name for p in out.iterdir()) == sorted(new)
+    assert json.loads((out / "bench.json").read_text()) == json.loads(new["bench.json"])

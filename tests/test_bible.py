@@ -12,6 +12,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from conftest import interrupt_after
 from pysword.books import BibleStructure
 
 from blockdecode.bible import (
@@ -154,3 +155,21 @@ def test_a_damaged_module_is_one_line_naming_its_file(tmp_path: Path, damage: st
     with pytest.raises(SystemExit, match=f"^error: {re.escape(expected)}[^\n]*$"):
         main(["bible", "--modules", str(tmp_path), "--out", str(tmp_path / "out")])
     assert not (tmp_path / "out").exists()
+
+
+def test_an_interrupted_corpus_leaves_the_old_files_or_the_new(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Stopped after any split's file is written, a new corpus leaves the earlier one as it was."""
+
+    def pairs(text: str) -> list[VersePair]:
+        return [VersePair(f"Ps.{c}.1", f"{text} {c}", f"{text} {c}") for c in range(1, 151)]
+
+    write_corpus(pairs("old"), tmp_path)
+    old = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    for stop in range(1, len(old) + 1):
+        interrupt_after(monkeypatch, stop)
+        with pytest.raises(KeyboardInterrupt):
+            write_corpus(pairs("new"), tmp_path)
+        assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == old, f"stopped after {stop} files"
+    monkeypatch.undo()
+    write_corpus(pairs("new"), tmp_path)
+    assert all("old" not in p.read_text() for p in tmp_path.iterdir())

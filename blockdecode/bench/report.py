@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 from blockdecode import plots
-from blockdecode.io import write_json, write_text
+from blockdecode.io import saving_folder, write_json, write_text
 
 
 def cpu_name() -> str:
@@ -48,16 +48,17 @@ def environment(dtype: str, device: str) -> dict:
 
 
 def write_report(report: dict, out: Path) -> None:
-    """bench.json, the plots and table.md in `out`, each written atomically."""
-    out = Path(out)
-    write_json(out / "bench.json", report)
-    plots.bench(report, out)
-    tables = [markdown(report), acceptance_markdown(report)] if report["methods"] else []
-    if report.get("sampling"):
-        tables.append(sampling_markdown(report["sampling"]))
-    if "system_ceiling" in report:
-        tables.append(core_markdown(report["system_ceiling"]))
-    write_text(out / "table.md", "\n\n".join(tables) + "\n")
+    """bench.json, the plots and table.md in `out`, replacing an earlier run's as a whole: a run
+    interrupted while writing leaves the earlier set, never part of each (`io.saving_folder`)."""
+    with saving_folder(Path(out), "bench.json", replaces=("table.md", *plots.BENCH_PLOTS)) as staging:
+        plots.bench(report, staging)
+        tables = [markdown(report), acceptance_markdown(report)] if report["methods"] else []
+        if report.get("sampling"):
+            tables.append(sampling_markdown(report["sampling"]))
+        if "system_ceiling" in report:
+            tables.append(core_markdown(report["system_ceiling"]))
+        write_text(staging / "table.md", "\n\n".join(tables) + "\n")
+        write_json(staging / "bench.json", report)
 
 
 def _header(report: dict) -> str:

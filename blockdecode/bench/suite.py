@@ -34,7 +34,16 @@ from blockdecode.builtin import DEFAULT_DRAFT_MODEL, DEFAULT_MODEL
 from blockdecode.calibrate import calibrate
 from blockdecode.decode import decode
 from blockdecode.drafters import CHOICES, ScriptedDrafter
-from blockdecode.hf import CACHE_IMPLEMENTATIONS, DTYPES, dtype_for, dtype_name, is_seq2seq, load_base, vocab_size
+from blockdecode.hf import (
+    CACHE_IMPLEMENTATIONS,
+    DTYPES,
+    at_least,
+    dtype_for,
+    dtype_name,
+    is_seq2seq,
+    load_base,
+    vocab_size,
+)
 from blockdecode.io import read_prompts
 from blockdecode.model import BlockwiseLM, load
 from blockdecode.plan import make_plan
@@ -76,13 +85,15 @@ class BenchConfig:
             raise ValueError(f"--device {self.device}: this torch has no CUDA device")
         for name in ("dtype", "system_dtype"):  # "auto" recorded as what it stands for here
             setattr(self, name, dtype_name(dtype_for(getattr(self, name), self.device)))
-        if not self.ks or min(self.ks) < 1:
-            raise ValueError(f"ks must be block sizes >= 1, got {self.ks}")
-        if any(t != "auto" and (not isinstance(t, int) or isinstance(t, bool) or t < 1) for t in self.trees):
-            raise ValueError(f"trees must be node budgets >= 1 or 'auto', got {self.trees}")
+        if not self.ks:
+            raise ValueError("ks must be block sizes >= 1, got none")
+        self.ks = [at_least(k, 1, "ks must be block sizes >= 1") for k in self.ks]
+        self.trees = [
+            t if isinstance(t, str) and t == "auto" else at_least(t, 1, "trees must be node budgets >= 1 or 'auto'")
+            for t in self.trees
+        ]
         for name in ("new_tokens", "n_prompts", "repeats", "max_q", "fwd_reps"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+            setattr(self, name, at_least(getattr(self, name), 1, f"{name} must be a positive integer"))
         for spec in self.acceptance:
             parse_acceptance(spec)  # a bad rule fails before anything runs
         for t in self.temperatures:
