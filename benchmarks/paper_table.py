@@ -34,7 +34,7 @@ from transformers import AutoTokenizer
 from blockdecode.bench.report import cpu_name
 from blockdecode.decode import decode_prompts
 from blockdecode.hf import cache_argument, load_base
-from blockdecode.io import read_jsonl, save_figure, write_json
+from blockdecode.io import read_jsonl, save_figure, saving_folder, write_json
 from blockdecode.model import BlockwiseLM
 from blockdecode.pretrain import PretrainConfig, heldout_batches, heldout_loss
 from blockdecode.reference import first_divergence, greedy_generate
@@ -214,7 +214,16 @@ def markdown(rows: list[dict], ks: list[int], prompt_set: str) -> str:
     return "\n".join(lines)
 
 
-def plot(rows: list[dict], ks: list[int], png: Path) -> None:
+def write_result(path: Path, data: dict, fig) -> None:
+    """`data` as the JSON file `path` and `fig` as the PNG beside it, replacing the earlier pair as one
+    (`io.saving_folder`): a run stopped between the two leaves the old pair, never one of each."""
+    with saving_folder(path.parent, path.name) as staging:
+        save_figure(fig, staging / path.with_suffix(".png").name)
+        write_json(staging / path.name, data)
+
+
+def plot(rows: list[dict], ks: list[int]):
+    """Mean accepted block against k, one panel per prompt set: the figure, for `write_result`."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -232,7 +241,7 @@ def plot(rows: list[dict], ks: list[int], png: Path) -> None:
         ax.set_ylabel("mean accepted block size")
         ax.set_title(f"{name}, exact greedy")
         ax.legend()
-    save_figure(fig, png)
+    return fig
 
 
 def curve(records: list[dict]) -> list[dict]:
@@ -269,8 +278,7 @@ def tradeoff(run_dirs: list[Path], png: Path) -> dict:
     ax.set_ylabel("mean accepted block (held-out, trained k)")
     ax.set_title("speed against quality over training (labels: step)")
     ax.legend(fontsize="small")
-    save_figure(fig, png)
-    write_json(png.with_suffix(".json"), curves)
+    write_result(png.with_suffix(".json"), curves, fig)
     return curves
 
 
@@ -313,9 +321,8 @@ def widths(run_dirs: list[Path], png: Path) -> dict:
     ax.set_ylabel("mean accepted block (held-out, trained k)")
     ax.set_title("head width at equal training time")
     ax.legend(fontsize="small")
-    save_figure(fig, png)
     result = {"compared_at_time": until, "better": best, "runs": runs}
-    write_json(png.with_suffix(".json"), result)
+    write_result(png.with_suffix(".json"), result, fig)
     return result
 
 
@@ -430,9 +437,7 @@ def main() -> None:
         "torch": torch.__version__,
         "machine": torch.cuda.get_device_name() if args.device.startswith("cuda") else cpu_name(),
     }
-    out = Path(args.out)
-    write_json(out, result)
-    plot(rows, ks, out.with_suffix(".png"))
+    write_result(Path(args.out), result, plot(rows, ks))
     tables = [f"{name}: mean (median) accepted block\n\n{markdown(rows, ks, name)}" for name in prompt_sets]
     print("\n\n".join(tables))
     if args.doc:

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from blockdecode.hf import at_least
+
 
 @dataclass(frozen=True)
 class Acceptance:
@@ -27,10 +29,10 @@ class Acceptance:
     def __post_init__(self) -> None:
         if self.rule not in RULES:
             raise ValueError(f"unknown acceptance rule {self.rule!r}: choose {', '.join(RULES)}")
-        if self.rule == "topk" and not (isinstance(self.n, int) and self.n >= 1):
-            raise ValueError(f"topk:N needs an integer N >= 1, got {self.n!r}")
-        if self.rule == "min-block" and not (isinstance(self.min_block, int) and self.min_block >= 1):
-            raise ValueError(f"min-block:L needs an integer L >= 1, got {self.min_block!r}")
+        if self.rule == "topk":
+            object.__setattr__(self, "n", at_least(self.n, 1, "topk:N needs an integer N >= 1"))
+        if self.rule == "min-block":
+            object.__setattr__(self, "min_block", at_least(self.min_block, 1, "min-block:L needs an integer L >= 1"))
         if self.rule == "distance":
             if not self.eps >= 0:  # also refuses NaN
                 raise ValueError(f"distance:EPS needs a number EPS >= 0, got {self.eps!r}")

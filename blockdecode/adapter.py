@@ -22,14 +22,24 @@ self-attention cache only (see docs/design.md)."""
 from __future__ import annotations
 
 import inspect
-import numbers
 import weakref
 from collections.abc import Sequence
+from contextlib import nullcontext
 
 import torch
 from transformers import PreTrainedModel
 
-from blockdecode.hf import cache_argument, context_length, decoder_output, is_seq2seq, make_cache, vocab_size
+from blockdecode.hf import (
+    at_least,
+    cache_argument,
+    context_length,
+    decoder_output,
+    is_seq2seq,
+    make_cache,
+    own_thread_hook,
+    special_ids,
+    vocab_size,
+)
 
 
 class CausalAdapter:
@@ -273,16 +283,15 @@ class Seq2seqAdapter(CausalAdapter):
             raise ValueError(f"{type(self.model).__name__} takes no decoder position ids: it cannot score a tree")
         if position_ids is not None and self.position_arg:
             kwargs["decoder_position_ids"] = position_ids
-        hook = None
-        if position_ids is not None and self.embed_positions is not None:
+        given = position_ids is not None and self.embed_positions is not None
 
-            def given_positions(module, args, module_kwargs, _output):
-                # The decoder's own position ids are one row for the whole batch: embed each row's.
-                rows = [module.forward(*args, **{**module_kwargs, "position_ids": p}) for p in position_ids]
-                return torch.stack([r.reshape(r.shape[-2:]) for r in rows])
+        def given_positions(module, args, module_kwargs, _output):
+            # The decoder's own position ids are one row for the whole batch: embed each row's.
+            rows = [module.forward(*args, **{**module_kwargs, "position_ids": p}) for p in position_ids]
+            return torch.stack([r.reshape(r.shape[-2:]) for r in rows])
 
-            hook = self.embed_positions.register_forward_hook(given_positions, with_kwargs=True)
-        try:
+        hooked = own_thread_hook(self.embed_positions, given_positions, with_kwargs=True, after=True)
+        with hooked if given else nullcontext():
             out = self.model(
                 encoder_outputs=self.encoded,
                 attention_mask=self.source_mask,
@@ -290,12 +299,14 @@ class Seq2seqAdapter(CausalAdapter):
                 decoder_attention_mask=attention_mask,
                 **kwargs,
             )
-        finally:
-            if hook is not None:
-                hook.remove()
         if logits_to_keep:  # seq2seq heads score every position; keep what a causal LM would
             out.logits = out.logits[:, -logits_to_keep:]
         return out
+
+
+def token_budget(max_new_tokens: object) -> int:
+    """max_new_tokens as an int >= 1 (any integral type), or a clear error."""
+    return at_least(max_new_tokens, 1, "max_new_tokens must be a positive integer")
 
 
 def check_prompt(model: PreTrainedModel, input_ids: torch.Tensor, max_new_tokens: int) -> torch.LongTensor:
@@ -314,11 +325,12 @@ def check_prompt(model: PreTrainedModel, input_ids: torch.Tensor, max_new_tokens
         raise ValueError(f"the {what} is empty: give at least one token")
     if input_ids.dtype not in (torch.int64, torch.int32):
         raise TypeError(f"input_ids must hold integer token ids, got dtype {input_ids.dtype}")
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, numbers.Integral) or max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
+    max_new_tokens = token_budget(max_new_tokens)
     vocab = model.get_input_embeddings().num_embeddings if seq2seq else vocab_size(model)
     if int(input_ids.min()) < 0 or int(input_ids.max()) >= vocab:
         raise ValueError(f"the {what} holds token ids outside the model's vocabulary [0, {vocab})")
+    if set(input_ids[0].tolist()) <= special_ids(model):  # "" as a tokenizer that adds EOS or BOS encodes it
+        raise ValueError(f"the {what} is empty: it holds only special tokens {input_ids[0].tolist()}, no text")
     limit = context_length(model)
     if seq2seq:
         if limit is not None and input_ids.shape[1] > limit:

@@ -15,7 +15,10 @@ saw, the same ones on every machine."""
 from __future__ import annotations
 
 import hashlib
+import lzma
 import re
+import struct
+import zlib
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -23,7 +26,7 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from blockdecode.io import write_text
+from blockdecode.io import read_utf8, saving_folder, write_text
 
 ENGLISH, SPANISH = "engKJV2006eb", "spaRV1909eb"
 HELD_OUT_VERSES = (  # from the test split (chapters a model trained on the training verses never saw)
@@ -33,6 +36,9 @@ HELD_OUT_VERSES = (  # from the test split (chapters a model trained on the trai
     "Three times in the year all thy males shall appear before the Lord GOD.",
 )
 SPLITS = {"valid": 2, "test": 5}  # percent of chapters; the rest is "train"
+# How pysword fails on damaged module data: an index pointing past the text's end gives bytes where
+# it expects str (TypeError), compressed blocks that do not decompress, records cut short.
+DAMAGED_DATA = (TypeError, ValueError, LookupError, OSError, EOFError, struct.error, zlib.error, lzma.LZMAError)
 
 
 @dataclass(frozen=True)
@@ -100,18 +106,62 @@ def read_pairs(modules: str | Path, source: str = ENGLISH, target: str = SPANISH
     missing = [name for name in (source, target) if name not in found]
     if missing:
         raise FileNotFoundError(f"{folder} lacks the SWORD module(s) {', '.join(missing)}; it has {sorted(found)}")
-    src, tgt = library.get_bible_from_module(source), library.get_bible_from_module(target)
+    src, tgt = (_open(library, folder, name, found[name]) for name in (source, target))
     pairs = list(_pairs(src, tgt, show))
     counts = Counter(word for p in pairs if not p.ref.endswith(".1") for word in _WORD.findall(p.target))
     return [VersePair(p.ref, p.source, undo_drop_cap(p.target, counts)) if p.ref.endswith(".1") else p for p in pairs]
 
 
-def _pairs(src, tgt, show: bool) -> Iterator[VersePair]:
-    books = src.get_structure().get_books()
+@dataclass(frozen=True)
+class Module:
+    """A SWORD module's Bible text as pysword reads it, and the folder its data lies in."""
+
+    name: str
+    data: Path
+    bible: object
+
+    def verses(self, book: str, chapter: int) -> list[str]:
+        """The chapter's verse texts; damaged data is a ValueError naming the module's folder, not
+        whatever pysword raises on it."""
+        try:
+            return list(self.bible.get_iter(books=[book], chapters=[chapter], clean=True))
+        except DAMAGED_DATA as err:
+            raise ValueError(
+                f"{self.data}: the data of the SWORD module {self.name} is damaged ({book} {chapter}: "
+                f"{type(err).__name__}: {err})"
+            ) from err
+
+
+def _open(library, folder: Path, name: str, conf: dict[str, str]) -> Module:
+    """pysword's reader of module `name`; a .conf without the entries it needs, naming what pysword
+    refuses, or data that is missing is an error naming the file."""
+    conf_file = _conf_file(folder, name)
+    lacking = [key for key in ("DataPath", "ModDrv") if key.lower() not in conf]
+    if lacking:
+        raise ValueError(f"{conf_file} has no {' or '.join(lacking)} entry for the SWORD module {name}")
+    data = folder / conf["datapath"]
+    try:
+        bible = library.get_bible_from_module(name)
+    except OSError as err:  # "Could not open OT or NT for module"
+        raise FileNotFoundError(
+            f"{data} holds no readable text of the SWORD module {name} (the DataPath of {conf_file})"
+        ) from err
+    except ValueError as err:  # an unknown ModDrv or versification
+        raise ValueError(f"{conf_file}: {err}") from err
+    return Module(name, data, bible)
+
+
+def _conf_file(folder: Path, name: str) -> Path:
+    """The .conf in mods.d/ that declares the module `name`."""
+    confs = sorted((folder / "mods.d").glob("*.conf"))
+    return next((p for p in confs if f"[{name}]" in p.read_text(errors="replace")), folder / "mods.d")
+
+
+def _pairs(src: Module, tgt: Module, show: bool) -> Iterator[VersePair]:
+    books = src.bible.get_structure().get_books()
     chapters = [(book, c) for part in ("ot", "nt") for book in books.get(part, []) for c in range(book.num_chapters)]
     for book, c in tqdm(chapters, desc="reading verse pairs", unit="chapter", disable=not show):
-        english = list(src.get_iter(books=[book.name], chapters=[c + 1], clean=True))
-        spanish = list(tgt.get_iter(books=[book.name], chapters=[c + 1], clean=True))
+        english, spanish = src.verses(book.name, c + 1), tgt.verses(book.name, c + 1)
         for v, (en, es) in enumerate(zip(english, spanish), start=1):
             en, es = clean(en), clean(es)
             if en and es:
@@ -119,22 +169,21 @@ def _pairs(src, tgt, show: bool) -> Iterator[VersePair]:
 
 
 def write_corpus(pairs: list[VersePair], out: str | Path) -> dict[str, int]:
-    """train.tsv, valid.tsv and test.tsv in `out` (columns: reference, English, Spanish), each
-    written atomically; the pairs per split."""
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    """train.tsv, valid.tsv and test.tsv in `out` (columns: reference, English, Spanish), replacing an
+    earlier corpus's as a whole (`io.saving_folder`); the pairs per split."""
     rows: dict[str, list[str]] = {"train": [], **{name: [] for name in SPLITS}}
     for pair in pairs:
         rows[split_of(pair.chapter)].append(f"{pair.ref}\t{pair.source}\t{pair.target}\n")
-    for name, lines in rows.items():
-        write_text(out / f"{name}.tsv", "".join(lines))
+    with saving_folder(Path(out), "train.tsv") as staging:
+        for name in sorted(rows, key=lambda n: n == "train"):  # train.tsv last: it marks the corpus whole
+            write_text(staging / f"{name}.tsv", "".join(rows[name]))
     return {name: len(lines) for name, lines in rows.items()}
 
 
 def read_tsv(path: str | Path) -> list[VersePair]:
     """Pairs from a file `write_corpus` wrote (or any TSV of reference, source, target)."""
     pairs = []
-    for n, line in enumerate(Path(path).read_text(encoding="utf-8").split("\n"), start=1):
+    for n, line in enumerate(read_utf8(path).split("\n"), start=1):
         if not line:
             continue
         fields = line.split("\t")

@@ -23,14 +23,15 @@ cannot be stored is used anyway."""
 
 from __future__ import annotations
 
-import json
+import functools
 import math
 import os
 import statistics
 import sys
+import threading
 import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -40,8 +41,8 @@ from blockdecode.adapter import takes_tree_masks
 from blockdecode.decode import decode
 from blockdecode.drafters import CHOICES, drafter_names
 from blockdecode.hf import context_length, dtype_name, same_weights, weights_digest, weights_signature
-from blockdecode.io import locked, write_json
-from blockdecode.plan import make_plan, max_tree
+from blockdecode.io import locked, read_json, write_json
+from blockdecode.plan import block_size, make_plan, max_tree
 from blockdecode.timing import forward_cost
 
 LARGEST = 64  # the largest tree, decoded to predict every smaller one
@@ -87,22 +88,9 @@ _CACHE: dict[str, dict] = {}  # cache file -> its entries, read once per process
 _UNWRITABLE: set[str] = set()  # cache files already warned about
 
 
-def note(path: Path, problem: str) -> None:
-    print(f"blockdecode: {path} {problem}; measuring again", file=sys.stderr)
-
-
-def read_json(path: Path) -> object:
-    """The JSON in `path`, or a ValueError saying in a few words what is wrong with the file."""
-    try:
-        return json.loads(Path(path).read_bytes().decode("utf-8"))
-    except UnicodeDecodeError:
-        raise ValueError("is not UTF-8 text") from None
-    except json.JSONDecodeError as err:
-        raise ValueError(f"is not JSON ({err.msg}, line {err.lineno})") from None
-    except RecursionError:
-        raise ValueError("nests its JSON too deeply to read") from None
-    except OSError as err:
-        raise ValueError(f"cannot be read ({err.strerror or err})") from None
+def note(message: str) -> None:
+    """One line on stderr: what was wrong with a file (named in `message`), and that it is measured again."""
+    print(f"blockdecode: {message}; measuring again", file=sys.stderr)
 
 
 def read_cache(path: Path, quiet: bool = False) -> dict:
@@ -113,10 +101,10 @@ def read_cache(path: Path, quiet: bool = False) -> dict:
     try:
         stored = read_json(path)
         if not isinstance(stored, dict):
-            raise ValueError(f"holds a JSON {type(stored).__name__}, not an object of choices")
+            raise ValueError(f"{path} holds a JSON {type(stored).__name__}, not an object of choices")
     except ValueError as err:
         if not quiet:
-            note(path, str(err))
+            note(str(err))
         return {}
     return stored
 
@@ -312,19 +300,19 @@ def shipped_statistics(lm, k: int, names: Sequence[str]) -> dict | None:
     try:
         saved = read_json(path)
         if not isinstance(saved, dict):
-            raise ValueError(f"holds a JSON {type(saved).__name__}, not an object")
+            raise ValueError(f"{path} holds a JSON {type(saved).__name__}, not an object")
         signature, sources = saved.get("signature"), saved.get("sources")
         if not (isinstance(signature, list) and all(is_number(x) for x in signature) and isinstance(sources, dict)):
-            raise ValueError("holds no weights signature or no statistics")
+            raise ValueError(f"{path} holds no weights signature or no statistics")
     except ValueError as err:
-        note(path, str(err))
+        note(str(err))
         return None
     if saved.get("k") != k or not same_weights(signature, weights_signature(lm)):
         return None
     if any(n not in sources for n in names):
         return None
     if not all(is_statistics(sources[n]) for n in names):
-        note(path, "holds acceptance statistics that are not lists of counts")
+        note(f"{path} holds acceptance statistics that are not lists of counts")
         return None
     return {n: sources[n] for n in names}
 
@@ -339,13 +327,30 @@ def record_statistics(lm, prompts: list[torch.LongTensor], folder: str | Path) -
     return sources
 
 
+_CHOOSING = threading.Lock()
+
+
+def one_at_a_time(choose: Callable[..., Calibration]) -> Callable[..., Calibration]:
+    """Calibrations in one process run one at a time: a thread that asks while another measures waits
+    and reads the choice from the cache, rather than measuring under the other's load or racing it
+    to store."""
+
+    @functools.wraps(choose)
+    def serialised(*args, **kwargs) -> Calibration:
+        with _CHOOSING:
+            return choose(*args, **kwargs)
+
+    return serialised
+
+
+@one_at_a_time
 def calibrate(
     lm, prompts: list[torch.LongTensor], drafter="auto", k: int | None = None, refresh: bool = False, show: bool = True
 ) -> Calibration:
     """The fastest setting for `lm` here (and for drafter="auto" the fastest drafters of CHOICES),
     from the cache when it was chosen for exactly this model and setting, else predicted now and
     stored. `drafter` is a name or a drafter object. One line on stderr says when it measures."""
-    k = k or lm.k
+    k = lm.k if k is None else block_size(k)
     name = drafter if isinstance(drafter, str) else make_plan(lm.base, drafter, k, 1, lm=lm).drafter_name
     key = calibration_key(lm, name, k)
     names = CHOICES if name == "auto" else (name,)
@@ -355,7 +360,7 @@ def calibrate(
         try:
             return cached(entry, key, spec, min(LARGEST, max_tree(lm.base)))
         except ValueError as err:
-            note(cache_file(), f"entry for {name}, k={k} {err}")
+            note(f"{cache_file()} entry for {name}, k={k} {err}")
     if not prompts:
         raise ValueError("calibration needs at least one prompt")
     limit = context_length(lm.base)

@@ -17,7 +17,8 @@ from blockdecode.drafters import CHOICES, DRAFTERS
 from blockdecode.export import EXPORT_FORMATS
 from blockdecode.hardware import MIXED_PRECISIONS
 from blockdecode.heads import HEAD_TYPES
-from blockdecode.hf import DTYPE_CHOICES, DTYPES, dtype_for, dtype_name, is_seq2seq
+from blockdecode.hf import DTYPE_CHOICES, DTYPES, dtype_for, dtype_name, is_seq2seq, load_config, load_tokenizer
+from blockdecode.io import read_prompts
 
 
 def read_value_map(path: str) -> list[float]:
@@ -95,7 +96,7 @@ def cmd_generate(args: argparse.Namespace) -> None:
 def model_prompts(model_dir: str, tokenizer, n: int = 4) -> list:
     """The held-out prompts shipped beside a model (prompts.json), as token ids; none if it has none."""
     path = Path(model_dir) / "prompts.json"
-    texts = json.loads(path.read_text())[:n] if path.is_file() else []
+    texts = read_prompts(path)[:n] if path.is_file() else []
     return [tokenizer(t, return_tensors="pt").input_ids for t in texts]
 
 
@@ -268,7 +269,7 @@ def add_pretrain_translation_parser(sub) -> None:
 def causal_only(model_dir: str | None, command: str) -> None:
     """`demo` (code) continues code prompts; an encoder-decoder model is refused by name."""
     config = Path(model_dir or "") / "config.json"
-    if model_dir and config.is_file() and json.loads(config.read_text()).get("is_encoder_decoder"):
+    if model_dir and config.is_file() and getattr(load_config(model_dir), "is_encoder_decoder", False):
         raise ValueError(
             f"`blockdecode {command}` continues code prompts with a causal LM; {model_dir} is an encoder-decoder "
             f"model: translate with `blockdecode demo --task translate --model {model_dir}` or `blockdecode generate "
@@ -277,7 +278,7 @@ def causal_only(model_dir: str | None, command: str) -> None:
 
 
 def cmd_bench(args: argparse.Namespace) -> None:
-    from blockdecode.bench import PRESETS, acceptance_markdown, core_markdown, markdown, run_bench
+    from blockdecode.bench import PRESETS, acceptance_markdown, core_markdown, markdown, run_bench, sampling_markdown
 
     preset = "quick" if args.quick else args.preset
     chosen = {"model": args.model, "draft": args.draft, "prompts": args.prompts}
@@ -286,6 +287,8 @@ def cmd_bench(args: argparse.Namespace) -> None:
     chosen["acceptance"] = [a for a in (args.acceptance or "").split(",") if a]
     if args.k:
         chosen["ks"] = [int(k) for k in args.k.split(",")]
+    if args.temperatures is not None:
+        chosen["temperatures"] = [float(t) for t in args.temperatures.split(",") if t and t != "off"]
     if args.trees:
         chosen["trees"] = [t for t in args.trees if t is not None]
     for name in ("new_tokens", "n_prompts", "repeats", "out", "device"):
@@ -299,6 +302,8 @@ def cmd_bench(args: argparse.Namespace) -> None:
     report = run_bench(cfg)
     if report["methods"]:
         print(markdown(report))
+    if report.get("sampling"):
+        print(f"\n{sampling_markdown(report['sampling'])}")
     if cfg.acceptance:
         print("\nApproximate acceptance: NOT the exact greedy output; what each rule costs:\n")
         print(acceptance_markdown(report))
@@ -328,6 +333,11 @@ def add_bench_parser(sub) -> None:
     p.add_argument("--n-prompts", type=positive_int, default=None)
     p.add_argument("--repeats", type=positive_int, default=None)
     p.add_argument("--acceptance", default=None, help="approximate rules to measure too, e.g. topk:2,min-block:3")
+    p.add_argument(
+        "--temperatures",
+        default=None,
+        help="sampling temperatures, comma-separated (default 0.7,1.0; quick 0.7), or off",
+    )
     p.add_argument(
         "--trees",
         type=tree_budgets,
@@ -368,8 +378,6 @@ def cmd_calibrate(args: argparse.Namespace) -> None:
 
 
 def cmd_export(args: argparse.Namespace) -> None:
-    from transformers import AutoTokenizer
-
     from blockdecode.export import check_exportable, export_heads, serve_command
     from blockdecode.model import HEADS_CONFIG, BlockwiseLM, has_heads
 
@@ -379,7 +387,7 @@ def cmd_export(args: argparse.Namespace) -> None:
     model = BlockwiseLM.from_pretrained(args.model, dtype=dtype).to(dtype).eval()
     check_exportable(model, args.format)
     has_tokenizer = (Path(args.model) / "tokenizer_config.json").is_file()  # written beside a base saved with it
-    tokenizer = AutoTokenizer.from_pretrained(args.model) if has_tokenizer else None
+    tokenizer = load_tokenizer(args.model) if has_tokenizer else None
     training = json.loads((Path(args.model) / HEADS_CONFIG).read_text()).get("training")
     provenance = {"exported_from": str(Path(args.model).resolve()), **({"training": training} if training else {})}
     base = export_heads(model, args.out, args.format, tokenizer=tokenizer, provenance=provenance)

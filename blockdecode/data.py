@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from blockdecode.corpus import read_text
+from blockdecode.io import read_utf8
 
 TEXT_SUFFIXES = {".py", ".txt", ".md", ".rst", ".json", ".jsonl", ".c", ".h", ".js", ".ts", ".html", ".css"}
 ARRAY_SUFFIXES = {".npy"}
@@ -151,7 +152,7 @@ def read_parallel(paths: list[str | Path]) -> list[tuple[str, str]]:
 def _lines(path: Path) -> list[str]:
     """A file's lines, split at newlines only (str.splitlines would also split at form feeds and
     Unicode separators inside a sentence)."""
-    text = path.read_text(encoding="utf-8")
+    text = read_utf8(path)
     return [line.removesuffix("\r") for line in text.removesuffix("\n").split("\n")] if text else []
 
 

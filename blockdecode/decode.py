@@ -19,8 +19,8 @@ import torch
 from transformers import PreTrainedModel
 
 from blockdecode.acceptance import Acceptance
-from blockdecode.adapter import check_attention_mask, check_prompt, open_decoder
-from blockdecode.drafters import Drafter, check_proposal
+from blockdecode.adapter import check_attention_mask, check_prompt, open_decoder, token_budget
+from blockdecode.drafters import Drafter, check_ids, check_paths, check_proposal
 from blockdecode.hf import is_seq2seq, vocab_size
 from blockdecode.plan import DecodePlan, make_plan
 from blockdecode.rules import greedy_rules
@@ -125,7 +125,7 @@ def decode(
     `on_block`, if given, receives the tokens each call gains (the prefill's one included), in order:
     enough to stream text and to show the accepted blocks (one row only). `generator`: where sampling
     draws its randomness (default: torch's global one), so that a seed gives the same tokens."""
-    prompt = check_prompt(model, input_ids, max_new_tokens)
+    prompt, max_new_tokens = check_prompt(model, input_ids, max_new_tokens), token_budget(max_new_tokens)
     mask = check_attention_mask(model, prompt, attention_mask)
     if on_block is not None and prompt.shape[0] > 1:
         raise ValueError(f"on_block streams one sequence; input_ids has {prompt.shape[0]} rows: decode them without it")
@@ -133,7 +133,7 @@ def decode(
     room = max_new_tokens + max(plan.tree or 0, plan.k)
     base, start = open_decoder(model, prompt, plan.cache_implementation, room, mask)
     padding = None if is_seq2seq(model) else mask  # the decoder's: an encoder-decoder's start tokens have none
-    run = Run(model, plan, start, padding, int(max_new_tokens), on_block)
+    run = Run(model, plan, start, padding, max_new_tokens, on_block)
     logits, h = base.prefill(start, padding)
     for i, row in enumerate(run.active):
         _, first, _ = accept(plan, Tree(), run.rules.apply(logits[i, -1:].float(), run.rule_length(row)), generator)
@@ -174,19 +174,16 @@ def predict(plan: DecodePlan, run: Run, hidden: torch.Tensor, depth: int) -> lis
     if depth == 0:
         return trees
     if plan.tree is None:
-        drafter = plan.drafters[0]
-        chains = drafter.propose_rows(tokens, hidden, depth, run.active)
-        check_proposal(chains, depth, run.vocab, bounds=not drafter.in_vocabulary, rows=len(tokens))
-        for tree, chain in zip(trees, chains.tolist()):
-            tree.add_path(chain, depth, depth)
+        chains = check_proposal(plan.drafters[0].propose_rows(tokens, hidden, depth, run.active), depth, len(tokens))
+        for tree, chain in zip(trees, chains):
+            tree.add_path(check_ids(chain, run.vocab), depth, depth)
         return trees
     candidates = trees[0]
     for drafter in plan.drafters:
         if len(candidates) >= plan.tree:
             break
-        for path in drafter.propose_paths(tokens[0], hidden, depth, plan.tree - len(candidates)):
-            if not drafter.in_vocabulary and any(not 0 <= t < run.vocab for t in path):
-                raise ValueError(f"the drafter proposed token ids outside the vocabulary [0, {run.vocab})")
+        paths = drafter.propose_paths(tokens[0], hidden, depth, plan.tree - len(candidates))
+        for path in check_paths(paths, depth, run.vocab):
             candidates.add_path(path, plan.tree, depth)
     return trees
 

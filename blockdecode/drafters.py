@@ -10,15 +10,17 @@ drafter is wrapped by `as_drafter` and offers its one chain. `DRAFTERS` names th
 from __future__ import annotations
 
 import copy
+import reprlib
 import statistics
 import time
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Protocol, runtime_checkable
 
 import torch
 
 from blockdecode.heads import short_projection
+from blockdecode.hf import as_integer, at_least
 from blockdecode.tree import best_path, lattice_paths
 
 
@@ -32,10 +34,8 @@ class Drafter(Protocol):
 
 
 class BaseDrafter:
-    """A drafter's abilities, with what a drafter that declares none does: one chain for a tree, ids
-    checked against the vocabulary, nothing to observe."""
-
-    in_vocabulary = False  # True: every id it proposes is a token of the vocabulary (no check needed)
+    """A drafter's abilities, with what a drafter that declares none does: one chain for a tree,
+    nothing to observe."""
 
     @property
     def name(self) -> str:
@@ -52,12 +52,12 @@ class BaseDrafter:
         row's answer checked for its shape (the caller checks the ids)."""
         chains = [self.propose(t, hidden[i : i + 1], n) for i, t in enumerate(tokens)]
         for chain in chains:
-            check_proposal(chain, n, 0, bounds=False)
+            check_proposal(chain, n)
         return torch.cat(chains)
 
     def propose_paths(self, tokens: torch.LongTensor, hidden: torch.Tensor, depth: int, budget: int) -> list[list[int]]:
         """Candidate paths for a tree, best first: here the one chain."""
-        return [self.propose(tokens, hidden, depth)[0].tolist()]
+        return check_proposal(self.propose(tokens, hidden, depth), depth)
 
     def start(self, prompts: list[list[int]]) -> None:
         """A decode begins from `prompts`, one a row (the sequences the decoder extends)."""
@@ -89,7 +89,7 @@ class ChainDrafter(BaseDrafter):
         return self.name
 
 
-def as_drafter(drafter: Drafter) -> BaseDrafter:
+def as_drafter(drafter: object) -> BaseDrafter:
     """`drafter` with its abilities declared: as it is if it derives from BaseDrafter, else wrapped."""
     if isinstance(drafter, BaseDrafter):
         return drafter
@@ -98,10 +98,17 @@ def as_drafter(drafter: Drafter) -> BaseDrafter:
     return ChainDrafter(drafter)
 
 
-def check_proposal(draft: object, n: int, vocab_size: int, bounds: bool = True, rows: int = 1) -> None:
-    """Raise a clear error for a drafter's output that is not n token ids of this vocabulary for each
-    of `rows` rows. `bounds=False` skips the id range check (a host sync) for drafters that draw ids
-    from the vocabulary themselves."""
+def as_drafters(drafter: object) -> tuple[BaseDrafter, ...]:
+    """A drafter, or a list of them, as the tuple a plan holds; a clear error for anything else."""
+    given = list(drafter) if isinstance(drafter, Sequence) and not isinstance(drafter, str | bytes) else [drafter]
+    if not given:
+        raise ValueError("no drafter given: pass a drafter, a list of them, or a name")
+    return tuple(as_drafter(d) for d in given)
+
+
+def check_proposal(draft: object, n: int, rows: int = 1) -> list[list[int]]:
+    """The ids of a drafter's chains, which must be a LongTensor [rows, n]; a clear error otherwise
+    (the caller checks the ids against the vocabulary, `check_ids`)."""
     if not isinstance(draft, torch.Tensor):
         raise TypeError(
             f"the drafter returned {type(draft).__name__}; it must return a LongTensor of shape [{rows}, {n}]"
@@ -110,8 +117,35 @@ def check_proposal(draft: object, n: int, vocab_size: int, bounds: bool = True, 
         raise ValueError(f"the drafter returned shape {tuple(draft.shape)}; expected [{rows}, {n}]")
     if draft.dtype not in (torch.int64, torch.int32):
         raise TypeError(f"the drafter returned dtype {draft.dtype}; token ids must be integers")
-    if n and bounds and bool(((draft < 0) | (draft >= vocab_size)).any()):
+    return draft.tolist()
+
+
+def check_paths(paths: object, depth: int, vocab_size: int) -> list[list[int]]:
+    """A drafter's paths for a tree, each cut to `depth`, as lists of ids of the vocabulary; a clear
+    error for anything else (a tensor [P, L] is P paths)."""
+    if isinstance(paths, torch.Tensor) and paths.dim() == 2:
+        paths = list(paths)
+    if not isinstance(paths, Sequence) or isinstance(paths, str | bytes):
+        raise TypeError(f"propose_paths returned {type(paths).__name__}; it must return a list of lists of token ids")
+    return [check_ids(path_ids(path)[:depth], vocab_size) for path in paths]
+
+
+def path_ids(path: object) -> list[int]:
+    """One path's token ids as ints: a list (or tuple) of integers, or a 1-D integer tensor."""
+    if isinstance(path, torch.Tensor) and path.dim() == 1 and path.dtype in (torch.int64, torch.int32):
+        return path.tolist()
+    if isinstance(path, Sequence) and not isinstance(path, str | bytes):
+        ids = [t if type(t) is int else as_integer(t) for t in path]
+        if None not in ids:
+            return ids
+    raise TypeError(f"propose_paths returned the path {reprlib.repr(path)}; a path must be a list of integer token ids")
+
+
+def check_ids(ids: list[int], vocab_size: int) -> list[int]:
+    """`ids`, if every one is a token of the vocabulary [0, vocab_size); the one error for a chain or a tree."""
+    if ids and (min(ids) < 0 or max(ids) >= vocab_size):
         raise ValueError(f"the drafter proposed token ids outside the vocabulary [0, {vocab_size})")
+    return ids
 
 
 class HeadsDrafter(BaseDrafter):
@@ -131,8 +165,6 @@ class HeadsDrafter(BaseDrafter):
     Sequential (hydra) heads propose in turn, each fed the embedding of the token before its own
     (`embeddings`: the base's input embedding); for a tree, each node's children come from the heads
     run along that node's own path (a beam of `width` paths a depth, the most probable nodes kept)."""
-
-    in_vocabulary = True  # an argmax over the vocabulary: no range check needed
 
     def __init__(
         self,
@@ -154,7 +186,7 @@ class HeadsDrafter(BaseDrafter):
         self.heads, self.project, self.token_map, self.embed = heads, output_projection, token_map, embeddings
         short = short_rows(output_projection, token_map) if token_map is not None else output_projection
         self._run = fastest_copies(heads, short)  # what computes the proposals
-        self.width = width  # guesses per head considered for a tree
+        self.width = at_least(width, 1, "width must be an integer >= 1")  # guesses per head considered for a tree
         self.rescore = rescore
         self._contexts: list[ContextNgram] = []  # rescoring's model of each row's context, fed what it accepts
 
@@ -364,12 +396,12 @@ class NgramDrafter(BaseDrafter):
     tokens and propose what followed it; for a tree, up to `max_paths` distinct continuations of
     several occurrences. Needs no training; strong on repetitive text and code."""
 
-    in_vocabulary = True  # every proposal is a token of the sequence itself
-
     def __init__(self, max_ngram: int = 3, min_ngram: int = 1, max_paths: int = 4):
-        if not 1 <= min_ngram <= max_ngram:
-            raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
-        self.max_ngram, self.min_ngram, self.max_paths = max_ngram, min_ngram, max_paths
+        low, high = as_integer(min_ngram), as_integer(max_ngram)
+        if low is None or high is None or not 1 <= low <= high:
+            raise ValueError(f"need 1 <= min_ngram <= max_ngram (integers), got {min_ngram!r}, {max_ngram!r}")
+        self.max_ngram, self.min_ngram = high, low
+        self.max_paths = at_least(max_paths, 1, "max_paths must be an integer >= 1")
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, NgramDrafter) and vars(other) == vars(self)
@@ -418,7 +450,7 @@ class ScriptedDrafter(BaseDrafter):
             raise ValueError(f"accuracy must lie in [0, 1], got {accuracy}")
         self.reference = reference.reshape(-1).tolist()
         self.accuracy = accuracy
-        self.vocab_size = vocab_size
+        self.vocab_size = at_least(vocab_size, 1, "vocab_size must be an integer >= 1")
         self.rng = torch.Generator().manual_seed(seed)
 
     def propose(self, tokens: torch.LongTensor, hidden: torch.Tensor, n: int) -> torch.LongTensor:

@@ -14,6 +14,8 @@ from dataclasses import asdict, dataclass
 import torch
 from torch import nn
 
+from blockdecode.hf import at_least, integer
+
 HEAD_TYPES = ("paper", "medusa", "hydra")
 
 
@@ -30,8 +32,9 @@ class HeadsConfig:
     embed_size: int = 0  # hydra: the width of the base's input embeddings; 0 means hidden_size
 
     def __post_init__(self) -> None:
-        if not isinstance(self.k, int) or self.k < 1:
-            raise ValueError(f"k must be an integer >= 1 (the block size, head 1 included), got {self.k!r}")
+        self.k = at_least(self.k, 1, "k must be an integer >= 1 (the block size, head 1 included)")
+        for name in ("hidden_size", "head_hidden_size", "vocab_size", "draft_vocab", "embed_size"):
+            setattr(self, name, integer(getattr(self, name), name))
         if self.head_type not in HEAD_TYPES:
             raise ValueError(f"unknown head_type {self.head_type!r}: choose one of {', '.join(HEAD_TYPES)}")
         if self.hidden_size < 1:

@@ -7,30 +7,45 @@ from __future__ import annotations
 
 import hashlib
 import inspect
+import logging
 import operator
+import threading
+import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 from huggingface_hub import constants
+from huggingface_hub.errors import StrictDataclassError
 from safetensors import SafetensorError
 from transformers import (
     AutoConfig,
     AutoModelForCausalLM,
     AutoModelForSeq2SeqLM,
+    AutoTokenizer,
     DynamicCache,
     EncoderDecoderCache,
+    PretrainedConfig,
     PreTrainedModel,
     StaticCache,
 )
 
 from blockdecode.hardware import auto_dtype
-from blockdecode.io import CheckpointError
+from blockdecode.io import CheckpointError, one_line, read_json
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 DTYPE_CHOICES = ("auto", *DTYPES)  # "auto": bf16 where the device computes it natively, else fp32
 CACHE_IMPLEMENTATIONS = ("dynamic", "static")
+# What transformers raises for config values it refuses, or that cannot build a model from the weights given.
+CONFIG_FAULTS = (StrictDataclassError, ValueError, TypeError, KeyError, IndexError, ZeroDivisionError, RuntimeError)
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.json",
+)
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -54,19 +69,99 @@ def is_seq2seq(model: PreTrainedModel) -> bool:
 
 def load_base(path: str, dtype: torch.dtype = torch.float32, **kwargs) -> PreTrainedModel:
     """A causal LM, or an encoder-decoder (seq2seq) LM, from a folder (or a hub name, where the hub
-    is allowed); damaged weights (an interrupted copy, say) are a CheckpointError naming the
-    folder, not a traceback."""
+    is allowed). A damaged or inconsistent file (weights cut short, a config.json that is not JSON,
+    holds values transformers refuses or does not fit the weights) is one CheckpointError naming
+    it, not a traceback or transformers' load report."""
     if not Path(path).is_dir() and constants.is_offline_mode():
         raise CheckpointError(
             f"{path} is not a folder here, and blockdecode stays offline: download it yourself, or set "
             f"HF_HUB_OFFLINE=0 to let it be fetched from the hub"
         )
+    config = load_config(path)
+    auto = AutoModelForSeq2SeqLM if getattr(config, "is_encoder_decoder", False) else AutoModelForCausalLM
     try:
-        seq2seq = getattr(AutoConfig.from_pretrained(path), "is_encoder_decoder", False)
-        auto = AutoModelForSeq2SeqLM if seq2seq else AutoModelForCausalLM
-        return auto.from_pretrained(path, dtype=dtype, **kwargs)
+        with _quiet("transformers.modeling_utils"):  # its load report: `_check_weights` says what matters
+            model, info = auto.from_pretrained(
+                path, config=config, dtype=dtype, ignore_mismatched_sizes=True, output_loading_info=True, **kwargs
+            )
     except SafetensorError as err:
         raise CheckpointError(f"{path}: the model weights are corrupt or truncated ({err})") from err
+    except torch.OutOfMemoryError:
+        raise
+    except CONFIG_FAULTS as err:
+        raise CheckpointError(
+            f"{path}: no model can be built from its config.json and weights ({type(err).__name__}: {one_line(err)})"
+        ) from err
+    _check_weights(path, info)
+    return model
+
+
+def load_config(path: str) -> PretrainedConfig:
+    """A model's config; a config.json that is not a JSON object, or holds values transformers
+    refuses (a string for a width, say), is a CheckpointError naming the file."""
+    file = Path(path) / "config.json"
+    if file.is_file() and not isinstance(read_json(file, CheckpointError), dict):
+        raise CheckpointError(f"{file} does not hold a JSON object")
+    try:
+        return AutoConfig.from_pretrained(path)
+    except (StrictDataclassError, ValueError, TypeError, KeyError) as err:
+        raise CheckpointError(f"{file} is invalid: {one_line(err)}") from err
+
+
+def _check_weights(path: str, info: dict) -> None:
+    """Weights that the config does not fit are refused: a tensor of another shape than the config
+    gives it (a vocab_size that is not the weights'), or one the config needs and the files lack,
+    would be decoded with random values. Tensors the config does not use are left out, with a warning."""
+    where = f"{Path(path) / 'config.json'} does not fit the weights in {path}"
+    if info["mismatched_keys"]:
+        key, saved, built = min(info["mismatched_keys"], key=lambda m: m[0])
+        raise CheckpointError(f"{where}: {key} is {tuple(saved)} in the weights, {tuple(built)} by the config")
+    if info["missing_keys"]:
+        n, key = len(info["missing_keys"]), min(info["missing_keys"])
+        raise CheckpointError(f"{where}: the weights lack {n} tensor(s) the config asks for, e.g. {key}")
+    if info["unexpected_keys"]:
+        n, key = len(info["unexpected_keys"]), min(info["unexpected_keys"])
+        warnings.warn(
+            f"{path}: {n} tensor(s) of its weights are not in its config.json's model, e.g. {key}: left out",
+            stacklevel=3,
+        )
+
+
+@contextmanager
+def _quiet(logger: str) -> Iterator[None]:
+    """The logger's records below ERROR dropped for the block. A filter, not a level: transformers
+    reads its logger's level to decide what else to check and print."""
+
+    def errors_only(record: logging.LogRecord) -> bool:
+        return record.levelno >= logging.ERROR
+
+    log = logging.getLogger(logger)
+    log.addFilter(errors_only)
+    try:
+        yield
+    finally:
+        log.removeFilter(errors_only)
+
+
+def load_tokenizer(path: str | Path, kind: type = AutoTokenizer):
+    """A tokenizer of class `kind` from a folder (or a hub name); a damaged file is a
+    CheckpointError naming it."""
+    try:
+        return kind.from_pretrained(path)
+    except Exception as err:  # the tokenizers library raises a bare Exception for a damaged file
+        raise CheckpointError(f"{_tokenizer_file(Path(path))} cannot be read: {one_line(err)}") from err
+
+
+def _tokenizer_file(folder: Path) -> Path:
+    """The tokenizer file to blame: the first that is not valid JSON, else tokenizer.json (the one
+    the tokenizers library parses), else the folder."""
+    for name in TOKENIZER_FILES:
+        try:
+            if (folder / name).is_file():
+                read_json(folder / name)
+        except ValueError:
+            return folder / name
+    return folder / "tokenizer.json" if (folder / "tokenizer.json").is_file() else folder
 
 
 def weights_signature(model: torch.nn.Module) -> list[float]:
@@ -108,15 +203,33 @@ def context_length(model: PreTrainedModel) -> int | None:
     return None
 
 
-def integer(value: object, name: str) -> int:
-    """An int from anything integer-like (numpy and 0-d tensor integers too); bools, strings and
-    floats are refused with a message naming the argument."""
+def as_integer(value: object) -> int | None:
+    """The int an integral value stands for (Python and numpy integers, a 0-d integer tensor), else
+    None: a bool, a float or a string is not a count, whatever int() would make of it."""
     if isinstance(value, bool | str | bytes):
-        raise TypeError(f"{name} must be an integer, got {value!r}")
+        return None
+    if isinstance(value, torch.Tensor) and (value.dim() != 0 or value.dtype == torch.bool):
+        return None
     try:
         return operator.index(value)
     except TypeError:
-        raise TypeError(f"{name} must be an integer, got {type(value).__name__} {value!r}") from None
+        return None
+
+
+def integer(value: object, name: str) -> int:
+    """An int from anything integral (`as_integer`), else a TypeError naming the argument."""
+    result = as_integer(value)
+    if result is None:
+        raise TypeError(f"{name} must be an integer, got {value!r}")
+    return result
+
+
+def at_least(value: object, low: int, message: str) -> int:
+    """An int >= low from anything integral (`as_integer`), else a ValueError: `message`, got `value`."""
+    result = as_integer(value)
+    if result is None or result < low:
+        raise ValueError(f"{message}, got {value!r}")
+    return result
 
 
 def resolve_eos(model: PreTrainedModel, eos_token_id: int | Sequence[int] | None) -> set[int]:
@@ -130,6 +243,26 @@ def resolve_eos(model: PreTrainedModel, eos_token_id: int | Sequence[int] | None
     if isinstance(eos_token_id, Sequence) and not isinstance(eos_token_id, str | bytes):
         return {integer(t, "eos_token_id") for t in eos_token_id}
     return {integer(eos_token_id, "eos_token_id")}
+
+
+def generate_length(model: PreTrainedModel, prompt_length: int, max_new_tokens: int) -> dict[str, int | None]:
+    """transformers' generate arguments for `max_new_tokens` new tokens, given as max_length (the
+    decoder's start token, or the prompt, plus max_new_tokens) with max_new_tokens cleared: a
+    checkpoint whose generation config sets its own max_length (Marian's do) would otherwise meet
+    max_new_tokens, and transformers warns of the clash on every call."""
+    start = 1 if is_seq2seq(model) else prompt_length
+    return {"max_length": start + max_new_tokens, "max_new_tokens": None}
+
+
+def special_ids(model: PreTrainedModel) -> set[int]:
+    """The ids that carry no text: EOS, BOS, padding and an encoder-decoder's decoder start token."""
+    ids = resolve_eos(model, None)
+    for cfg in (model.generation_config, model.config):
+        for name in ("bos_token_id", "pad_token_id", "decoder_start_token_id"):
+            value = as_integer(getattr(cfg, name, None))
+            if value is not None:
+                ids.add(value)
+    return ids
 
 
 def cache_argument(model: PreTrainedModel) -> str:
@@ -166,9 +299,27 @@ def make_cache(model: PreTrainedModel, impl: str, max_len: int):
 
 
 @contextmanager
+def own_thread_hook(module: torch.nn.Module, hook, with_kwargs: bool = False, after: bool = False) -> Iterator[None]:
+    """`hook` as a forward pre-hook of `module` (`after`: a forward hook) while the context is open, run
+    only on forwards of the thread that opened it: threads sharing one model never see, or change,
+    each other's calls."""
+    owner = threading.get_ident()
+
+    def own(*args):
+        return hook(*args) if threading.get_ident() == owner else None
+
+    register = module.register_forward_hook if after else module.register_forward_pre_hook
+    handle = register(own, with_kwargs=with_kwargs)
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
+@contextmanager
 def decoder_output(model: PreTrainedModel) -> Iterator[list[torch.Tensor]]:
     """Record the input of the model's output projection, the decoder output h that the heads
-    read, for as long as the context is open.
+    read, for as long as the context is open, from this thread's forwards only.
 
     A hook on the projection works for every architecture (final norms, OPT's project_out,
     NeoX's embed_out, Phi's biased head, tied embeddings) without re-implementing any model's
@@ -178,8 +329,5 @@ def decoder_output(model: PreTrainedModel) -> Iterator[list[torch.Tensor]]:
     def hook(_module: torch.nn.Module, args: tuple) -> None:
         box[:] = [args[0]]
 
-    handle = model.get_output_embeddings().register_forward_pre_hook(hook)
-    try:
+    with own_thread_hook(model.get_output_embeddings(), hook):
         yield box
-    finally:
-        handle.remove()

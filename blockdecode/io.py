@@ -103,8 +103,12 @@ def _abandoned(folder: Path) -> list[Path]:
     return [staging for _, staging in sorted(found)]
 
 
-def _move_in(staging: Path, folder: Path, last: str) -> None:
-    """Rename a complete save's files over the folder's, `last` (the file that marks it whole) last."""
+def _move_in(staging: Path, folder: Path, last: str, replaces: Sequence[str] = ()) -> None:
+    """Rename a complete save's files over the folder's, `last` (the file that marks it whole) last;
+    first remove the files named in `replaces` that this save does not hold."""
+    for name in replaces:
+        if not (staging / name).exists():
+            (folder / name).unlink(missing_ok=True)
     for item in sorted(staging.iterdir(), key=lambda p: p.name == last):
         target = folder / item.name
         if item.is_dir() and target.is_dir():
@@ -117,7 +121,7 @@ def _settle(folder: Path, last: str) -> None:
     """Finish saves killed while their files were being moved in, drop those killed before, and
     remove what a killed `atomic_write` left. Called with the folder locked exclusively."""
     for staging in _abandoned(folder):
-        if (staging / last).is_file():
+        if (staging / last).exists():
             _move_in(staging, folder, last)
         else:
             shutil.rmtree(staging, ignore_errors=True)
@@ -125,10 +129,12 @@ def _settle(folder: Path, last: str) -> None:
 
 
 @contextmanager
-def saving_folder(folder: Path, last: str) -> Iterator[Path]:
+def saving_folder(folder: Path, last: str, replaces: Sequence[str] = ()) -> Iterator[Path]:
     """Write a new save of `folder`'s files into the yielded staging folder, `last` last; on exit
     they replace the old ones while no reader (`reading_folder`) holds the folder. Killed before
-    `last` is written, the save is dropped by the next save or read; killed after, it is finished."""
+    `last` is written, the save is dropped by the next save or read; killed after, it is finished.
+    `replaces`: files an earlier save may hold that this one writes only at times (a plot it did not
+    draw): the swap removes those it lacks, so the folder holds one save's set, never two."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=folder, prefix=STAGING_PREFIX))
@@ -142,7 +148,7 @@ def saving_folder(folder: Path, last: str) -> Iterator[Path]:
         with _opened(folder) as fd:
             _lock(fd, "exclusive")
             _settle(folder, last)  # older interrupted saves first, so this one ends up on top
-            _move_in(staging, folder, last)
+            _move_in(staging, folder, last, replaces)
 
 
 @contextmanager
@@ -152,7 +158,7 @@ def reading_folder(folder: Path, last: str) -> Iterator[None]:
     folder = Path(folder)
     with _opened(folder) as fd:
         _lock(fd, "shared")
-        while any((s / last).is_file() for s in _abandoned(folder)):
+        while any((s / last).exists() for s in _abandoned(folder)):
             _lock(fd, "exclusive")
             _settle(folder, last)
             _lock(fd, "shared")
@@ -166,6 +172,44 @@ def locked(folder: Path) -> Iterator[None]:
     with _opened(folder) as fd:
         _lock(fd, "exclusive")
         yield
+
+
+def one_line(err: BaseException) -> str:
+    """An exception's message on one line (transformers' and huggingface_hub's run over several)."""
+    return " ".join(str(err).split())
+
+
+def read_utf8(path: str | Path) -> str:
+    """A text file's content; bytes that are not UTF-8 are a ValueError naming the file, where
+    Python's own message names none."""
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{path} is not UTF-8 text: {err}") from err
+
+
+def read_json(path: str | Path, error: type[ValueError] = ValueError) -> object:
+    """A JSON file's content. Bytes that are not UTF-8, a truncated file or nesting too deep for
+    the parser are one `error` naming the file, where the decoder's own message names none."""
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except RecursionError as err:
+        raise error(f"{path} is nested too deeply to be read as JSON") from err
+    except ValueError as err:  # a UnicodeDecodeError or a JSONDecodeError
+        raise error(f"{path} is not valid JSON: {err}") from err
+    except OSError as err:  # a folder, or a file this process may not read
+        raise error(f"{path} cannot be read: {err.strerror or err}") from err
+
+
+def read_prompts(path: str | Path) -> list[str]:
+    """The prompt texts a JSON file lists (a model's prompts.json, bench --prompts); anything else
+    in it is refused with the file's name."""
+    texts = read_json(path)
+    if not isinstance(texts, list) or not texts or not all(isinstance(t, str) and t for t in texts):
+        raise ValueError(f"{path}: prompts must be a JSON list of non-empty strings")
+    if not all(t == t.encode("utf-8", "surrogatepass").decode("utf-8", "ignore") for t in texts):
+        raise ValueError(f"{path}: a prompt holds a lone surrogate, not text")
+    return texts
 
 
 def write_text(path: Path, text: str) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import numbers
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -12,7 +11,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
-from transformers import AutoTokenizer, PreTrainedModel
+from transformers import PreTrainedModel
 
 from blockdecode import builtin
 from blockdecode.acceptance import Acceptance, parse_acceptance
@@ -21,9 +20,9 @@ from blockdecode.calibrate import calibrate
 from blockdecode.decode import BlockwiseOutput, decode
 from blockdecode.drafters import Drafter, HeadsDrafter
 from blockdecode.heads import HeadsConfig, build_heads
-from blockdecode.hf import context_length, load_base, same_weights, weights_signature
+from blockdecode.hf import context_length, load_base, load_tokenizer, same_weights, weights_signature
 from blockdecode.io import CheckpointError, reading_folder, saving_folder, write_text
-from blockdecode.plan import DecodePlan, check_settings, make_plan
+from blockdecode.plan import DecodePlan, block_size, check_settings, make_plan
 from blockdecode.sampling import sampling_settings
 
 HEADS_CONFIG = "blockdecode.json"
@@ -64,11 +63,7 @@ def load(
         model = BlockwiseLM.from_pretrained(path, dtype=dtype)
     else:
         model = BlockwiseLM.from_base(load_base(str(path), dtype), k=k or 8, head_type=head_type)
-    tokenizer_dir = path if (path / "tokenizer.json").is_file() else model.base_location
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
-    except Exception as err:  # the tokenizers library raises a bare Exception for a damaged file
-        raise CheckpointError(f"{tokenizer_dir}/tokenizer.json cannot be read: {err}") from err
+    tokenizer = load_tokenizer(path if (path / "tokenizer.json").is_file() else model.base_location)
     return model.to(dtype).eval(), tokenizer
 
 
@@ -128,8 +123,8 @@ class BlockwiseLM(nn.Module):
             embed_size=base.get_input_embeddings().weight.shape[1] if head_type == "hydra" else 0,
         )
         context = context_length(base)
-        if context is not None and k > context:
-            raise ValueError(f"k={k} exceeds the model's context of {context} positions")
+        if context is not None and cfg.k > context:
+            raise ValueError(f"k={cfg.k} exceeds the model's context of {context} positions")
         gib = cfg.parameters() * projection.weight.element_size() / 2**30
         memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30 if hasattr(os, "sysconf") else None
         if memory is not None and gib > memory / 2:  # refused before the memory is asked for
@@ -202,8 +197,7 @@ class BlockwiseLM(nn.Module):
             tree = None  # min-block forces a chain's first proposals
         if tree == "auto" or drafter == "auto":
             uses_heads = drafter == "auto" or (isinstance(drafter, str) and "heads" in drafter)
-            if uses_heads and (isinstance(k, bool) or not isinstance(k, numbers.Integral) or not 1 <= k <= self.k):
-                raise ValueError(f"k must be between 1 and the heads' block size {self.k}, got {k!r}")
+            k = block_size(k, self.k if uses_heads else None)
             check_settings(self.base, k, None, acceptance, eos_token_id, cache_implementation)
         if tree == "auto":
             if not prompts:
@@ -284,20 +278,26 @@ class BlockwiseLM(nn.Module):
 
         A save replaces the folder's files as a whole: a reader, or a crash, sees the old save or
         the new one, never the new base with the old heads (`io.saving_folder`)."""
-        directory = Path(directory)
+        with saving_folder(Path(directory), HEADS_CONFIG) as staging:
+            self.write_save(staging, save_base, training, tokenizer)
+
+    def write_save(
+        self, folder: Path, save_base: bool = True, training: dict | None = None, tokenizer: object | None = None
+    ) -> None:
+        """save_pretrained's files, written into `folder` as they are, blockdecode.json last: for a
+        caller that replaces a folder as a whole itself (a training run's final save, with its plot)."""
         tensors = {name: t.detach().contiguous().cpu() for name, t in self.heads.state_dict().items()}
         meta = {"heads": self.config.to_dict(), "base_model": "." if save_base else self.base_location}
         if not save_base:  # so a reload can tell whether that location still holds these weights
             meta["base_signature"] = weights_signature(self.base)
         if training is not None:
             meta["training"] = training
-        with saving_folder(directory, HEADS_CONFIG) as staging:
-            if save_base:
-                self.base.save_pretrained(staging)
-            if tokenizer is not None:
-                tokenizer.save_pretrained(staging)
-            save_file(tensors, str(staging / HEADS_WEIGHTS), metadata={"format": "pt"})
-            write_text(staging / HEADS_CONFIG, json.dumps(meta, indent=2) + "\n")
+        if save_base:
+            self.base.save_pretrained(folder)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(folder)
+        save_file(tensors, str(folder / HEADS_WEIGHTS), metadata={"format": "pt"})
+        write_text(folder / HEADS_CONFIG, json.dumps(meta, indent=2) + "\n")
 
     @classmethod
     def from_pretrained(

@@ -7,7 +7,6 @@ in `blockdecode.calibrate`; a plan holds only what was chosen."""
 
 from __future__ import annotations
 
-import numbers
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -16,13 +15,14 @@ from transformers import PreTrainedModel
 
 from blockdecode.acceptance import Acceptance, parse_acceptance
 from blockdecode.adapter import takes_tree_masks
-from blockdecode.drafters import DRAFTERS, BaseDrafter, Drafter, HeadsDrafter, as_drafter, drafter_names
-from blockdecode.hf import CACHE_IMPLEMENTATIONS, context_length, resolve_eos, vocab_size
+from blockdecode.drafters import DRAFTERS, BaseDrafter, Drafter, HeadsDrafter, as_drafters, drafter_names
+from blockdecode.hf import CACHE_IMPLEMENTATIONS, as_integer, at_least, context_length, integer, resolve_eos, vocab_size
 from blockdecode.sampling import Sampling
 
 MAX_TREE = 1024
 """The most candidate tokens a tree may hold: a call gains at most k tokens, and past this a tree's
 forward costs far more than a chain's while its masks grow with the square of its nodes."""
+TREE = "tree must be a node budget >= 1 (or None for a chain)"
 
 
 @dataclass(frozen=True)
@@ -40,6 +40,20 @@ class DecodePlan:
     sampling: Sampling | None = None  # None: greedy
     note: str = ""
 
+    def __post_init__(self) -> None:
+        """A plan built by hand is checked as make_plan checks one (what needs the model aside)."""
+        object.__setattr__(self, "drafters", as_drafters(self.drafters))
+        object.__setattr__(self, "k", block_size(self.k))
+        if self.tree is not None:
+            object.__setattr__(self, "tree", at_least(self.tree, 1, TREE))
+            if self.tree > MAX_TREE:
+                raise ValueError(f"tree={self.tree} exceeds MAX_TREE={MAX_TREE}, the most candidates a plan verifies")
+        elif len(self.drafters) != 1:
+            raise ValueError(f"{len(self.drafters)} drafters need a tree to share: pass tree=N")
+        object.__setattr__(self, "acceptance", parse_acceptance(self.acceptance))
+        object.__setattr__(self, "eos", frozenset(integer(t, "eos_token_id") for t in self.eos))
+        check_cache(self.cache_implementation)
+
     @property
     def drafter_name(self) -> str:
         """The drafters as the CLI names them: "heads", "ngram+heads", or a drafter's class name."""
@@ -56,10 +70,21 @@ def max_tree(model: PreTrainedModel) -> int:
     return min(MAX_TREE, context_length(model) or MAX_TREE)
 
 
-def positive(value: object, message: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-        raise ValueError(f"{message}, got {value!r}")
-    return int(value)
+def check_cache(implementation: str) -> None:
+    if implementation not in CACHE_IMPLEMENTATIONS:
+        raise ValueError(
+            f"unknown cache implementation {implementation!r}: choose one of {', '.join(CACHE_IMPLEMENTATIONS)}"
+        )
+
+
+def block_size(k: object, heads_k: int | None = None) -> int:
+    """k as an int >= 1, and where the heads propose, at most their block size."""
+    if heads_k is None:
+        return at_least(k, 1, "k must be an integer >= 1 (the block size, head 1 included)")
+    n = as_integer(k)
+    if n is None or not 1 <= n <= heads_k:
+        raise ValueError(f"k must be between 1 and the heads' block size {heads_k}, got {k!r}")
+    return n
 
 
 def check_settings(
@@ -72,18 +97,15 @@ def check_settings(
 ) -> tuple[int, int | None, Acceptance, frozenset[int]]:
     """The settings that need no drafter, checked without calling the model: k, the tree budget, the
     acceptance rule, EOS and the cache."""
-    k = positive(k, "k must be an integer >= 1 (the block size, head 1 included)")
+    k = block_size(k)
     if tree is not None:
-        tree = positive(tree, "tree must be a node budget >= 1 (or None for a chain)")
+        tree = at_least(tree, 1, TREE)
         if tree > max_tree(model):
             raise ValueError(
                 f"tree={tree} exceeds the {max_tree(model)} candidate tokens one forward of {type(model).__name__} "
                 f"may score (blockdecode.plan.MAX_TREE, or the model's context if shorter)"
             )
-    if cache_implementation not in CACHE_IMPLEMENTATIONS:
-        raise ValueError(
-            f"unknown cache implementation {cache_implementation!r}: choose one of {', '.join(CACHE_IMPLEMENTATIONS)}"
-        )
+    check_cache(cache_implementation)
     rule = parse_acceptance(acceptance)
     rule.check(k, vocab_size(model))
     if tree is not None and rule.rule == "min-block":
@@ -114,13 +136,9 @@ def make_plan(
             raise ValueError(f"drafter {drafter!r} needs a BlockwiseLM's heads: decode with lm.generate")
         drafters = tuple(DRAFTERS[name](lm) for name in names)
     else:
-        given = list(drafter) if isinstance(drafter, Sequence) else [drafter]
-        if not given:
-            raise ValueError("no drafter given: pass a drafter, a list of them, or a name")
-        drafters = tuple(as_drafter(d) for d in given)
+        drafters = as_drafters(drafter)
     if lm is not None and any(isinstance(d, HeadsDrafter) and d.heads is lm.heads for d in drafters):
-        if isinstance(k, bool) or not isinstance(k, numbers.Integral) or not 1 <= k <= lm.k:
-            raise ValueError(f"k must be between 1 and the heads' block size {lm.k}, got {k!r}")
+        k = block_size(k, lm.k)
     k, tree, rule, eos = check_settings(model, k, tree, acceptance, eos_token_id, cache_implementation)
     if sampling is not None and rule.rule != "exact":
         raise ValueError(

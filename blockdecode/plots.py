@@ -78,6 +78,9 @@ def head_accuracy(ax: Axes, rows: list[dict]) -> None:
         ax.set_title(f"held-out mean accepted block: {evals[-1]['eval_mean_block_size']:.2f}")
 
 
+BENCH_PLOTS = ("speedup.png", "blocks.png", "cost.png")  # what `bench` draws (the first two when methods ran)
+
+
 def bench(report: dict, out: Path) -> None:
     """speedup.png (speedup against k per method), blocks.png (block-size histograms at the best
     k) and cost.png (t(q) / t(1), the price of verifying a block)."""

@@ -8,7 +8,6 @@ function of (seed, step), so a stopped run resumes exactly where it was."""
 from __future__ import annotations
 
 import contextlib
-import json
 import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,7 +29,8 @@ from blockdecode.corpus import (
     train_tokenizer,
 )
 from blockdecode.data import fingerprint
-from blockdecode.io import atomic_write, save_npy, saving_folder, write_json
+from blockdecode.hf import load_tokenizer
+from blockdecode.io import atomic_write, read_json, save_npy, write_json
 
 SPLITS = ("train", "heldout", "heldout_packages")
 """`heldout` holds the standard library's held-out files alone (the same files as the first built-in
@@ -62,7 +62,7 @@ def prepare_corpus(cfg: CorpusConfig, show: bool = True) -> PreTrainedTokenizerF
     is worth. Files already there are reused, so a resumed recipe does not redo this."""
     out = Path(cfg.out)
     if (out / "tokenizer.json").is_file() and (out / "files.json").is_file():
-        return PreTrainedTokenizerFast.from_pretrained(out)
+        return load_tokenizer(out, PreTrainedTokenizerFast)
     if cfg.vocab_size > 65536:
         raise ValueError(f"vocab_size {cfg.vocab_size} does not fit the corpus' uint16 token arrays")
     root = Path(cfg.root or sysconfig.get_paths()["stdlib"])
@@ -75,7 +75,7 @@ def prepare_corpus(cfg: CorpusConfig, show: bool = True) -> PreTrainedTokenizerF
         split[files[0]] = "train"
     texts = {f: read_text(f.path) for f in tqdm(files, desc="reading", disable=not show)}
     if cfg.tokenizer:  # e.g. the built-in model's, to give its base more data in its own tokens
-        tokenizer = PreTrainedTokenizerFast.from_pretrained(cfg.tokenizer)
+        tokenizer = load_tokenizer(cfg.tokenizer, PreTrainedTokenizerFast)
     else:
         tokenizer = train_tokenizer((texts[f] for f in files if split[f] == "train"), cfg.vocab_size)
     eos = tokenizer.convert_tokens_to_ids(SPECIAL_TOKENS[0])
@@ -209,7 +209,7 @@ def lm_loss(model: LlamaForCausalLM, batch: torch.LongTensor) -> torch.Tensor:
 class Pretraining(training.Task):
     """The base model trained from scratch on the corpus' token stream, for `training.Loop`."""
 
-    name, png = "pretrain", "pretrain.png"
+    name, png, last = "pretrain", "pretrain.png", "pretrain.json"
     curves = plots.Curves(
         heldout={"heldout_loss": "held-out stdlib", "heldout_packages_loss": "held-out torch + transformers"}
     )
@@ -217,7 +217,7 @@ class Pretraining(training.Task):
     def __init__(self, cfg: PretrainConfig, device: torch.device, autocast):
         self.config, self.device, self.autocast = cfg, device, autocast
         self.corpus = Path(cfg.corpus)
-        self.tokenizer = PreTrainedTokenizerFast.from_pretrained(self.corpus)
+        self.tokenizer = load_tokenizer(self.corpus, PreTrainedTokenizerFast)
         self.tokens = np.load(self.corpus / "train.npy", mmap_mode="r")
         paths = {s: self.corpus / f"{s}.npy" for s in SPLITS[1:]}
         held = {s: np.load(path, mmap_mode="r") for s, path in paths.items() if path.is_file()}
@@ -252,17 +252,15 @@ class Pretraining(training.Task):
             )
         self.model.load_state_dict(state["model"])
 
-    def save(self, model: LlamaForCausalLM, records: list[dict]) -> None:
-        """model/ (safetensors, tokenizer, generation config), saved whole, and pretrain.json."""
+    def save(self, model: LlamaForCausalLM, records: list[dict], folder: Path) -> None:
+        """model/ (safetensors, tokenizer, generation config), then pretrain.json."""
         eos = self.eos
         model.generation_config = GenerationConfig(
             bos_token_id=eos, eos_token_id=eos, pad_token_id=eos, do_sample=False
         )
-        out = Path(self.config.out)
-        with saving_folder(out / "model", "config.json") as staging:
-            model.save_pretrained(staging)
-            self.tokenizer.save_pretrained(staging)
-        write_json(out / "pretrain.json", summary(self.config, records, self.corpus))
+        model.save_pretrained(folder / "model")
+        self.tokenizer.save_pretrained(folder / "model")
+        write_json(folder / "pretrain.json", summary(self.config, records, self.corpus))
 
 
 def pretrain(cfg: PretrainConfig, show: bool = True) -> LlamaForCausalLM:
@@ -277,7 +275,7 @@ def pretrain(cfg: PretrainConfig, show: bool = True) -> LlamaForCausalLM:
 def summary(cfg: PretrainConfig, records: list[dict], corpus: Path) -> dict:
     """What the run reached: the last held-out losses in nats per token and per byte of text (the
     latter is what a different tokenizer cannot flatter), and the tokens it trained on."""
-    stats = json.loads((corpus / "files.json").read_text())
+    stats = read_json(corpus / "files.json")
     last = next((r for r in reversed(records) if "heldout_loss" in r), {})
     reached = {"steps": cfg.steps, "tokens_seen": cfg.steps * cfg.batch_size * cfg.seq_len}
     for split in SPLITS[1:]:

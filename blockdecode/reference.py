@@ -11,7 +11,7 @@ import torch
 from transformers import PreTrainedModel
 
 from blockdecode.adapter import sequence_logits
-from blockdecode.hf import resolve_eos
+from blockdecode.hf import generate_length, resolve_eos
 
 
 @torch.inference_mode()
@@ -33,7 +33,7 @@ def greedy_generate(
     return model.generate(
         input_ids,
         attention_mask=torch.ones_like(input_ids),
-        max_new_tokens=max_new_tokens,
+        **generate_length(model, input_ids.shape[1], max_new_tokens),
         eos_token_id=eos or None,
         pad_token_id=pad if pad is not None else eos[0] if eos else 0,
         **kwargs,

@@ -13,7 +13,7 @@ import torch
 from transformers import PreTrainedModel
 
 from blockdecode.adapter import adapter_for
-from blockdecode.hf import is_seq2seq, vocab_size
+from blockdecode.hf import as_integer, is_seq2seq, vocab_size
 
 
 def sync(device: torch.device) -> None:
@@ -69,7 +69,7 @@ def forward_cost(
     """t(q): median seconds of one forward pass of q new tokens over `context` already cached,
     for each q in `qs` (an int: 1..qs), the cache cropped back after each pass so every pass sees
     the same context."""
-    qs = range(1, qs + 1) if isinstance(qs, int) else sorted(qs)
+    qs = range(1, as_integer(qs) + 1) if as_integer(qs) is not None else sorted(qs)
     # An encoder-decoder encodes `context` and its decoder holds as many tokens of cache.
     base = adapter_for(model, context if is_seq2seq(model) else None, cache_implementation, context.shape[1] + max(qs))
     base.prefill(context)

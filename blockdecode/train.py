@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from accelerate import DistributedDataParallelKwargs
 from torch import nn
 from tqdm.auto import tqdm
-from transformers import AutoTokenizer, PreTrainedModel
+from transformers import PreTrainedModel
 
 from blockdecode import plots, training
 from blockdecode.adapter import decoder_prompt, sequence_logits
@@ -34,15 +34,17 @@ from blockdecode.heads import most_frequent, path_tokens
 from blockdecode.hf import (
     context_length,
     decoder_output,
+    generate_length,
     is_seq2seq,
     load_base,
+    load_tokenizer,
     resolve_eos,
     vocab_size,
     weights_digest,
 )
 from blockdecode.io import CheckpointError, atomic_write, read_jsonl, save_npy, write_json
 from blockdecode.loss import IGNORE, linear_cross_entropy
-from blockdecode.model import BlockwiseLM
+from blockdecode.model import HEADS_CONFIG, BlockwiseLM
 from blockdecode.plan import make_plan
 from blockdecode.reference import greedy_generate
 from blockdecode.rules import greedy_rules
@@ -377,8 +379,8 @@ def distill_pairs(base: PreTrainedModel, pairs: Pairs, cfg: TrainConfig, show: b
             attention_mask=(batch >= 0).long().to(base.device),
             do_sample=False,
             num_beams=cfg.distill_beams,
-            max_new_tokens=cfg.distill_new_tokens,
             decoder_start_token_id=start,
+            **generate_length(base, 1, cfg.distill_new_tokens),
         ).cpu()
         return _cut_at_eos(out, 1, eos, 1 + cfg.distill_new_tokens)
 
@@ -487,13 +489,12 @@ def evaluate(objective: Objective, held_out: torch.LongTensor, cfg: TrainConfig,
 
 
 def base_and_tokenizer(cfg: TrainConfig) -> tuple[PreTrainedModel, object]:
-    """The base model in fp32 and its tokenizer (None if the directory has none)."""
+    """The base model in fp32 and its tokenizer: None if the folder holds none (transformers saves
+    one with tokenizer_config.json), refused by name if it is damaged."""
     base = load_base(cfg.base, torch.float32)
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(cfg.base)
-    except (OSError, ValueError):
-        tokenizer = None
-    return base, tokenizer
+    folder = Path(cfg.base)
+    saved = any((folder / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json"))
+    return base, load_tokenizer(cfg.base) if saved or not folder.is_dir() else None
 
 
 class HeadTraining(training.Task):
@@ -501,6 +502,7 @@ class HeadTraining(training.Task):
     each process takes its share of the global batch, and the loss is the global batch's token mean."""
 
     evaluate_first = True  # the first evaluation is the original base's
+    last = HEADS_CONFIG  # what write_save writes last, and what readers of the folder wait on
     curves = plots.Curves(heldout={"eval_base_loss": "held-out base loss"}, ylabel=None, side=plots.head_accuracy)
 
     def __init__(
@@ -576,10 +578,10 @@ class HeadTraining(training.Task):
             self.model.model.base.load_state_dict(state["base"])
         random.setstate(state["python_rng"])
 
-    def save(self, model: Objective, records: list[dict]) -> None:
+    def save(self, model: Objective, records: list[dict], folder: Path) -> None:
         """The heads (and in finetune modes the base), with the tokenizer and the run's record."""
         cfg, record = self.config, run_record(records, self.config, self.row_tokens, self.coverage)
-        model.model.save_pretrained(cfg.out, save_base=cfg.finetune, training=record, tokenizer=self.tokenizer)
+        model.model.write_save(folder, save_base=cfg.finetune, training=record, tokenizer=self.tokenizer)
 
 
 def train(cfg: TrainConfig, callback: Callable[[int, dict], None] | None = None) -> BlockwiseLM:

@@ -28,7 +28,15 @@ from tqdm.auto import tqdm
 
 from blockdecode import plots
 from blockdecode.hardware import MIXED_PRECISIONS, native_bf16
-from blockdecode.io import append_jsonl, load_checkpoint, read_jsonl, remove_temporaries, save_checkpoint, write_text
+from blockdecode.io import (
+    append_jsonl,
+    load_checkpoint,
+    read_jsonl,
+    remove_temporaries,
+    save_checkpoint,
+    saving_folder,
+    write_text,
+)
 
 PRECISIONS = {"no": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -202,6 +210,7 @@ class Task(ABC):
 
     name = "train"  # the progress bar's label
     png = "training.png"  # the training plot, in the run's folder
+    last: str  # the final save's file (or folder) written last: its presence marks the save whole
     curves = plots.Curves()
     rate = "tokens_per_s"  # the metrics' name for the training throughput
     evaluate_first = False  # evaluate before the first step: the point later evaluations compare to
@@ -229,9 +238,10 @@ class Task(ABC):
         """Load what `state` saved into `self.model`, before the loop restores its own part."""
 
     @abstractmethod
-    def save(self, model: torch.nn.Module, records: list[dict]) -> None:
+    def save(self, model: torch.nn.Module, records: list[dict], folder: Path) -> None:
         """Write the trained `model` (unwrapped, in eval mode) and what the run reached (`records`,
-        metrics.jsonl's); on the main process only."""
+        metrics.jsonl's) into `folder`, `last` last; on the main process only. `folder` is staging:
+        its files replace the run folder's earlier ones, with the plot, as a whole."""
 
     def evaluate(self, model: torch.nn.Module) -> dict:
         """Held-out metrics of `model` (unwrapped); on the main process only."""
@@ -356,8 +366,9 @@ class Loop:
         trained = acc.unwrap_model(model).eval()
         if self.main:
             records = metrics.records()
-            task.save(trained, records)
-            plots.training(records, self.out / task.png, task.curves)
+            with saving_folder(self.out, task.last) as staging:  # a stop leaves the earlier save and plot
+                plots.training(records, staging / task.png, task.curves)
+                task.save(trained, records, staging)
         # Drop the DDP wrapper while every process is still here, then end the process group: left
         # to interpreter exit, gloo's destructors can wait on a peer that is already gone.
         del model, optimizer

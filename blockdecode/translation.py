@@ -24,6 +24,7 @@ from blockdecode import plots, training
 from blockdecode.bible import read_tsv
 from blockdecode.corpus import train_tokenizer
 from blockdecode.data import fingerprint
+from blockdecode.hf import generate_length, load_tokenizer
 from blockdecode.io import saving_folder
 
 EOS, PAD = "</s>", "<pad>"
@@ -94,9 +95,9 @@ def prepare(cfg: TranslationConfig, show: bool = True) -> tuple[PreTrainedTokeni
     if not pairs["train"] or not pairs["valid"]:
         raise ValueError(f"{corpus} needs verse pairs in both train.tsv and valid.tsv")
     if (data / "tokenizer.json").is_file():
-        tokenizer = PreTrainedTokenizerFast.from_pretrained(data)
+        tokenizer = load_tokenizer(data, PreTrainedTokenizerFast)
     elif cfg.tokenizer:
-        tokenizer = PreTrainedTokenizerFast.from_pretrained(cfg.tokenizer)
+        tokenizer = load_tokenizer(cfg.tokenizer, PreTrainedTokenizerFast)
         missing = [t for t in (EOS, PAD) if t not in tokenizer.get_vocab()]
         if missing:
             raise ValueError(
@@ -113,7 +114,14 @@ def prepare(cfg: TranslationConfig, show: bool = True) -> tuple[PreTrainedTokeni
     for name, split in pairs.items():
         src = tokenizer([p.source for p in split]).input_ids
         tgt = tokenizer([p.target for p in split]).input_ids
-        keep = [i for i in range(len(split)) if max(len(src[i]), len(tgt[i])) <= cfg.context]
+        lengths = [max(len(s), len(t)) for s, t in zip(src, tgt)]
+        keep = [i for i, n in enumerate(lengths) if n <= cfg.context]
+        if not keep:  # nothing to train on, or to evaluate
+            kind = "training" if name == "train" else "validation"
+            raise ValueError(
+                f"no {kind} pair in {corpus / f'{name}.tsv'} fits --context {cfg.context}: the shortest has "
+                f"{min(lengths)} tokens"
+            )
         encoded[name] = [(src[i], tgt[i]) for i in keep]
         encoded[f"{name}_text"] = [split[i] for i in keep]
     return tokenizer, encoded
@@ -239,7 +247,10 @@ def translate(
         limit = min(model.config.max_position_embeddings - 1, int(1.5 * ids.shape[1]) + 10)
         with autocast():
             generated = model.generate(
-                ids.to(device), attention_mask=(ids != pad).long().to(device), max_new_tokens=limit, num_beams=1
+                ids.to(device),
+                attention_mask=(ids != pad).long().to(device),
+                num_beams=1,
+                **generate_length(model, ids.shape[1], limit),
             )
         out += tokenizer.batch_decode(generated, skip_special_tokens=True)
     return [text.strip() for text in out]
@@ -249,7 +260,7 @@ class TranslationTraining(training.Task):
     """The translation model trained from scratch on length-bucketed batches of verse pairs, for
     `training.Loop`."""
 
-    name, png, rate = "translation model", "translation.png", "target_tokens_per_s"
+    name, png, rate, last = "translation model", "translation.png", "target_tokens_per_s", "model"
     curves = plots.Curves(
         train="train loss (smoothed labels)", heldout={"heldout_loss": "held-out loss"}, side=plots.bleu
     )
@@ -297,11 +308,10 @@ class TranslationTraining(training.Task):
     def load_state(self, state: dict) -> None:
         self.model.load_state_dict(state["model"])
 
-    def save(self, model: MarianMTModel, records: list[dict]) -> None:
-        """model/: the weights, Marian's generation config and the tokenizer, saved whole."""
-        with saving_folder(Path(self.config.out) / "model", "config.json") as staging:
-            self.tokenizer.save_pretrained(staging)
-            model.save_pretrained(staging)
+    def save(self, model: MarianMTModel, records: list[dict], folder: Path) -> None:
+        """model/: the weights, Marian's generation config and the tokenizer."""
+        self.tokenizer.save_pretrained(folder / "model")
+        model.save_pretrained(folder / "model")
 
 
 def train_translation(cfg: TranslationConfig, show: bool = True) -> MarianMTModel:

@@ -18,7 +18,10 @@ import torch  # noqa: E402
 from transformers import PreTrainedModel  # noqa: E402
 from transformers.utils import logging as hf_logging  # noqa: E402
 
+from blockdecode import io  # noqa: E402
 from blockdecode.toy import toy_model  # noqa: E402
+
+_atomic_write = io.atomic_write
 
 # One thread: these models are too small to gain from more, and with two the 2-core CI box showed
 # multi-second scheduling stalls on millisecond forwards.
@@ -63,6 +66,20 @@ def keep_checkpoint_at(monkeypatch, module, step: int, dest: Path) -> None:
             shutil.copytree(path.parent, dest)
 
     monkeypatch.setattr(module, "save_checkpoint", saving)
+
+
+def interrupt_after(monkeypatch, files: int) -> None:
+    """From now on, the `files`-th file written atomically raises KeyboardInterrupt once it is written:
+    a Ctrl-C that lands just after it."""
+    written: list[Path] = []
+
+    def interrupted(path: Path, write) -> None:
+        _atomic_write(path, write)
+        written.append(path)
+        if len(written) == files:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(io, "atomic_write", interrupted)
 
 
 def vocab_size(model: PreTrainedModel) -> int:

@@ -14,7 +14,7 @@ from blockdecode.bench import PRESETS, BenchConfig, Run, block_stats, run_bench
 from blockdecode.cli import main
 from blockdecode.corpus import train_tokenizer
 from blockdecode.toy import toy_model
-from tests.conftest import perturb_heads
+from tests.conftest import interrupt_after, perturb_heads
 
 METRICS = (
     "tokens_per_s",
@@ -102,8 +102,16 @@ def test_quick_bench_reports_every_method_and_metric(setup: dict) -> None:
     assert system["scripted p=1"]["mean_block_size"] > system["scripted p=0.5"]["mean_block_size"]
     for png in ("speedup.png", "blocks.png", "cost.png"):
         assert (Path(cfg.out) / png).stat().st_size > 1000
+    sampled = saved["sampling"]["0.7"]  # --quick samples at 0.7, against transformers' own sampling
+    assert sampled["settings"] == "temperature=0.7, top_k=50, top_p=1"
+    assert set(sampled["methods"]) == {"sampling t=0.7", "heads k=4 sampling", "n-gram k=4 sampling"}
+    assert sampled["methods"]["sampling t=0.7"]["calls_per_token"] == pytest.approx(1.0)
+    for name in ("heads k=4 sampling", "n-gram k=4 sampling"):
+        r = sampled["methods"][name]
+        assert 1 <= r["tokens_per_call"] <= 4 and r["mean_block_size"] >= 1 and not r["exact_method"]
     table = (Path(cfg.out) / "table.md").read_text()
     assert "| heads k=4 |" in table and "no (approximate)" in table
+    assert "| temperature=0.7, top_k=50, top_p=1 | heads k=4 sampling |" in table
     assert "| topk:2 | 4 |" in table and "| min-block:2 | 2 |" in table and "| exact | 4 |" in table
 
 
@@ -129,6 +137,8 @@ def test_cli_bench_quick_and_bad_input(setup: dict, tmp_path: Path, capsys: pyte
         main([*args, "--acceptance", "topk:0"])
     with pytest.raises(SystemExit, match="ks must be block sizes >= 1"):
         main([*args, "--k", "0"])
+    with pytest.raises(SystemExit, match="temperature must be a number > 0"):
+        main([*args, "--temperatures", "0"])
     (tmp_path / "bad.json").write_text('"def f():"')
     with pytest.raises(SystemExit, match="prompts must be a JSON list of non-empty strings"):
         main([*args, "--prompts", str(tmp_path / "bad.json")])
@@ -191,3 +201,30 @@ def test_bench_on_an_encoder_decoder_translates_to_eos_and_stays_exact(tmp_path:
         assert r["identical_to_greedy"], name
     eos = tokenizer.eos_token_id
     assert all(out[-1] == eos for out in methods["greedy"]["outputs"])  # each translation ended at its EOS
+
+
+def test_an_interrupted_bench_leaves_the_old_folder_or_the_new_one(tmp_path: Path, monkeypatch) -> None:
+    """Stopped (Ctrl-C) after any file of a new run is written, `bench --out` leaves the earlier run's
+    files as they were; finished, the new run's set alone, with no plot of the earlier run beside it."""
+    from blockdecode.bench.report import write_report
+
+    small = dict(new_tokens=6, repeats=1, fwd_reps=1, system_accuracies=[1.0])
+    cfg = BenchConfig.core(
+        out=str(tmp_path / "new"), system_model=dict(vocab=300, width=32, layers=1, heads=2), **small
+    )
+    report = run_bench(cfg, show=False)
+    new = {p.name: p.read_bytes() for p in (tmp_path / "new").iterdir()}
+    out = tmp_path / "out"
+    out.mkdir()
+    for name in ("bench.json", "table.md", "speedup.png", "blocks.png", "cost.png"):
+        (out / name).write_text(f"the earlier run's {name}")
+    old = {p.name: p.read_bytes() for p in out.iterdir()}
+    for stop in range(1, len(new) + 1):
+        interrupt_after(monkeypatch, stop)
+        with pytest.raises(KeyboardInterrupt):
+            write_report(report, out)
+        assert {p.name: p.read_bytes() for p in out.iterdir()} == old, f"stopped after {stop} files"
+    monkeypatch.undo()
+    write_report(report, out)
+    assert sorted(p.name for p in out.iterdir()) == sorted(new)
+    assert json.loads((out / "bench.json").read_text()) == json.loads(new["bench.json"])

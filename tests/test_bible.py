@@ -4,11 +4,15 @@ verse slot of the KJV versification), so the real reader runs on them."""
 
 from __future__ import annotations
 
+import random
+import re
+import shutil
 import struct
 from collections import Counter
 from pathlib import Path
 
 import pytest
+from conftest import interrupt_after
 from pysword.books import BibleStructure
 
 from blockdecode.bible import (
@@ -126,3 +130,46 @@ def test_cli_writes_the_corpus(library: Path, tmp_path: Path, capsys: pytest.Cap
     main(["bible", "--modules", str(library), "--out", str(tmp_path / "bible")])
     assert sum(len(read_tsv(tmp_path / "bible" / f"{s}.tsv")) for s in ("train", "valid", "test")) == 4
     assert "4 verse pairs" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("damage", ["random index", "truncated text", "no DataPath", "no data"])
+def test_a_damaged_module_is_one_line_naming_its_file(tmp_path: Path, damage: str) -> None:
+    """Whatever pysword raises on bad module data (or a KeyError for a .conf it cannot use) becomes
+    one line naming the file or folder at fault."""
+    write_module(tmp_path, ENGLISH, 0)
+    write_module(tmp_path, SPANISH, 1)
+    data = tmp_path / "modules" / "texts" / "rawtext" / SPANISH.lower()
+    conf = tmp_path / "mods.d" / f"{SPANISH.lower()}.conf"
+    expected = f"{data}: the data of the SWORD module {SPANISH} is damaged (Genesis 1: "
+    if damage == "random index":
+        index = data / "ot.vss"
+        index.write_bytes(random.Random(0).randbytes(index.stat().st_size))
+    elif damage == "truncated text":
+        (data / "ot").write_bytes((data / "ot").read_bytes()[:20])
+    elif damage == "no DataPath":
+        conf.write_text("".join(line for line in conf.read_text().splitlines(True) if not line.startswith("DataPath")))
+        expected = f"{conf} has no DataPath entry for the SWORD module {SPANISH}"
+    else:
+        shutil.rmtree(data)
+        expected = f"{data} holds no readable text of the SWORD module {SPANISH} (the DataPath of {conf})"
+    with pytest.raises(SystemExit, match=f"^error: {re.escape(expected)}[^\n]*$"):
+        main(["bible", "--modules", str(tmp_path), "--out", str(tmp_path / "out")])
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_interrupted_corpus_leaves_the_old_files_or_the_new(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Stopped after any split's file is written, a new corpus leaves the earlier one as it was."""
+
+    def pairs(text: str) -> list[VersePair]:
+        return [VersePair(f"Ps.{c}.1", f"{text} {c}", f"{text} {c}") for c in range(1, 151)]
+
+    write_corpus(pairs("old"), tmp_path)
+    old = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    for stop in range(1, len(old) + 1):
+        interrupt_after(monkeypatch, stop)
+        with pytest.raises(KeyboardInterrupt):
+            write_corpus(pairs("new"), tmp_path)
+        assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == old, f"stopped after {stop} files"
+    monkeypatch.undo()
+    write_corpus(pairs("new"), tmp_path)
+    assert all("old" not in p.read_text() for p in tmp_path.iterdir())

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import time
 from pathlib import Path
 
@@ -387,3 +388,90 @@ def test_the_first_generate_chooses_its_setting_without_decoding_to_search(
     # thousands. The clock is a loose backstop (about 1 s on an idle 2-core CPU; a busy one is slower).
     assert sum(decoded) <= len(calibrate.CHOICES) * 2 * (4 + calibrate.COST_TOKENS)
     assert found["seconds"] < 60 and seconds < 120
+
+
+def edit_config(folder: Path, **changes) -> None:
+    config = folder / "config.json"
+    config.write_text(json.dumps({**json.loads(config.read_text()), **changes}))
+
+
+@pytest.mark.parametrize("command", [["generate", "--prompt", "the cat sat"], ["demo", "--task", "translate"]])
+def test_an_encoder_decoder_config_with_a_value_transformers_refuses_is_one_line(
+    tmp_path: Path, command: list[str]
+) -> None:
+    tokenizer = train_tokenizer(["the cat sat on the mat and the dog sat on the log " * 40], vocab_size=280)
+    toy_model("marian", vocab=len(tokenizer), context=128).save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    edit_config(tmp_path, d_model="abc")
+    config = re.escape(str(tmp_path / "config.json"))
+    with pytest.raises(SystemExit, match=f"^error: {config} is invalid: .*'d_model' expected int, got str[^\n]*$"):
+        main([command[0], "--model", str(tmp_path), *command[1:]])
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"vocab_size": 300}, r"\S+\.weight is \(\d+, 64\) in the weights, \(300, 64\) by the config$"),
+        ({"num_hidden_layers": 3}, r"the weights lack \d+ tensor\(s\) the config asks for, e.g. model.layers.2\."),
+    ],
+    ids=["vocab_size", "more-layers"],
+)
+def test_a_config_that_does_not_fit_its_weights_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture, change: dict, message: str
+) -> None:
+    """Not transformers' load report and a traceback, nor a model decoding with random weights."""
+    tokenizer = train_tokenizer(["a b c d e f g " * 50], vocab_size=270)
+    toy_model("llama", vocab=len(tokenizer), context=128).save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    edit_config(tmp_path, **change)
+    where = re.escape(f"{tmp_path / 'config.json'} does not fit the weights in {tmp_path}")
+    with pytest.raises(SystemExit, match=f"^error: {where}: {message}"):
+        main(["generate", "--model", str(tmp_path), "--prompt", "a b c", "--tree", "off"])
+    assert "LOAD REPORT" not in capsys.readouterr().err
+
+
+def test_weights_the_config_does_not_use_are_left_out_with_a_warning(tmp_path: Path) -> None:
+    from blockdecode.hf import load_base
+
+    toy_model("llama").save_pretrained(tmp_path)
+    edit_config(tmp_path, num_hidden_layers=1)
+    with pytest.warns(UserWarning, match=rf"^{re.escape(str(tmp_path))}: \d+ tensor\(s\) .* e.g. model.layers.1\."):
+        assert load_base(str(tmp_path)).config.num_hidden_layers == 1
+
+
+def damage(path: Path, how: str) -> None:
+    """Bytes that are neither UTF-8 nor JSON in place of the file, or its first half only."""
+    data = path.read_bytes()
+    path.write_bytes(b"\x89PNG\xff\xfe\x00{" if how == "garbage" else data[: len(data) // 2])
+
+
+@pytest.mark.parametrize(
+    ("case", "how"),
+    [
+        ("model config", "garbage"),
+        ("model config", "truncated"),
+        ("model prompts", "garbage"),
+        ("model prompts", "truncated"),
+        ("train.tsv", "garbage"),
+        ("tokenizer", "garbage"),
+        ("tokenizer", "truncated"),
+        ("bench prompts", "garbage"),
+    ],
+)
+def test_a_damaged_file_is_one_line_naming_it(model_dir: Path, tmp_path: Path, case: str, how: str) -> None:
+    model, corpus, prompts = tmp_path / "model", tmp_path / "corpus", tmp_path / "prompts.json"
+    shutil.copytree(model_dir, model)
+    shutil.copytree(Path(__file__).parent / "data" / "bible", corpus)
+    for path in (model / "prompts.json", prompts):
+        path.write_text(json.dumps(["def f(x):", "def g(y):"]))
+    translation = ["pretrain-translation", "--corpus", str(corpus), "--out", str(tmp_path / "out"), "--steps", "1"]
+    file, argv = {
+        "model config": (model / "config.json", ["demo", "--model", str(model)]),
+        "model prompts": (model / "prompts.json", ["generate", "--model", str(model), "--prompt", "def"]),
+        "train.tsv": (corpus / "train.tsv", translation),
+        "tokenizer": (model / "tokenizer_config.json", [*translation, "--tokenizer", str(model)]),
+        "bench prompts": (prompts, ["bench", "--quick", "--model", str(model), "--prompts", str(prompts)]),
+    }[case]
+    damage(file, how)
+    with pytest.raises(SystemExit, match=f"^error: {re.escape(str(file))}[: ][^\n]*$"):
+        main(argv)

@@ -8,12 +8,13 @@ import functools
 import math
 from collections.abc import Callable
 
+import numpy as np
 import pytest
 import torch
 from conftest import NO_EOS, assert_greedy_equal, hf_greedy, make_prompt, perturb_heads, tiny, vocab_size
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
-from blockdecode import BlockwiseLM, NgramDrafter, ScriptedDrafter, blockwise_generate
+from blockdecode import BaseDrafter, BlockwiseLM, DecodePlan, NgramDrafter, ScriptedDrafter, blockwise_generate, decode
 from blockdecode.toy import TOY_ARCHITECTURES, TOY_SEQ2SEQ, toy_config, toy_model
 from blockdecode.tree import Tree
 
@@ -600,6 +601,27 @@ def test_seq2seq_bad_sources_are_named(change: Callable, match: str) -> None:
         blockwise_generate(model, source, NEW, NgramDrafter(), 4)
 
 
+@pytest.mark.parametrize("arch", ["llama", "marian", "t5"])
+def test_a_prompt_of_special_tokens_alone_is_empty_for_every_model(arch: str) -> None:
+    """ "" becomes [] for one tokenizer and [EOS] (Marian, T5) or [BOS] for another: a prompt or source
+    that holds no token but EOS, BOS, padding or the decoder start is refused as empty alike, for a
+    causal LM and an encoder-decoder, through generate, a plan and the CLI."""
+    from blockdecode import DEFAULT_TRANSLATION_MODEL
+    from blockdecode.cli import main
+
+    model = tiny(arch)
+    cfg = model.generation_config
+    what = "source" if model.config.is_encoder_decoder else "prompt"
+    lm = BlockwiseLM.from_base(model, k=4)
+    for ids in ([[cfg.eos_token_id]], [[cfg.bos_token_id]], [[cfg.pad_token_id, cfg.eos_token_id]]):
+        with pytest.raises(ValueError, match=f"the {what} is empty: it holds only special tokens"):
+            lm.generate(torch.tensor(ids), 8, tree=None)
+        with pytest.raises(ValueError, match=f"the {what} is empty"):
+            blockwise_generate(model, torch.tensor(ids), 8, NgramDrafter(), 4)
+    with pytest.raises(SystemExit, match="the source is empty"):
+        main(["generate", "--model", DEFAULT_TRANSLATION_MODEL, "--prompt", "", "--tree", "off"])
+
+
 def test_seq2seq_refuses_what_does_not_apply() -> None:
     model = toy_model("bart", seed=1)
     source = make_prompt(5, vocab_size(model))
@@ -620,3 +642,161 @@ def test_seq2seq_start_token_falls_back_to_bos_as_generate_does() -> None:
     assert int(ref[0, 0]) == 7
     out = blockwise_generate(model, source, 12, ScriptedDrafter(ref, vocab_size(model), 0.5), 4)
     assert_greedy_equal(model, source, out.sequences, ref, what="BOS as the start token")
+
+
+class Knowing(BaseDrafter):
+    """Proposes the reference (so paths run deep) and checks that the hidden state it is handed is the
+    base's decoder output that produced the newest token, as one teacher-forced pass computed it."""
+
+    def __init__(self, reference: torch.LongTensor, hidden: torch.Tensor):
+        self.reference, self.hidden = reference[0].tolist(), hidden
+
+    def propose(self, tokens: torch.Tensor, hidden: torch.Tensor, n: int) -> torch.LongTensor:
+        expected = self.hidden[tokens.shape[1] - 2 : tokens.shape[1] - 1]
+        if hidden.shape != expected.shape or not torch.allclose(hidden, expected, atol=1e-3):
+            raise AssertionError(f"handed another call's hidden state (shape {tuple(hidden.shape)})")
+        truth = self.reference[tokens.shape[1] : tokens.shape[1] + n]
+        return torch.tensor([truth + [2] * (n - len(truth))])
+
+
+@pytest.mark.parametrize("arch", ["llama", "marian"])
+def test_threads_sharing_one_model_each_get_greedy(arch: str) -> None:
+    """4 threads, 20 calls each, on one model: every output is greedy's, and every call's drafter is
+    handed its own hidden states (an encoder-decoder's tree, its own positions). A slow output
+    projection, as a large vocabulary's is, holds each call there while the others run."""
+    import threading
+    import time
+
+    from blockdecode.adapter import sequence_logits
+    from blockdecode.hf import decoder_output
+
+    model = toy_model(arch)
+    lm = perturb_heads(BlockwiseLM.from_base(model, k=4))
+    prompts = [make_prompt(3 + 4 * i, vocab_size(model), seed=i) for i in range(4)]
+    refs = [hf_greedy(model, ids, 12, eos_token_id=NO_EOS) for ids in prompts]
+    drafters = []
+    for ids, ref in zip(prompts, refs):
+        with torch.inference_mode(), decoder_output(model) as hidden:
+            sequence_logits(model, ref, ids if model.config.is_encoder_decoder else None)
+        drafters.append(Knowing(ref, hidden[0][0]))
+    outputs: list[list] = [[] for _ in prompts]
+
+    def work(i: int) -> None:
+        settings = [
+            dict(drafter=drafters[i], tree=None),
+            dict(drafter=[drafters[i], NgramDrafter()], tree=9),
+            dict(drafter="heads", tree=None),
+        ]
+        for call in range(20):
+            try:
+                setting = settings[(i + call) % len(settings)]
+                outputs[i].append(lm.generate(prompts[i], 12, eos_token_id=NO_EOS, **setting).sequences)
+            except Exception as err:  # noqa: BLE001  (a crash is a wrong answer too)
+                outputs[i].append(err)
+
+    def slow(_module, _args, _out) -> None:
+        time.sleep(0.001)
+
+    handle = model.get_output_embeddings().register_forward_hook(slow)
+    try:
+        threads = [threading.Thread(target=work, args=(i,)) for i in range(len(prompts))]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    finally:
+        handle.remove()
+    for i, outs in enumerate(outputs):
+        assert len(outs) == 20
+        for out in outs:
+            assert not isinstance(out, Exception), f"thread {i}: {type(out).__name__}: {out}"
+            assert_greedy_equal(model, prompts[i], out, refs[i], what=f"thread {i}")
+
+
+@pytest.mark.parametrize("spell", [np.int64, np.int32, torch.tensor], ids=["int64", "int32", "tensor"])
+def test_integral_settings_of_any_type_are_taken_everywhere(spell: Callable[[int], object]) -> None:
+    """Every count (k, tree, max_new_tokens, the heads' k, a rule's N, a drafter's sizes, a benchmark's
+    lists) takes any integral type and keeps a plain int; bools, floats, strings and 1-element tensors
+    are refused alike."""
+    import json
+    from dataclasses import asdict
+
+    from blockdecode.acceptance import Acceptance
+    from blockdecode.bench.suite import BenchConfig
+    from blockdecode.plan import make_plan
+
+    model, ids, ref = no_eos_case("llama")
+    expected = ref[:, : ids.shape[1] + 12]
+    lm = BlockwiseLM.from_base(model, k=spell(4))
+    assert type(lm.config.k) is int
+    ngram = NgramDrafter(max_ngram=spell(3), min_ngram=spell(1), max_paths=spell(2))
+    for drafter, tree in (("heads", None), ("heads", spell(8)), (ngram, spell(8)), ("heads+ngram", spell(5))):
+        out = lm.generate(ids, spell(12), eos_token_id=NO_EOS, drafter=drafter, k=spell(3), tree=tree)
+        assert torch.equal(out.sequences, expected), (drafter, tree)
+    out = blockwise_generate(model, ids, spell(12), ngram, spell(3), eos_token_id=NO_EOS, tree=spell(8))
+    assert torch.equal(out.sequences, expected)
+    plan = make_plan(model, ngram, spell(3), spell(8), acceptance=Acceptance("topk", n=spell(2)))
+    assert (type(plan.k), type(plan.tree), plan.acceptance.spec) == (int, int, "topk:2")
+    cfg = BenchConfig(ks=[spell(2)], trees=[spell(8), "auto"], new_tokens=spell(4), n_prompts=spell(1))
+    assert json.loads(json.dumps(asdict(cfg)))["trees"] == [8, "auto"]
+    for bad in (True, 2.0, "8", torch.tensor([8]), torch.tensor(8.0), np.float64(8)):
+        with pytest.raises(ValueError, match="tree must be a node budget >= 1"):
+            make_plan(model, ngram, 3, bad)
+        with pytest.raises(ValueError, match="max_new_tokens must be a positive integer"):
+            lm.generate(ids, bad, drafter=ngram)
+
+
+class OffVocabulary(NgramDrafter):
+    """A subclass of a built-in drafter whose chain and paths both hold an id past the vocabulary."""
+
+    def propose(self, tokens: torch.Tensor, hidden: torch.Tensor, n: int) -> torch.LongTensor:
+        return torch.full((1, n), 512)
+
+    def propose_paths(self, tokens: torch.Tensor, hidden: torch.Tensor, depth: int, budget: int) -> list[list[int]]:
+        return [[3] * depth, [512] * depth]
+
+
+BAD_DRAFTERS: dict[str, tuple[Callable, type, str]] = {
+    "no drafter": (lambda lm: lm.generate(IDS, 8, drafter=[]), ValueError, "no drafter given"),
+    "an int": (lambda lm: lm.generate(IDS, 8, drafter=5, tree=8), TypeError, "needs a propose\\(tokens, hidden, n\\)"),
+    "plan, none": (lambda lm: decode(lm.base, IDS, 8, DecodePlan((), 4)), ValueError, "no drafter given"),
+    "plan, an int": (lambda lm: decode(lm.base, IDS, 8, DecodePlan(5, 4)), TypeError, "needs a propose"),
+    "plan, two chains": (lambda lm: decode(lm.base, IDS, 8, DecodePlan([NgramDrafter()] * 2, 4)), ValueError, "tree"),
+    "ids, chain": (lambda lm: lm.generate(IDS, 8, drafter=OffVocabulary(), tree=None), ValueError, "outside the vocab"),
+    "ids, tree": (lambda lm: lm.generate(IDS, 8, drafter=OffVocabulary(), tree=8), ValueError, "outside the vocab"),
+    "ids, shared": (
+        lambda lm: lm.generate(IDS, 8, drafter=[NgramDrafter(), OffVocabulary()], tree=8),
+        ValueError,
+        "outside the vocabulary",
+    ),
+    "paths None": (lambda lm: lm.generate(IDS, 8, drafter=Paths(None), tree=8), TypeError, "a list of lists"),
+    "float ids": (lambda lm: lm.generate(IDS, 8, drafter=Paths([[3.5]]), tree=8), TypeError, "integer token ids"),
+    "flat paths": (lambda lm: lm.generate(IDS, 8, drafter=Paths([7]), tree=8), TypeError, "integer token ids"),
+    "chain in a tree": (
+        lambda lm: lm.generate(IDS, 8, drafter=Returns(lambda n: torch.zeros(0, 9, dtype=torch.long)), tree=8),
+        ValueError,
+        "returned shape \\(0, 9\\); expected \\[1, 3\\]",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(BAD_DRAFTERS))
+def test_bad_drafters_fail_alike_in_a_chain_and_a_tree(name: str) -> None:
+    """No drafter, a non-drafter, a plan built by hand from either, ids outside the vocabulary from a
+    subclass of a built-in drafter, paths that are not lists of ids: one clear error each, the same
+    whether the drafter proposes a chain or a tree."""
+    make, error, match = BAD_DRAFTERS[name]
+    lm = BlockwiseLM.from_base(tiny("llama"), k=4)
+    with pytest.raises(error, match=match):
+        make(lm)
+
+
+class Paths(BaseDrafter):
+    def __init__(self, paths: object):
+        self.paths = paths
+
+    def propose_paths(self, tokens: torch.Tensor, hidden: torch.Tensor, depth: int, budget: int) -> object:
+        return self.paths
+
+
+IDS = make_prompt(5, 512)

@@ -7,7 +7,7 @@ import torch
 from conftest import perturb_heads, tiny
 
 from blockdecode import BlockwiseLM, Drafter, HeadsDrafter, NgramDrafter, ScriptedDrafter
-from blockdecode.drafters import ContextNgram, check_proposal
+from blockdecode.drafters import ContextNgram, check_ids, check_proposal
 from blockdecode.toy import toy_model
 
 NO_HIDDEN = torch.zeros(1, 8)  # n-gram and scripted drafters ignore the hidden state
@@ -235,7 +235,7 @@ def test_every_drafter_satisfies_the_protocol() -> None:
     ],
 )
 def test_check_proposal_accepts_good_drafts(draft: torch.Tensor, n: int) -> None:
-    check_proposal(draft, n, 100)
+    assert check_ids(check_proposal(draft, n)[0], 100) == draft[0].tolist()
 
 
 @pytest.mark.parametrize(
@@ -253,7 +253,7 @@ def test_check_proposal_accepts_good_drafts(draft: torch.Tensor, n: int) -> None
 )
 def test_check_proposal_rejects_bad_drafts(draft: object, error: type, match: str) -> None:
     with pytest.raises(error, match=match):
-        check_proposal(draft, 3, 100)
+        check_ids(check_proposal(draft, 3)[0], 100)
 
 
 def test_half_precision_heads_propose_through_fp32_copies_when_those_are_faster(monkeypatch) -> None:

@@ -60,3 +60,44 @@ def test_recurrent_layers_are_refused_clearly() -> None:
     model = AutoModelForCausalLM.from_config(config).eval()
     with pytest.raises(ValueError, match="cannot roll back"):
         blockwise_generate(model, torch.tensor([[3, 4, 5]]), 10, NgramDrafter(), 4)
+
+
+@pytest.mark.parametrize("which", ["built-in translation model", "marian", "llama"])
+def test_the_reference_call_says_nothing_whatever_length_the_checkpoint_names(which: str, capsys) -> None:
+    """A generation config with its own max_length (Marian's, the built-in translation model's) meets
+    the reference's length without a word from transformers: no log record, no warning, no stderr;
+    and the length is still max_new_tokens new tokens."""
+    import logging
+    import warnings
+
+    from transformers.utils import logging as hf_logging
+
+    from blockdecode import DEFAULT_TRANSLATION_MODEL
+    from blockdecode.hf import load_base
+
+    if which == "built-in translation model":
+        model = load_base(DEFAULT_TRANSLATION_MODEL).eval()
+    else:
+        model = toy_model(which)
+        model.generation_config.max_length = 256
+    ids = make_prompt(6, model.config.vocab_size)
+    capsys.readouterr()  # what loading printed is not the reference call's
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = records.append
+    logger = hf_logging.get_logger("transformers")
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_warning()
+    logger.addHandler(handler)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            out = greedy_generate(model, ids, 9, eos_token_id=NO_EOS)
+    finally:
+        logger.removeHandler(handler)
+        hf_logging.set_verbosity(verbosity)
+    assert [r.getMessage() for r in records] == []
+    assert [str(w.message) for w in caught] == []
+    assert capsys.readouterr().err == ""
+    start = 1 if model.config.is_encoder_decoder else ids.shape[1]
+    assert out.shape[1] <= start + 9 and (out.shape[1] == start + 9 or int(out[0, -1]) in (0, 1))

@@ -39,8 +39,6 @@ class GreedyTable(BaseDrafter):
     """Often right: proposes the model's argmax after each context it was shown (the prompt and up to
     SHOWN tokens), looked up in a table made by batched forwards."""
 
-    in_vocabulary = True
-
     def __init__(self, model: torch.nn.Module, prompt: torch.LongTensor):
         vocab, self.best = vocab_size(model), {}
         contexts = [prompt[0].tolist()]
@@ -59,8 +57,6 @@ class GreedyTable(BaseDrafter):
 
 class RandomDrafter(BaseDrafter):
     """Often wrong: uniform guesses, from a generator of its own."""
-
-    in_vocabulary = True
 
     def __init__(self, vocab: int, seed: int = 0):
         self.vocab, self.rng = vocab, torch.Generator().manual_seed(seed)

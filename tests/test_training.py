@@ -87,7 +87,7 @@ class ToyConfig:
 class Toy(training.Task):
     """A linear map learnt through dropout (so a resume must restore the RNG), batches drawn from the step."""
 
-    name = "toy"
+    name, last = "toy", "model.pt"
 
     def __init__(self, cfg: ToyConfig):
         self.config, self.data_digest = cfg, "toy data"
@@ -119,8 +119,8 @@ class Toy(training.Task):
     def load_state(self, state: dict) -> None:
         self.model.load_state_dict(state["model"])
 
-    def save(self, model, records: list[dict]) -> None:
-        torch.save(model.state_dict(), Path(self.config.out) / "model.pt")
+    def save(self, model, records: list[dict], folder: Path) -> None:
+        torch.save(model.state_dict(), folder / "model.pt")
 
 
 def fit(cfg: ToyConfig, callback=None) -> torch.nn.Module:
@@ -168,6 +168,29 @@ def test_the_loop_keeps_its_cadence_and_a_killed_run_resumes_exactly(tmp_path: P
     assert [r["loss"] for r in again] == [r["loss"] for r in rows]
     with pytest.raises(ValueError, match="lr=0.05, this run asks for 0.1"):
         fit(ToyConfig(out=str(tmp_path / "b"), resume=True, lr=0.1))
+
+
+class StoppedInSave(Toy):
+    """A run stopped (Ctrl-C) after its final save has written the model, before it returns."""
+
+    def save(self, model, records: list[dict], folder: Path) -> None:
+        super().save(model, records, folder)
+        raise KeyboardInterrupt
+
+
+def test_a_run_stopped_in_its_final_save_leaves_the_earlier_model_and_plot(tmp_path: Path) -> None:
+    """The final save and the training plot replace the earlier ones as one: stopped after the model
+    is written, the folder holds the earlier model and plot, never the new model beside the old plot."""
+    fit(ToyConfig(out=str(tmp_path)))
+    earlier = {name: (tmp_path / name).read_bytes() for name in ("model.pt", "training.png")}
+    cfg = ToyConfig(out=str(tmp_path), steps=12, resume=True)
+    loop = training.Loop(training.LoopConfig.of(cfg), show=False)
+    with pytest.raises(KeyboardInterrupt):
+        loop.fit(StoppedInSave(cfg), loop.resume(cfg, ("lr",), "toy data"))
+    assert {name: (tmp_path / name).read_bytes() for name in earlier} == earlier
+    assert not list(tmp_path.glob(".save-*"))
+    fit(cfg)
+    assert all((tmp_path / name).read_bytes() != data for name, data in earlier.items())
 
 
 def test_a_task_that_asks_to_stop_stops_and_stays_stopped(tmp_path: Path) -> None:

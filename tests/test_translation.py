@@ -4,6 +4,7 @@ trained from scratch that resumes exactly, and blockwise decoding of it equal to
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -129,3 +130,10 @@ def test_cli_trains_the_translation_model_and_a_draft_that_shares_its_tokenizer(
         main(["pretrain-translation", "--corpus", str(CORPUS), "--out", str(tmp_path / "x"), *args, "--tokenizer",
               str(other)])  # fmt: skip
     assert not (tmp_path / "x").exists()
+
+
+def test_a_context_no_training_pair_fits_is_one_line(tmp_path: Path) -> None:
+    args = [f"--{k.replace('_', '-')}={v}" for k, v in {**TINY, "context": 4}.items()]
+    train = re.escape(str(CORPUS / "train.tsv"))
+    with pytest.raises(SystemExit, match=f"^error: no training pair in {train} fits --context 4: the shortest has"):
+        main(["pretrain-translation", "--corpus", str(CORPUS), "--out", str(tmp_path), *args])

@@ -104,8 +104,6 @@ def test_trees_match_transformers_generate(arch: str) -> None:
 class Candidates(BaseDrafter):
     """A drafter that offers fixed paths: wrong branches beside (or without) the right one."""
 
-    in_vocabulary = True
-
     def __init__(self, ref: torch.LongTensor, depth_right: int, wrong: int):
         self.ref, self.depth_right, self.wrong = ref[0].tolist(), depth_right, wrong
 

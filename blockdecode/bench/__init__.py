@@ -4,7 +4,7 @@
 writes, and `suite` the presets that `blockdecode bench` runs; the clocks are `blockdecode.timing`."""
 
 from blockdecode.bench.methods import Method, Run, block_stats, measure
-from blockdecode.bench.report import acceptance_markdown, core_markdown, markdown
+from blockdecode.bench.report import acceptance_markdown, core_markdown, markdown, sampling_markdown
 from blockdecode.bench.suite import PRESETS, BenchConfig, run_bench
 
 __all__ = [
@@ -18,4 +18,5 @@ __all__ = [
     "markdown",
     "measure",
     "run_bench",
+    "sampling_markdown",
 ]

@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 from blockdecode import plots
-from blockdecode.io import write_json, write_text
+from blockdecode.io import saving_folder, write_json, write_text
 
 
 def cpu_name() -> str:
@@ -48,14 +48,17 @@ def environment(dtype: str, device: str) -> dict:
 
 
 def write_report(report: dict, out: Path) -> None:
-    """bench.json, the plots and table.md in `out`, each written atomically."""
-    out = Path(out)
-    write_json(out / "bench.json", report)
-    plots.bench(report, out)
-    tables = [markdown(report), acceptance_markdown(report)] if report["methods"] else []
-    if "system_ceiling" in report:
-        tables.append(core_markdown(report["system_ceiling"]))
-    write_text(out / "table.md", "\n\n".join(tables) + "\n")
+    """bench.json, the plots and table.md in `out`, replacing an earlier run's as a whole: a run
+    interrupted while writing leaves the earlier set, never part of each (`io.saving_folder`)."""
+    with saving_folder(Path(out), "bench.json", replaces=("table.md", *plots.BENCH_PLOTS)) as staging:
+        plots.bench(report, staging)
+        tables = [markdown(report), acceptance_markdown(report)] if report["methods"] else []
+        if report.get("sampling"):
+            tables.append(sampling_markdown(report["sampling"]))
+        if "system_ceiling" in report:
+            tables.append(core_markdown(report["system_ceiling"]))
+        write_text(staging / "table.md", "\n\n".join(tables) + "\n")
+        write_json(staging / "bench.json", report)
 
 
 def _header(report: dict) -> str:
@@ -100,6 +103,24 @@ def markdown(report: dict) -> str:
             f"| {name} | {r['tokens_per_s']:.0f} | {r['speedup']:.2f}x | {r['calls_per_token']:.3f} | {block} | "
             f"{ceiling} | {eff} | {r['overhead_ms_per_call']:.2f} | {same} | {r['chrf']:.1f} | {r['loss']:.3f} |"
         )
+    return "\n".join(lines)
+
+
+def sampling_markdown(sampled: dict) -> str:
+    """Sampling at each temperature: blockwise chains verified by speculative sampling against
+    transformers' own sampling with the same settings (same distribution, other draws)."""
+    lines = [
+        "Sampling: speedup over transformers' sampling with the same settings.",
+        "",
+        "| settings | method | tokens/s | speedup | tokens/call |",
+        "|---|---|---|---|---|",
+    ]
+    for entry in sampled.values():
+        for name, r in entry["methods"].items():
+            lines.append(
+                f"| {entry['settings']} | {name} | {r['tokens_per_s']:.0f} | {r['speedup']:.2f}x | "
+                f"{r['tokens_per_call']:.2f} |"
+            )
     return "\n".join(lines)
 
 

@@ -12,7 +12,6 @@ ceiling it sets, k̂ · t(1) / t(k); efficiency = speedup / ceiling is what the 
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -35,9 +34,20 @@ from blockdecode.builtin import DEFAULT_DRAFT_MODEL, DEFAULT_MODEL
 from blockdecode.calibrate import calibrate
 from blockdecode.decode import decode
 from blockdecode.drafters import CHOICES, ScriptedDrafter
-from blockdecode.hf import CACHE_IMPLEMENTATIONS, DTYPES, dtype_for, dtype_name, is_seq2seq, load_base, vocab_size
+from blockdecode.hf import (
+    CACHE_IMPLEMENTATIONS,
+    DTYPES,
+    at_least,
+    dtype_for,
+    dtype_name,
+    is_seq2seq,
+    load_base,
+    vocab_size,
+)
+from blockdecode.io import read_prompts
 from blockdecode.model import BlockwiseLM, load
 from blockdecode.plan import make_plan
+from blockdecode.sampling import Sampling, sampling_settings
 from blockdecode.timing import forward_cost
 from blockdecode.toy import toy_model
 
@@ -57,6 +67,7 @@ class BenchConfig:
     max_q: int = 32
     fwd_reps: int = 7
     acceptance: list[str] = field(default_factory=list)  # relaxed rules to measure beside exact
+    temperatures: list[float] = field(default_factory=lambda: [0.7, 1.0])  # sampling, against transformers'
     trees: list[int | str] = field(default_factory=lambda: ["auto"])  # budgets or "auto", at the largest k
     static_cache: bool = False  # also greedy and the chains at the largest k with transformers' StaticCache
     methods: bool = True  # the model's own methods; False: the scripted-drafter study alone
@@ -74,15 +85,19 @@ class BenchConfig:
             raise ValueError(f"--device {self.device}: this torch has no CUDA device")
         for name in ("dtype", "system_dtype"):  # "auto" recorded as what it stands for here
             setattr(self, name, dtype_name(dtype_for(getattr(self, name), self.device)))
-        if not self.ks or min(self.ks) < 1:
-            raise ValueError(f"ks must be block sizes >= 1, got {self.ks}")
-        if any(t != "auto" and (not isinstance(t, int) or isinstance(t, bool) or t < 1) for t in self.trees):
-            raise ValueError(f"trees must be node budgets >= 1 or 'auto', got {self.trees}")
+        if not self.ks:
+            raise ValueError("ks must be block sizes >= 1, got none")
+        self.ks = [at_least(k, 1, "ks must be block sizes >= 1") for k in self.ks]
+        self.trees = [
+            t if isinstance(t, str) and t == "auto" else at_least(t, 1, "trees must be node budgets >= 1 or 'auto'")
+            for t in self.trees
+        ]
         for name in ("new_tokens", "n_prompts", "repeats", "max_q", "fwd_reps"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+            setattr(self, name, at_least(getattr(self, name), 1, f"{name} must be a positive integer"))
         for spec in self.acceptance:
             parse_acceptance(spec)  # a bad rule fails before anything runs
+        for t in self.temperatures:
+            Sampling(temperature=t)  # so does a bad temperature
         unknown = set(self.system_caches) - set(CACHE_IMPLEMENTATIONS)
         if unknown or not self.system_caches:
             raise ValueError(f"system_caches must name some of {', '.join(CACHE_IMPLEMENTATIONS)}, got {unknown}")
@@ -92,7 +107,9 @@ class BenchConfig:
     @classmethod
     def quick(cls, **overrides) -> BenchConfig:
         """About two minutes on 2 cores: fewer prompts, k and q, no GPT-2-sized study."""
-        base = dict(ks=[2, 4, 8], new_tokens=64, n_prompts=4, repeats=1, max_q=16, fwd_reps=3, system=False)
+        base = dict(
+            ks=[2, 4, 8], new_tokens=64, n_prompts=4, repeats=1, max_q=16, fwd_reps=3, system=False, temperatures=[0.7]
+        )
         return cls(**{**base, **overrides, "out": overrides.get("out", "benchmarks/results/bench_quick")})
 
     @classmethod
@@ -110,7 +127,7 @@ def default_prompts(model_dir: Path, n: int, translate: bool = False) -> list[st
     Bible verses for a translation model)."""
     path = model_dir / "prompts.json"
     if path.is_file():
-        prompts = json.loads(path.read_text())
+        prompts = read_prompts(path)
     elif translate:
         prompts = list(HELD_OUT_VERSES)
     else:
@@ -178,6 +195,7 @@ def model_methods(cfg: BenchConfig, show: bool) -> dict:
     """Every method on the model: speed, blocks, quality against greedy, and its t(q) curve."""
     dtype = DTYPES[cfg.dtype]
     model_dir = Path(cfg.model or DEFAULT_MODEL)
+    given = read_prompts(cfg.prompts)[: cfg.n_prompts] if cfg.prompts else None  # checked before the models load
     lm, tokenizer = load(model_dir, dtype)
     lm.to(cfg.device)
     seq2seq = is_seq2seq(lm.base)
@@ -185,20 +203,12 @@ def model_methods(cfg: BenchConfig, show: bool) -> dict:
     draft = load_base(draft_dir, dtype).to(cfg.device).eval() if draft_dir else None
     if draft is not None and vocab_size(draft) != lm.config.vocab_size:
         raise ValueError(f"the draft model {draft_dir} has another vocabulary than {model_dir}")
-    try:
-        shipped = default_prompts(model_dir, cfg.n_prompts, translate=seq2seq) if not cfg.prompts else None
-        texts = json.loads(Path(cfg.prompts).read_text()) if cfg.prompts else shipped
-    except json.JSONDecodeError as err:
-        raise ValueError(f"{cfg.prompts}: not JSON ({err})") from err
-    if not isinstance(texts, list) or not texts or not all(isinstance(t, str) and t for t in texts):
-        raise ValueError(f"{cfg.prompts}: prompts must be a JSON list of non-empty strings")
-    if not all(t == t.encode("utf-8", "surrogatepass").decode("utf-8", "ignore") for t in texts):
-        raise ValueError(f"{cfg.prompts}: a prompt holds a lone surrogate, not text")
-    texts = texts[: cfg.n_prompts]
+    texts = given or default_prompts(model_dir, cfg.n_prompts, translate=seq2seq)
     prompts = [tokenizer(t, return_tensors="pt").input_ids.to(cfg.device) for t in texts]
 
     results = measure(methods_for(cfg, lm, draft, prompts), prompts, cfg.repeats, show)
     add_quality(results, tokenizer, lm.base, prompts)
+    sampled = {f"{t:g}": sampling_methods(cfg, lm, prompts, t, show) for t in cfg.temperatures}
     greedy_text = results["greedy"]["outputs"][0][: cfg.new_tokens // 2]
     # t(q) over a prompt and half a continuation (an encoder-decoder: its source, as decoder context too)
     context = torch.tensor([prompts[0][0].tolist() + ([] if seq2seq else greedy_text)], device=cfg.device)
@@ -215,7 +225,40 @@ def model_methods(cfg: BenchConfig, show: bool) -> dict:
             "relative": {q: t / cost[1] for q, t in cost.items()},
         },
         "methods": results,
+        "sampling": sampled,
     }
+
+
+def sampling_methods(
+    cfg: BenchConfig, lm: BlockwiseLM, prompts: list[torch.LongTensor], temperature: float, show: bool
+):
+    """Sampling at `temperature` (the model's other generation settings, as transformers takes them):
+    transformers' own sampling, the baseline, against the heads' and n-gram lookup's chains at the
+    largest k, verified by speculative sampling (trees are for greedy). Each run draws other tokens,
+    so these rows compare speed and tokens per call, not outputs."""
+    n, eos = cfg.new_tokens, is_seq2seq(lm.base)
+    sampling = sampling_settings(lm.base, True, temperature=temperature)
+    settings = dict(do_sample=True, temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p)
+
+    def blockwise(drafter: str, k: int):
+        plan = make_plan(lm.base, drafter, k, eos_token_id=None if eos else [], lm=lm, sampling=sampling)
+        return lambda ids: blockwise_run(lm.base, ids, n, plan)
+
+    ms = [
+        Method(
+            f"sampling t={temperature:g}", "sampling", lambda ids: transformers_run(lm.base, ids, n, eos, **settings)
+        )
+    ]
+    k = max((k for k in cfg.ks if k <= lm.k), default=None)
+    if k:
+        ms.append(Method(f"heads k={k} sampling", "heads", blockwise("heads", k), k=k, acceptance=sampling.spec))
+    top = max(cfg.ks)
+    ms.append(Method(f"n-gram k={top} sampling", "ngram", blockwise("ngram", top), k=top, acceptance=sampling.spec))
+    results = measure(ms, prompts, cfg.repeats, show)
+    for r in results.values():  # sampled outputs are compared with nothing
+        for name in ("outputs", "identical_to_greedy", "token_agreement", "prefix_agreement"):
+            r.pop(name)
+    return {"settings": sampling.spec, "methods": results}
 
 
 def system_ceiling(cfg: BenchConfig, show: bool) -> dict:
