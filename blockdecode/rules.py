@@ -100,19 +100,25 @@ class GreedyRules:
         row[allowed] = 0
 
 
+def refuse_settings(cfg, refused: dict[str, tuple], why: str, action: str) -> None:
+    """A clear error for a generation-config setting in `refused` (name -> the values that leave it
+    out of `generate`; None always does) that is set to anything else."""
+    for name, neutral in refused.items():
+        value = getattr(cfg, name, None)
+        if value is not None and value not in neutral:
+            raise ValueError(
+                f"the model's generation config sets {name}={value!r}, which {why}: set "
+                f"model.generation_config.{name} = None to {action} without it"
+            )
+
+
 def greedy_rules(model: PreTrainedModel, prompt_len: int, max_new_tokens: int, eos: set[int]) -> GreedyRules:
     """The rules `model.generate(do_sample=False, num_beams=1, max_new_tokens=...)` applies, from
     the model's generation config; a clear error for any it would apply that cannot be applied
     exactly here. `prompt_len`: the decoder's input length (1, the start token, for an
     encoder-decoder)."""
     cfg = model.generation_config
-    for name, neutral in REFUSED.items():
-        value = getattr(cfg, name, None)
-        if value is not None and value not in neutral:
-            raise ValueError(
-                f"the model's generation config sets {name}={value!r}, which greedy applies and blockwise decoding "
-                f"cannot apply exactly: set model.generation_config.{name} = None to decode without it"
-            )
+    refuse_settings(cfg, REFUSED, "greedy applies and blockwise decoding cannot apply exactly", "decode")
     eos_ids = sorted(eos)
     vocab = model.get_output_embeddings().weight.shape[0]
     bad = [list(w) for w in (getattr(cfg, "bad_words_ids", None) or []) if list(w) not in ([e] for e in eos_ids)]

@@ -25,6 +25,8 @@ from transformers.generation.logits_process import (
     TopPLogitsWarper,
 )
 
+from blockdecode.rules import refuse_settings
+
 # What `generate` uses for a setting that neither the call nor the model's generation config gives
 # (transformers' GenerationConfig._get_default_generation_params).
 DEFAULTS = {"temperature": 1.0, "top_k": 50, "top_p": 1.0}
@@ -95,13 +97,7 @@ def sampling_settings(
             raise ValueError(f"{', '.join(named)} applies only when sampling: pass do_sample=True (CLI: --sample)")
         return None
     cfg = model.generation_config
-    for name, neutral in REFUSED.items():
-        value = getattr(cfg, name, None)
-        if value is not None and value not in neutral:
-            raise ValueError(
-                f"the model's generation config sets {name}={value!r}, which sampling with blockdecode does not "
-                f"apply: set model.generation_config.{name} = None to sample without it"
-            )
+    refuse_settings(cfg, REFUSED, "sampling with blockdecode does not apply", "sample")
     settings = {}
     for name, value in given.items():
         configured = getattr(cfg, name, None)
