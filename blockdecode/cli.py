@@ -278,7 +278,15 @@ def causal_only(model_dir: str | None, command: str) -> None:
 
 
 def cmd_bench(args: argparse.Namespace) -> None:
-    from blockdecode.bench import PRESETS, acceptance_markdown, core_markdown, markdown, run_bench, sampling_markdown
+    from blockdecode.bench import (
+        PRESETS,
+        acceptance_markdown,
+        batch_markdown,
+        core_markdown,
+        markdown,
+        run_bench,
+        sampling_markdown,
+    )
 
     preset = "quick" if args.quick else args.preset
     chosen = {"model": args.model, "draft": args.draft, "prompts": args.prompts}
@@ -291,6 +299,8 @@ def cmd_bench(args: argparse.Namespace) -> None:
         chosen["temperatures"] = [float(t) for t in args.temperatures.split(",") if t and t != "off"]
     if args.trees:
         chosen["trees"] = [t for t in args.trees if t is not None]
+    if args.batches is not None:
+        chosen["batches"] = [int(b) for b in args.batches.split(",") if b and b != "off"]
     for name in ("new_tokens", "n_prompts", "repeats", "out", "device"):
         if getattr(args, name):
             chosen[name] = getattr(args, name)
@@ -304,6 +314,8 @@ def cmd_bench(args: argparse.Namespace) -> None:
         print(markdown(report))
     if report.get("sampling"):
         print(f"\n{sampling_markdown(report['sampling'])}")
+    if report.get("batches"):
+        print(f"\n{batch_markdown(report['batches'])}")
     if cfg.acceptance:
         print("\nApproximate acceptance: NOT the exact greedy output; what each rule costs:\n")
         print(acceptance_markdown(report))
@@ -317,9 +329,9 @@ def add_bench_parser(sub) -> None:
         "bench",
         help="blockdecode against greedy, prompt lookup and assisted generation, side by side",
         description="Every method on the same model, prompts, dtype and threads, in one process, with interleaved "
-        "rounds. Writes bench.json, speedup.png, blocks.png, cost.png and table.md to --out. Presets: default; "
-        "quick (about two minutes); core (the decode loop alone: scripted drafters on a GPT-2-small-sized model, "
-        "dynamic and static cache).",
+        "rounds. Writes bench.json, speedup.png, blocks.png, batches.png, cost.png and table.md to --out. "
+        "Presets: default; quick (about two minutes); core (the decode loop alone: scripted drafters on a "
+        "GPT-2-small-sized model, dynamic and static cache).",
     )
     p.add_argument("--preset", choices=("default", "quick", "core"), default="default")
     p.add_argument("--quick", action="store_true", help="the same as --preset quick")
@@ -337,6 +349,11 @@ def add_bench_parser(sub) -> None:
         "--temperatures",
         default=None,
         help="sampling temperatures, comma-separated (default 0.7,1.0; quick 0.7), or off",
+    )
+    p.add_argument(
+        "--batches",
+        default=None,
+        help="batch sizes against transformers' batched greedy, comma-separated (default 1,4,8; quick 4), or off",
     )
     p.add_argument(
         "--trees",

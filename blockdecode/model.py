@@ -181,9 +181,9 @@ class BlockwiseLM(nn.Module):
         model, dtype and machine (`blockdecode.calibrate`: about a second the first time, then cached;
         `prompts` are what it times on); "auto" with any other tree is the heads. `tree="default"` is
         "auto" for named drafters and the drafter's own chain for a drafter object. Sampling verifies
-        chains, so there "auto" is the heads' chain (the calibration measures greedy's acceptance). A
-        batch of `rows` > 1 verifies one chain a row, so there "auto" is the drafter whose chain the
-        calibration predicts fastest. Every setting is checked before anything is measured."""
+        one chain a call, and so does each row of a batch (`rows` > 1): there "auto" is the drafter
+        whose chain the calibration predicts fastest (it measures greedy's acceptance, which a draw
+        at a low temperature mostly follows). Every setting is checked before anything is measured."""
         k = self.k if k is None else k
         drafter = "auto" if drafter is None else drafter
         sampling = sampling_settings(self.base, do_sample, temperature, top_k, top_p)
@@ -191,8 +191,6 @@ class BlockwiseLM(nn.Module):
             tree = "auto" if isinstance(drafter, str) else None
         if isinstance(tree, str) and tree != "auto":
             raise ValueError(f"tree must be a node budget >= 1, 'auto' or None, got {tree!r}")
-        if tree == "auto" and sampling is not None:
-            tree = None
         if tree == "auto" and parse_acceptance(acceptance).rule == "min-block":
             tree = None  # min-block forces a chain's first proposals
         if tree == "auto" or drafter == "auto":
@@ -203,9 +201,10 @@ class BlockwiseLM(nn.Module):
             if not prompts:
                 raise ValueError("tree='auto' needs a prompt to measure on: pass prompts=[input_ids]")
             chosen = calibrate(self, list(prompts), drafter, k)
+            chains = rows > 1 or sampling is not None
             if isinstance(drafter, str):
-                drafter = chosen.drafter if rows == 1 else chosen.best_chain()
-            tree = chosen.tree if rows == 1 else None
+                drafter = chosen.best_chain() if chains else chosen.drafter
+            tree = None if chains else chosen.tree
         elif drafter == "auto":
             drafter = "heads"
         return make_plan(

@@ -78,12 +78,13 @@ def head_accuracy(ax: Axes, rows: list[dict]) -> None:
         ax.set_title(f"held-out mean accepted block: {evals[-1]['eval_mean_block_size']:.2f}")
 
 
-BENCH_PLOTS = ("speedup.png", "blocks.png", "cost.png")  # what `bench` draws (the first two when methods ran)
+BENCH_PLOTS = ("speedup.png", "blocks.png", "cost.png", "batches.png")  # what `bench` may draw
 
 
 def bench(report: dict, out: Path) -> None:
     """speedup.png (speedup against k per method), blocks.png (block-size histograms at the best
-    k) and cost.png (t(q) / t(1), the price of verifying a block)."""
+    k), batches.png (speedup against batch size) and cost.png (t(q) / t(1), the price of verifying a
+    block)."""
     plt = _pyplot()
     methods = report["methods"]
 
@@ -134,6 +135,17 @@ def bench(report: dict, out: Path) -> None:
         ax.set_ylabel("calls")
         ax.legend()
         save_figure(fig, out / "blocks.png")
+
+    if report.get("batches"):
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for drafter in dict.fromkeys(r["drafter"] for r in report["batches"]):
+            rows = [r for r in report["batches"] if r["drafter"] == drafter]
+            ax.plot([r["batch"] for r in rows], [r["speedup"] for r in rows], "o-", label=f"blockdecode, {drafter}")
+        ax.axhline(1.0, color="black", linewidth=0.8, label="transformers batched greedy")
+        ax.set_xlabel("batch size (prompts)")
+        ax.set_ylabel("speedup over batched greedy generate")
+        ax.legend(fontsize="small")
+        save_figure(fig, out / "batches.png")
 
     fig, ax = plt.subplots(figsize=(6, 4))
     curves = []

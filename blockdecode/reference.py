@@ -20,11 +20,13 @@ def greedy_generate(
     input_ids: torch.LongTensor,
     max_new_tokens: int,
     eos_token_id: int | Sequence[int] | None = None,
+    attention_mask: torch.Tensor | None = None,
     **generate_kwargs,
 ) -> torch.LongTensor:
     """transformers' own greedy generate [B, T] (for an encoder-decoder: the decoder's tokens, start
-    token first), EOS resolved as blockdecode resolves it, with the rules of the checkpoint's
-    generation config that greedy applies (forced BOS/EOS, banned tokens: `blockdecode.rules`).
+    token first), EOS resolved as blockdecode resolves it, `attention_mask` 0 on a batch's padding,
+    with the rules of the checkpoint's generation config that greedy applies (forced BOS/EOS, banned
+    tokens: `blockdecode.rules`).
     `generate_kwargs` reach generate as they are: num_beams for distillation,
     prompt_lookup_num_tokens or assistant_model for the benchmark's peers."""
     eos = sorted(resolve_eos(model, eos_token_id))
@@ -32,7 +34,7 @@ def greedy_generate(
     kwargs = {"do_sample": False, "num_beams": 1, **generate_kwargs}
     return model.generate(
         input_ids,
-        attention_mask=torch.ones_like(input_ids),
+        attention_mask=torch.ones_like(input_ids) if attention_mask is None else attention_mask,
         **generate_length(model, input_ids.shape[1], max_new_tokens),
         eos_token_id=eos or None,
         pad_token_id=pad if pad is not None else eos[0] if eos else 0,

@@ -5,14 +5,16 @@ from __future__ import annotations
 
 import warnings
 from collections import Counter
+from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import NO_EOS, assert_greedy_equal, make_prompt, perturb_heads, script, tiny
+from conftest import NO_EOS, assert_greedy_equal, make_prompt, perturb_heads, tiny
 from test_decode import sliding_window_model
 from transformers import PreTrainedModel
 
 from blockdecode import BlockwiseLM, NgramDrafter, blockwise_generate, decode, make_plan
+from blockdecode.bench.batches import batch_rows, padded_batch
 from blockdecode.calibrate import Calibration
 from blockdecode.drafters import BaseDrafter, HeadsDrafter
 from blockdecode.sampling import sampling_settings
@@ -287,13 +289,33 @@ def test_heads_drafter_batches_its_rows() -> None:
     assert together.shape == (3, 3) and torch.equal(together, alone)
 
 
-def test_batch_benchmark_row() -> None:
-    """benchmarks/batch_throughput.py's row: what it times is the batch, and exact."""
+def test_bench_batch_rows_time_the_batch_and_compare_it_with_transformers() -> None:
+    """`blockdecode bench`'s batch rows: the calls counted are the batch's (as many as its slowest
+    row needs), and each drafter's output is transformers' batched greedy."""
     model, prompts, ids, mask, _ = causal_batch("llama")
-    lm = BlockwiseLM.from_base(model, k=4)
-    row = script("batch_throughput").measure(lm, ids, mask, 12, "ngram", 4, reps=1, pad=1)
-    assert row["batch"] == 4 and row["exact"] and row["drafter"] == "ngram: ngram, chain"
-    assert row["calls"] == row["slowest_row_calls"] <= 12 and row["tokens_per_call"] >= 4
+    lm = perturb_heads(BlockwiseLM.from_base(model, k=4))
+    rows = batch_rows(lm, ids, mask, 12, ["heads", "ngram"], 4, repeats=1)
+    assert [(r["drafter"], r["plan"]) for r in rows] == [("heads", "heads, chain"), ("ngram", "ngram, chain")]
+    assert all(r["batch"] == 4 for r in rows)
+    for r in rows:
+        assert r["identical"] and r["calls"] == r["slowest_row_calls"] <= r["greedy_calls"] == 12
+        assert r["speedup"] == pytest.approx(r["greedy_seconds"] / r["seconds"])
+
+
+def test_a_padded_batch_pads_where_transformers_expects() -> None:
+    class Digits:
+        """A tokenizer whose tokens are a text's digits."""
+
+        pad_token_id = 0
+
+        def __call__(self, text: str) -> SimpleNamespace:
+            return SimpleNamespace(input_ids=[int(c) for c in text])
+
+    tokenizer = Digits()
+    ids, mask = padded_batch(tokenizer, ["123", "4"], seq2seq=False)
+    assert ids.tolist() == [[1, 2, 3], [0, 0, 4]] and mask.tolist() == [[1, 1, 1], [0, 0, 1]]
+    ids, mask = padded_batch(tokenizer, ["123", "4"], seq2seq=True)
+    assert ids.tolist() == [[1, 2, 3], [4, 0, 0]] and mask.tolist() == [[1, 1, 1], [1, 0, 0]]
 
 
 def test_sampling_a_padded_batch_matches_transformers_in_distribution() -> None:

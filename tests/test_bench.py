@@ -100,18 +100,27 @@ def test_quick_bench_reports_every_method_and_metric(setup: dict) -> None:
     assert env["dtype"] == "fp32" and env["threads"] >= 1 and env["torch"] and env["transformers"]
     system = saved["system_ceiling"]["methods"]
     assert system["scripted p=1"]["mean_block_size"] > system["scripted p=0.5"]["mean_block_size"]
-    for png in ("speedup.png", "blocks.png", "cost.png"):
+    for png in ("speedup.png", "blocks.png", "cost.png", "batches.png"):
         assert (Path(cfg.out) / png).stat().st_size > 1000
     sampled = saved["sampling"]["0.7"]  # --quick samples at 0.7, against transformers' own sampling
     assert sampled["settings"] == "temperature=0.7, top_k=50, top_p=1"
-    assert set(sampled["methods"]) == {"sampling t=0.7", "heads k=4 sampling", "n-gram k=4 sampling"}
+    (auto,) = [name for name in sampled["methods"] if name.startswith("auto")]  # the calibration's chain
+    assert re.fullmatch(r"auto \((heads|ngram)\) k=4 sampling", auto)
+    assert set(sampled["methods"]) == {"sampling t=0.7", "heads k=4 sampling", "n-gram k=4 sampling", auto}
     assert sampled["methods"]["sampling t=0.7"]["calls_per_token"] == pytest.approx(1.0)
-    for name in ("heads k=4 sampling", "n-gram k=4 sampling"):
+    for name in ("heads k=4 sampling", "n-gram k=4 sampling", auto):
         r = sampled["methods"][name]
         assert 1 <= r["tokens_per_call"] <= 4 and r["mean_block_size"] >= 1 and not r["exact_method"]
+    batches = saved["batches"]  # --quick: a batch of 4 prompts, each drafter's chain at k=4
+    assert [(r["batch"], r["drafter"], r["k"]) for r in batches] == [(4, d, 4) for d in ("auto", "heads", "ngram")]
+    for r in batches:
+        assert r["identical"] and r["slowest_row_calls"] <= r["calls"] <= r["greedy_calls"], r
+        assert r["speedup"] > 0 and r["call_cost"] > 0 and 1 <= r["row_mean_block"] <= 4
+    assert batches[2]["plan"] == "ngram, chain" and batches[0]["plan"].endswith(", chain")
     table = (Path(cfg.out) / "table.md").read_text()
     assert "| heads k=4 |" in table and "no (approximate)" in table
     assert "| temperature=0.7, top_k=50, top_p=1 | heads k=4 sampling |" in table
+    assert "| 4 | ngram (ngram, chain) | 4 |" in table
     assert "| topk:2 | 4 |" in table and "| min-block:2 | 2 |" in table and "| exact | 4 |" in table
 
 
@@ -133,12 +142,19 @@ def test_cli_bench_quick_and_bad_input(setup: dict, tmp_path: Path, capsys: pyte
     saved = json.loads((tmp_path / "bench.json").read_text())
     assert saved["config"]["ks"] == [2, 4, 8]  # --quick's own k list
     assert "assisted" not in saved["methods"]  # no draft model given
+    assert [r["batch"] for r in saved["batches"]] == [4, 4, 4]
+    main([*args, "--batches", "off", "--temperatures", "off", "--out", str(tmp_path / "off")])
+    saved = json.loads((tmp_path / "off" / "bench.json").read_text())
+    assert saved["batches"] == [] and saved["sampling"] == {}
+    assert not (tmp_path / "off" / "batches.png").exists()
     with pytest.raises(SystemExit, match="topk:N needs an integer N >= 1"):
         main([*args, "--acceptance", "topk:0"])
     with pytest.raises(SystemExit, match="ks must be block sizes >= 1"):
         main([*args, "--k", "0"])
     with pytest.raises(SystemExit, match="temperature must be a number > 0"):
         main([*args, "--temperatures", "0"])
+    with pytest.raises(SystemExit, match="batches must be batch sizes >= 1"):
+        main([*args, "--batches", "4,0"])
     (tmp_path / "bad.json").write_text('"def f():"')
     with pytest.raises(SystemExit, match="prompts must be a JSON list of non-empty strings"):
         main([*args, "--prompts", str(tmp_path / "bad.json")])
@@ -201,6 +217,7 @@ def test_bench_on_an_encoder_decoder_translates_to_eos_and_stays_exact(tmp_path:
         assert r["identical_to_greedy"], name
     eos = tokenizer.eos_token_id
     assert all(out[-1] == eos for out in methods["greedy"]["outputs"])  # each translation ended at its EOS
+    assert all(r["identical"] for r in report["batches"])  # right-padded sources, each row to its own EOS
 
 
 def test_an_interrupted_bench_leaves_the_old_folder_or_the_new_one(tmp_path: Path, monkeypatch) -> None:

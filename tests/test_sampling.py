@@ -18,6 +18,7 @@ from conftest import NO_EOS, hf_greedy, make_prompt, perturb_heads, tiny, vocab_
 from transformers import GenerationConfig
 
 from blockdecode import BaseDrafter, BlockwiseLM, NgramDrafter, decode, make_plan
+from blockdecode.calibrate import calibrate
 from blockdecode.sampling import DEFAULTS, Sampling, residual, sampling_settings, speculative_sample
 from blockdecode.toy import toy_model
 
@@ -224,11 +225,18 @@ def test_a_tree_under_sampling_decodes_a_chain_and_says_so() -> None:
     assert all(len(nodes) == 0 or nodes == list(range(1, len(nodes) + 1)) for nodes in out.stats.accepted_nodes)
 
 
-def test_auto_under_sampling_is_the_heads_chain_without_a_warning(recwarn: pytest.WarningsRecorder) -> None:
+def test_auto_under_sampling_is_the_calibrations_fastest_chain_without_a_warning(
+    recwarn: pytest.WarningsRecorder,
+) -> None:
     lm = BlockwiseLM.from_base(tiny("llama"), k=4)
-    plan = lm.plan(do_sample=True, temperature=0.7)
-    assert (plan.drafter_name, plan.tree, plan.note) == ("heads", None, "")
+    prompts = [make_prompt(6, vocab_size(lm.base))]
+    plan = lm.plan(do_sample=True, temperature=0.7, prompts=prompts)
+    fastest = calibrate(lm, prompts, "auto", 4).best_chain()
+    assert (plan.drafter_name, plan.tree, plan.note) == (fastest, None, "")
     assert not [w for w in recwarn if "chain" in str(w.message)]
+    with pytest.raises(ValueError, match="needs a prompt"):
+        lm.plan(do_sample=True)
+    assert lm.plan("auto", tree=None, do_sample=True).drafter_name == "heads"
 
 
 def test_stats_say_the_output_is_sampled() -> None:

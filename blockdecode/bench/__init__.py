@@ -4,7 +4,13 @@
 writes, and `suite` the presets that `blockdecode bench` runs; the clocks are `blockdecode.timing`."""
 
 from blockdecode.bench.methods import Method, Run, block_stats, measure
-from blockdecode.bench.report import acceptance_markdown, core_markdown, markdown, sampling_markdown
+from blockdecode.bench.report import (
+    acceptance_markdown,
+    batch_markdown,
+    core_markdown,
+    markdown,
+    sampling_markdown,
+)
 from blockdecode.bench.suite import PRESETS, BenchConfig, run_bench
 
 __all__ = [
@@ -13,6 +19,7 @@ __all__ = [
     "Method",
     "Run",
     "acceptance_markdown",
+    "batch_markdown",
     "block_stats",
     "core_markdown",
     "markdown",

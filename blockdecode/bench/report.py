@@ -55,6 +55,8 @@ def write_report(report: dict, out: Path) -> None:
         tables = [markdown(report), acceptance_markdown(report)] if report["methods"] else []
         if report.get("sampling"):
             tables.append(sampling_markdown(report["sampling"]))
+        if report.get("batches"):
+            tables.append(batch_markdown(report["batches"]))
         if "system_ceiling" in report:
             tables.append(core_markdown(report["system_ceiling"]))
         write_text(staging / "table.md", "\n\n".join(tables) + "\n")
@@ -121,6 +123,27 @@ def sampling_markdown(sampled: dict) -> str:
                 f"| {entry['settings']} | {name} | {r['tokens_per_s']:.0f} | {r['speedup']:.2f}x | "
                 f"{r['tokens_per_call']:.2f} |"
             )
+    return "\n".join(lines)
+
+
+def batch_markdown(rows: list[dict]) -> str:
+    """Batches against transformers' batched greedy on the same padded batch: speedup is greedy's
+    calls over ours, divided by what one of our calls costs against one of greedy's."""
+    lines = [
+        "Batches: speedup over transformers' batched greedy on the same left-padded batch, one chain a row. "
+        "A batch makes as many calls as its slowest row needs, and each call scores rows x k tokens "
+        "(call cost: one call's seconds over one of greedy's).",
+        "",
+        "| batch | drafter | k | tokens/s | speedup | calls (greedy) | slowest row's calls | row mean block "
+        "| call cost | identical |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['batch']} | {r['drafter']} ({r['plan']}) | {r['k']} | {r['tokens_per_s']:.0f} | "
+            f"{r['speedup']:.2f}x | {r['calls']} ({r['greedy_calls']}) | {r['slowest_row_calls']} | "
+            f"{r['row_mean_block']:.2f} | {r['call_cost']:.2f} | {'yes' if r['identical'] else 'NO'} |"
+        )
     return "\n".join(lines)
 
 

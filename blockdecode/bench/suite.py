@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 from blockdecode.acceptance import parse_acceptance
+from blockdecode.bench.batches import batch_rows, padded_batch
 from blockdecode.bench.methods import (
     Method,
     Run,
@@ -68,6 +69,8 @@ class BenchConfig:
     fwd_reps: int = 7
     acceptance: list[str] = field(default_factory=list)  # relaxed rules to measure beside exact
     temperatures: list[float] = field(default_factory=lambda: [0.7, 1.0])  # sampling, against transformers'
+    batches: list[int] = field(default_factory=lambda: [1, 4, 8])  # batch sizes, against transformers' batched greedy
+    batch_k: int = 4  # a batch scores rows x k tokens a call: a short chain keeps that cheap
     trees: list[int | str] = field(default_factory=lambda: ["auto"])  # budgets or "auto", at the largest k
     static_cache: bool = False  # also greedy and the chains at the largest k with transformers' StaticCache
     methods: bool = True  # the model's own methods; False: the scripted-drafter study alone
@@ -92,7 +95,8 @@ class BenchConfig:
             t if isinstance(t, str) and t == "auto" else at_least(t, 1, "trees must be node budgets >= 1 or 'auto'")
             for t in self.trees
         ]
-        for name in ("new_tokens", "n_prompts", "repeats", "max_q", "fwd_reps"):
+        self.batches = [at_least(b, 1, "batches must be batch sizes >= 1") for b in self.batches]
+        for name in ("new_tokens", "n_prompts", "repeats", "max_q", "fwd_reps", "batch_k"):
             setattr(self, name, at_least(getattr(self, name), 1, f"{name} must be a positive integer"))
         for spec in self.acceptance:
             parse_acceptance(spec)  # a bad rule fails before anything runs
@@ -108,16 +112,26 @@ class BenchConfig:
     def quick(cls, **overrides) -> BenchConfig:
         """About two minutes on 2 cores: fewer prompts, k and q, no GPT-2-sized study."""
         base = dict(
-            ks=[2, 4, 8], new_tokens=64, n_prompts=4, repeats=1, max_q=16, fwd_reps=3, system=False, temperatures=[0.7]
+            ks=[2, 4, 8],
+            new_tokens=64,
+            n_prompts=4,
+            repeats=1,
+            max_q=16,
+            fwd_reps=3,
+            system=False,
+            temperatures=[0.7],
+            batches=[4],
         )
         return cls(**{**base, **overrides, "out": overrides.get("out", "benchmarks/results/bench_quick")})
 
     @classmethod
     def core(cls, **overrides) -> BenchConfig:
         """The decode loop alone: scripted drafters on a GPT-2-small-sized model, both caches, k=8."""
-        base = dict(ks=[8], methods=False, n_prompts=4, system_caches=list(CACHE_IMPLEMENTATIONS))
+        base = dict(ks=[8], methods=False, n_prompts=4, system_caches=list(CACHE_IMPLEMENTATIONS), batches=[])
         return cls(**{**base, **overrides, "out": overrides.get("out", "benchmarks/results/core")})
 
+
+BATCH_DRAFTERS = ["auto", "heads", "ngram"]  # auto: the chain the calibration predicts fastest
 
 PRESETS = {"default": BenchConfig, "quick": BenchConfig.quick, "core": BenchConfig.core}
 
@@ -209,6 +223,19 @@ def model_methods(cfg: BenchConfig, show: bool) -> dict:
     results = measure(methods_for(cfg, lm, draft, prompts), prompts, cfg.repeats, show)
     add_quality(results, tokenizer, lm.base, prompts)
     sampled = {f"{t:g}": sampling_methods(cfg, lm, prompts, t, show) for t in cfg.temperatures}
+    batched = [
+        row
+        for size in cfg.batches
+        for row in batch_rows(
+            lm,
+            *padded_batch(tokenizer, [texts[i % len(texts)] for i in range(size)], seq2seq, cfg.device),
+            cfg.new_tokens,
+            BATCH_DRAFTERS,
+            cfg.batch_k,
+            cfg.repeats * 2,
+            show,
+        )
+    ]
     greedy_text = results["greedy"]["outputs"][0][: cfg.new_tokens // 2]
     # t(q) over a prompt and half a continuation (an encoder-decoder: its source, as decoder context too)
     context = torch.tensor([prompts[0][0].tolist() + ([] if seq2seq else greedy_text)], device=cfg.device)
@@ -226,6 +253,7 @@ def model_methods(cfg: BenchConfig, show: bool) -> dict:
         },
         "methods": results,
         "sampling": sampled,
+        "batches": batched,
     }
 
 
@@ -234,8 +262,9 @@ def sampling_methods(
 ):
     """Sampling at `temperature` (the model's other generation settings, as transformers takes them):
     transformers' own sampling, the baseline, against the heads' and n-gram lookup's chains at the
-    largest k, verified by speculative sampling (trees are for greedy). Each run draws other tokens,
-    so these rows compare speed and tokens per call, not outputs."""
+    largest k and the chain the calibration picks ("auto", what `generate(do_sample=True)` decodes
+    with), verified by speculative sampling (trees are for greedy). Each run draws other tokens, so
+    these rows compare speed and tokens per call, not outputs."""
     n, eos = cfg.new_tokens, is_seq2seq(lm.base)
     sampling = sampling_settings(lm.base, True, temperature=temperature)
     settings = dict(do_sample=True, temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p)
@@ -252,6 +281,9 @@ def sampling_methods(
     k = max((k for k in cfg.ks if k <= lm.k), default=None)
     if k:
         ms.append(Method(f"heads k={k} sampling", "heads", blockwise("heads", k), k=k, acceptance=sampling.spec))
+        chosen = lm.plan("auto", k, prompts=prompts[:2], **settings).drafter_name
+        name = f"auto ({chosen}) k={k} sampling"
+        ms.append(Method(name, chosen, blockwise(chosen, k), k=k, acceptance=sampling.spec))
     top = max(cfg.ks)
     ms.append(Method(f"n-gram k={top} sampling", "ngram", blockwise("ngram", top), k=top, acceptance=sampling.spec))
     results = measure(ms, prompts, cfg.repeats, show)
