@@ -13,7 +13,7 @@ import argparse
 import json
 from pathlib import Path
 
-from blockdecode.bench import acceptance_markdown, core_markdown, markdown
+from blockdecode.bench import acceptance_markdown, batch_markdown, core_markdown, markdown, sampling_markdown
 from blockdecode.io import write_text
 
 DOC = Path(__file__).parents[1] / "docs" / "results.md"
@@ -31,14 +31,18 @@ def update_section(doc: Path, name: str, text: str) -> None:
 
 def bench_tables(report: dict) -> dict[str, str]:
     """A bench run's tables by section: the methods' (an encoder-decoder's run is the paper's Table 4,
-    with a section of its own), the approximate rules' if any were measured, and the scripted-drafter
-    study's when it ran alone (`--preset core`)."""
+    with a section of its own), the approximate rules' if any were measured, the code model's sampling
+    and batch rows, and the scripted-drafter study's when it ran alone (`--preset core`)."""
     tables = {}
     if report["methods"]:
         name = "translation-speed-table" if report.get("task") == "translation" else "bench-table"
         tables[name] = markdown(report)
     if report["config"]["acceptance"]:
         tables["acceptance-table"] = acceptance_markdown(report)
+    if report.get("sampling") and report.get("task") != "translation":
+        tables["sampling-table"] = sampling_markdown(report["sampling"])
+    if report.get("batches") and report.get("task") != "translation":
+        tables["batch-table"] = batch_markdown(report["batches"])
     if "system_ceiling" in report and not report["config"]["methods"]:
         tables["core-table"] = core_markdown(report["system_ceiling"])
     return tables

@@ -42,7 +42,8 @@ def test_a_table_is_written_between_its_markers(results_doc, report: dict, tmp_p
     assert "old" not in text and "| heads k=2 |" in text and text.endswith("after\n")
     with pytest.raises(ValueError, match="no <!-- paper-table:start -->"):
         results_doc.update_section(doc, "paper-table", "x")
-    assert list(results_doc.bench_tables(report)) == ["bench-table"]  # a causal model's, no approximate rule
+    # a causal model's, no approximate rule; quick's sampling at 0.7 and batch of 4
+    assert list(results_doc.bench_tables(report)) == ["bench-table", "sampling-table", "batch-table"]
 
 
 def test_a_core_bench_run_writes_the_core_table(results_doc, tmp_path: Path, monkeypatch) -> None:
