@@ -142,8 +142,11 @@ def main() -> None:
         mode = record.get("mode", Path(run).name)
         settings = Path(run) / "train_config.json"
         if mode.endswith("distill") and settings.is_file():  # which distillation taught it: beam search or greedy
-            beams = json.loads(settings.read_text()).get("distill_beams", 1)
+            config = json.loads(settings.read_text())
+            beams = config.get("distill_beams", 1)
             mode += " (greedy targets)" if beams == 1 else f" ({beams}-beam targets)"
+            if config.get("distill_sources"):  # and on which extra sources (`bible --extra-sources` names them)
+                mode += " + " + ", ".join(Path(f).stem.removeprefix("sources-") for f in config["distill_sources"])
         row = table_row(lm, AutoTokenizer.from_pretrained(run), pairs, [k for k in ks if k <= lm.k])
         by_k = {str(k): v for k, v in row["by_k"].items()}
         rows.append({"run": run, "mode": mode, "trained_k": lm.k, "training": record, **row, "by_k": by_k})

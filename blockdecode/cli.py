@@ -175,6 +175,14 @@ def add_train_parser(sub) -> None:
     p.add_argument("--distill-beams", type=int, default=d.distill_beams, help="1: greedy; more: beam search")
     p.add_argument("--distill-cache", default=None, help="folder for distilled data, reused across runs")
     p.add_argument(
+        "--distill-sources",
+        nargs="+",
+        default=None,
+        metavar="FILE",
+        help="encoder-decoder distill modes: text files of more source sentences, one a line (bible "
+        "--extra-sources writes them); --distill-prompts are drawn evenly from the training sources and these",
+    )
+    p.add_argument(
         "--feature-cache",
         default=None,
         help="frozen/distill: a folder where the base's outputs on the training rows are computed once, reused",
@@ -424,11 +432,17 @@ def saved_dtype(model_dir: str) -> torch.dtype:
 
 
 def cmd_bible(args: argparse.Namespace) -> None:
-    from blockdecode.bible import read_pairs, write_corpus
+    from blockdecode.bible import open_sources, read_pairs, read_sources, sources_file, write_corpus
 
-    counts = write_corpus(read_pairs(args.modules), args.out)
+    extra = open_sources(args.modules, args.extra_sources)  # a module not there fails before any reading
+    pairs = read_pairs(args.modules)
+    sources = read_sources(extra, pairs)
+    counts = write_corpus(pairs, args.out, sources)
     split = ", ".join(f"{name} {n:,}" for name, n in counts.items())
     print(f"{sum(counts.values()):,} verse pairs in {args.out}: {split}")
+    for name, lines in sources.items():
+        what = "sentences of commentary" if extra[name].commentary else "English verses"
+        print(f"{len(lines):,} {what} on training chapters from {extra[name].name} in {sources_file(name)}")
 
 
 def cmd_demo(args: argparse.Namespace) -> None:
@@ -547,6 +561,14 @@ def main(argv: list[str] | None = None) -> None:
     )
     bible.add_argument("--modules", required=True, help="SWORD module folder (the one holding mods.d/)")
     bible.add_argument("--out", default="runs/bible", help="where the .tsv files go")
+    bible.add_argument(
+        "--extra-sources",
+        type=lambda text: list(dict.fromkeys(name.lower() for name in text.split(",") if name)),
+        default=[],
+        help="comma-separated English modules whose training-chapter text goes to OUT/sources-NAME.txt, one "
+        "source a line, for train --distill-sources: web (World English Bible: sword-text-web), mhcc, scofield, "
+        "tdavid (commentaries: sword-comm-*), or a module's own name",
+    )
     bible.set_defaults(func=cmd_bible)
 
     demo = sub.add_parser("demo", help="show blockwise decoding against greedy on the built-in model")

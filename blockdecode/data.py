@@ -173,3 +173,22 @@ def load_pairs(paths: list[str | Path], tokenizer, start: int, eos: int | None, 
     if not keep:
         raise ValueError(f"every pair is longer than {max_len} tokens (--seq-len)")
     return Pairs(padded([sources[i] for i in keep]), padded([decoder[i] for i in keep]))
+
+
+def load_sources(paths: list[str | Path], tokenizer, max_len: int) -> list[list[list[int]]]:
+    """Each file's source sentences (one a line, blank lines skipped) as token ids, for distillation,
+    which needs no targets; lines longer than `max_len` tokens are left out, with a warning."""
+    found = []
+    for path in map(Path, paths):
+        if not path.is_file():
+            raise FileNotFoundError(f"distillation sources {path} do not exist (a text file, one source a line)")
+        lines = [line for line in _lines(path) if line.strip()]
+        ids = [row for row in (tokenizer(lines).input_ids if lines else []) if len(row) <= max_len]
+        if len(ids) < len(lines):
+            warnings.warn(
+                f"left out {len(lines) - len(ids)} source(s) of {path} longer than {max_len} tokens", stacklevel=2
+            )
+        if not ids:
+            raise ValueError(f"{path} holds no source sentence of at most {max_len} tokens")
+        found.append(ids)
+    return found

@@ -11,7 +11,7 @@ import math
 import random
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from types import SimpleNamespace
@@ -26,7 +26,7 @@ from transformers import PreTrainedModel
 
 from blockdecode import plots, training
 from blockdecode.adapter import decoder_prompt, sequence_logits
-from blockdecode.data import Pairs, fingerprint, load_pairs, load_tokens, pack, padded, split
+from blockdecode.data import Pairs, fingerprint, load_pairs, load_sources, load_tokens, pack, padded, split
 from blockdecode.decode import blockwise_generate, decode_prompts
 from blockdecode.drafters import NgramDrafter
 from blockdecode.features import Features, cached_features
@@ -124,6 +124,9 @@ class TrainConfig:
     distill_beams: int = 1
     distill_batch_size: int = 16
     distill_cache: str | None = None
+    # encoder-decoder distill modes: text files of more sources, one a line; distill_prompts are drawn
+    # evenly from the training sources and these together, so each gives its share of the budget
+    distill_sources: list[str] | None = None
     feature_cache: str | None = None  # frozen-base modes: the base's outputs on the rows, computed once, here
     loss_chunk: int = 2048  # rows of head logits held at once (memory only: the loss is the same)
     patience: int = 0  # stop after this many evaluations without a longer held-out block; 0: never
@@ -168,6 +171,8 @@ class TrainConfig:
                 raise ValueError(
                     f"--out {self.out} lies inside the data folder {item}: the run would train on its own files"
                 )
+        if self.distill_sources and not self.distill:
+            raise ValueError(f"distill_sources are prompts to distil: for the distill modes, not {self.mode}")
         if self.distill and self.distill_prompt_len + self.distill_new_tokens <= self.k:
             raise ValueError(
                 f"distilled rows of {self.distill_prompt_len} + {self.distill_new_tokens} tokens are too short "
@@ -362,18 +367,22 @@ def distill_sequences(
 
 
 @torch.inference_mode()
-def distill_pairs(base: PreTrainedModel, pairs: Pairs, cfg: TrainConfig, show: bool = True) -> Pairs:
+def distill_pairs(
+    base: PreTrainedModel, pairs: Pairs, cfg: TrainConfig, show: bool = True, extra: Sequence[list[int]] = ()
+) -> Pairs:
     """Sequence-level distillation for an encoder-decoder (the paper's): the base's own
-    translations (greedy, or beam search) of `distill_prompts` training sources, drawn evenly,
-    replace the targets."""
-    pairs = pairs[drawn_evenly(len(pairs), cfg.distill_prompts)]
+    translations (greedy, or beam search) of `distill_prompts` sources drawn evenly from the
+    training pairs' and then `extra` (token ids of sources with no target) replace the targets."""
+    rows = [row[row >= 0].tolist() for row in pairs.source] + list(extra)
+    sources = padded([rows[i] for i in drawn_evenly(len(rows), cfg.distill_prompts)])
     eos = resolve_eos(base, None)
     pad = base.generation_config.pad_token_id
     pad = pad if pad is not None else 0
-    start = int(decoder_prompt(base, pairs.source[:1, :1].clamp(min=0))[1])
+    start = int(decoder_prompt(base, sources[:1, :1].clamp(min=0))[1])
 
     def generate(rows: slice) -> torch.LongTensor:
-        batch = pairs[rows].source
+        batch = sources[rows]
+        batch = batch[:, : int((batch >= 0).sum(1).max())]  # the batch's own width
         out = base.generate(
             batch.masked_fill(batch < 0, pad).to(base.device),
             attention_mask=(batch >= 0).long().to(base.device),
@@ -384,9 +393,24 @@ def distill_pairs(base: PreTrainedModel, pairs: Pairs, cfg: TrainConfig, show: b
         ).cpu()
         return _cut_at_eos(out, 1, eos, 1 + cfg.distill_new_tokens)
 
-    inputs = pairs.source.numpy().tobytes() + start.to_bytes(8, "little")
-    decoder = _cached_generation(base, inputs, len(pairs), generate, 1, cfg, show)
-    return Pairs(pairs.source, decoder)
+    inputs = sources.numpy().tobytes() + start.to_bytes(8, "little")
+    decoder = _cached_generation(base, inputs, len(sources), generate, 1, cfg, show)
+    return Pairs(sources, decoder)
+
+
+def sources_record(cfg: TrainConfig, training: int, extra: list[list[list[int]]]) -> dict:
+    """What a run's record keeps of its --distill-sources: each file's sources and how many of the
+    distill_prompts, drawn evenly from the `training` sources and then the files', are its."""
+    sizes = [training, *map(len, extra)]
+    drawn = drawn_evenly(sum(sizes), cfg.distill_prompts)
+    shares = torch.bucketize(drawn, torch.tensor(sizes).cumsum(0), right=True).bincount(minlength=len(sizes)).tolist()
+    return {
+        "distilled_training_sources": shares[0],
+        "distill_sources": {
+            path: {"sources": n, "distilled": share}
+            for path, n, share in zip(cfg.distill_sources, sizes[1:], shares[1:])
+        },
+    }
 
 
 def _cut_at_eos(out: torch.LongTensor, first_new: int, eos: set[int], width: int) -> torch.LongTensor:
@@ -517,8 +541,10 @@ class HeadTraining(training.Task):
         coverage: float | None = None,
         features: Features | None = None,
         anchor_rows=None,
+        sources: dict | None = None,
     ):
         self.config, self.name, self.model, self.tokenizer, self.accelerator = cfg, cfg.mode, objective, tokenizer, acc
+        self.sources = sources  # what the record keeps of --distill-sources (`sources_record`)
         self.coverage = coverage  # of the heads' targets by their draft vocabulary
         self.features = features  # the frozen base's outputs on `sequences`, read instead of computed
         self.anchor_rows = anchor_rows  # real data rows the base's own loss is measured on (base_loss_on="data")
@@ -580,7 +606,7 @@ class HeadTraining(training.Task):
 
     def save(self, model: Objective, records: list[dict], folder: Path) -> None:
         """The heads (and in finetune modes the base), with the tokenizer and the run's record."""
-        cfg, record = self.config, run_record(records, self.config, self.row_tokens, self.coverage)
+        cfg, record = self.config, run_record(records, self.config, self.row_tokens, self.coverage, self.sources)
         model.model.write_save(folder, save_base=cfg.finetune, training=record, tokenizer=self.tokenizer)
 
 
@@ -600,6 +626,13 @@ def train(cfg: TrainConfig, callback: Callable[[int, dict], None] | None = None)
     eos = sorted(resolve_eos(base, None))
     greedy_rules(base, 1, 1, set(eos))  # a generation config blockwise decoding cannot follow fails now, not later
     vocab = vocab_size(base)
+    if cfg.distill_sources and not is_seq2seq(base):
+        raise ValueError(
+            f"--distill-sources are sources for an encoder-decoder to translate; {cfg.base} is a causal LM, whose "
+            "distillation prompts are cut from --data: give the text as --data"
+        )
+    extra = load_sources(cfg.distill_sources or [], tokenizer, cfg.seq_len)  # per file
+    extra_rows = [row for rows in extra for row in rows]
     if is_seq2seq(base):  # source/target pairs; the heads learn the decoder's side
         start = int(decoder_prompt(base, torch.zeros(1, 1, dtype=torch.long))[1])
         sequences = load_pairs(cfg.data, tokenizer, start, eos[0] if eos else None, cfg.seq_len)
@@ -612,7 +645,10 @@ def train(cfg: TrainConfig, callback: Callable[[int, dict], None] | None = None)
         raise ValueError(f"the training data holds token ids outside the base model's vocabulary [0, {vocab})")
     train_seqs, held_out = split(sequences, cfg.holdout)
 
-    data_digest = fingerprint(sequences.content() if isinstance(sequences, Pairs) else sequences)
+    content = sequences.content() if isinstance(sequences, Pairs) else sequences
+    if extra_rows:  # the sources' content too, so a run resumed on edited sources is refused
+        content = torch.cat([content, torch.tensor([-3]), padded(extra_rows).flatten()])
+    data_digest = fingerprint(content)
     state = loop.resume(cfg, RESUME_MUST_MATCH, data_digest)
     torch.manual_seed(cfg.seed)
     model = BlockwiseLM.from_base(
@@ -622,9 +658,11 @@ def train(cfg: TrainConfig, callback: Callable[[int, dict], None] | None = None)
         model.heads.load_state_dict(trained_heads(cfg.init_heads, model))
     real_rows = train_seqs
     if cfg.distill:
-        distill = distill_pairs if isinstance(train_seqs, Pairs) else distill_sequences
         with accelerator.main_process_first():
-            train_seqs = distill(base.to(accelerator.device), train_seqs, cfg, show=loop.main)
+            if isinstance(train_seqs, Pairs):
+                train_seqs = distill_pairs(base.to(accelerator.device), train_seqs, cfg, loop.main, extra_rows)
+            else:
+                train_seqs = distill_sequences(base.to(accelerator.device), train_seqs, cfg, show=loop.main)
     coverage = None
     if cfg.draft_vocab:  # the targets the heads learn, distilled or not, decide what they may propose
         targets = train_seqs.decoder if isinstance(train_seqs, Pairs) else train_seqs
@@ -638,8 +676,9 @@ def train(cfg: TrainConfig, callback: Callable[[int, dict], None] | None = None)
             raise ValueError("--feature-cache serves one process; several train with the base computed each step")
         features = cached_features(base.to(accelerator.device), train_seqs, cfg.feature_cache, show=loop.main)
     anchor = real_rows if cfg.base_loss_on == "data" else None
+    sources = sources_record(cfg, len(real_rows), extra) if extra else None
     task = HeadTraining(
-        cfg, objective, train_seqs, held_out, data_digest, tokenizer, accelerator, coverage, features, anchor
+        cfg, objective, train_seqs, held_out, data_digest, tokenizer, accelerator, coverage, features, anchor, sources
     )
     if loop.main:
         write_json(Path(cfg.out) / "train_config.json", asdict(cfg))
@@ -671,11 +710,18 @@ def plateaued(records: list[dict], patience: int, min_delta: float) -> bool:
     return since >= patience
 
 
-def run_record(records: list[dict], cfg: TrainConfig, row_tokens: float, coverage: float | None = None) -> dict:
+def run_record(
+    records: list[dict],
+    cfg: TrainConfig,
+    row_tokens: float,
+    coverage: float | None = None,
+    sources: dict | None = None,
+) -> dict:
     """What blockdecode.json keeps of a training run: mode, size, how much it saw, and where it
     ended against where it began (held-out base loss on the --holdout split, decoded block size).
     `row_tokens`: the mean tokens of a training row (padding not counted); `coverage`: the share of
-    the heads' targets their draft vocabulary holds."""
+    the heads' targets their draft vocabulary holds; `sources`: its --distill-sources and their
+    share of the distilled rows (`sources_record`)."""
     evals = [r for r in records if "eval_base_loss" in r]
     steps = max((r["step"] for r in records), default=0)
     return {
@@ -683,6 +729,7 @@ def run_record(records: list[dict], cfg: TrainConfig, row_tokens: float, coverag
         "k": cfg.k,
         "head_hidden_size": cfg.head_hidden_size,
         **({"draft_vocab": cfg.draft_vocab, "draft_vocab_coverage": coverage} if cfg.draft_vocab else {}),
+        **(sources or {}),
         "steps": steps,
         "tokens_seen": round(steps * cfg.batch_size * row_tokens),
         "original_base_heldout_loss": evals[0]["eval_base_loss"] if evals else None,
@@ -722,4 +769,5 @@ RESUME_MUST_MATCH = (
     "seq_len",
     "init_heads",
     *("distill_prompts", "distill_prompt_len", "distill_new_tokens", "distill_beams"),  # the distilled data
+    "distill_sources",  # the paths; their content is in the data digest
 )

@@ -20,13 +20,17 @@ else  # 2 CPU cores: about 5 s a model step on one thread, and 120 tokens/s of 4
 fi
 mkdir -p "$RUNS"
 
-# 1. The SWORD modules (Debian packages, fetched by apt like any package) and the verse pairs.
-if [ ! -f "$RUNS/bible/train.tsv" ]; then
-  if [ ! -d "$RUNS/sword/usr/share/sword/mods.d" ]; then
+# 1. The SWORD modules (Debian packages, fetched by apt like any package) and the verse pairs, with
+#    the extra English sources distillation may use: the World English Bible's training verses and the
+#    sentences of three commentaries on training chapters (sources-web.txt, sources-mhcc.txt, ...).
+EXTRA_SOURCES="web mhcc scofield tdavid"
+if [ ! -f "$RUNS/bible/train.tsv" ] || [ ! -f "$RUNS/bible/sources-tdavid.txt" ]; then
+  if [ ! -f "$RUNS/sword/usr/share/sword/mods.d/tdavid.conf" ]; then
     mkdir -p "$RUNS/sword"
-    (cd "$RUNS/sword" && apt-get download sword-text-kjv sword-text-sparv && for f in sword-text-*.deb; do dpkg-deb -x "$f" .; done)
+    (cd "$RUNS/sword" && apt-get download sword-text-kjv sword-text-sparv sword-text-web sword-comm-mhcc sword-comm-scofield \
+      sword-comm-tdavid && for f in sword-*.deb; do dpkg-deb -x "$f" .; done)
   fi
-  $BD bible --modules "$RUNS/sword/usr/share/sword" --out "$RUNS/bible"
+  $BD bible --modules "$RUNS/sword/usr/share/sword" --out "$RUNS/bible" --extra-sources "${EXTRA_SOURCES// /,}"
 fi
 
 # 2. The translation model: 4 + 4 layers of width 256, a shared BPE of 8,000, about 21 epochs (13 on CPUs).
@@ -45,11 +49,11 @@ COMMON=(--base "$RUNS/translation/model" --data "$RUNS/bible/train.tsv" --k 10 -
 #      MODES="distill finetune+distill" HEADS_ONLY=1 THREADS=1 bash recipes/translation.sh
 #      MODES="frozen finetune distill-greedy" HEADS_ONLY=1 HEAD_STEPS=300 THREADS=1 bash recipes/translation.sh
 MODES=" ${MODES:-distill finetune+distill frozen finetune distill-greedy} "
-run() {  # mode, then train's own arguments
+run() {  # mode (and what follows a '-': which run of it), then train's own arguments
   local mode=$1; shift
   [[ $MODES == *" $mode "* ]] || return 0
   [ -f "$RUNS/translation-$mode/blockdecode.json" ] ||
-    $BD train "${COMMON[@]}" --mode "${mode%-greedy}" --steps $HEAD_STEPS --out "$RUNS/translation-$mode" "$@"
+    $BD train "${COMMON[@]}" --mode "${mode%%-*}" --steps $HEAD_STEPS --out "$RUNS/translation-$mode" "$@"
 }
 run distill
 run finetune+distill --init-heads "$RUNS/translation-distill" --base-lr 3e-5
@@ -57,15 +61,29 @@ run frozen
 run finetune
 # Which distils better, the paper's beam search or greedy: the distill mode again on greedy translations.
 run distill-greedy --distill-beams 1
+# A measurement: what each extra English source adds to the distill mode, and all of them together.
+# The same --distill-prompts budget is drawn evenly from the training verses and the source's lines
+# together (with a GPU it covers nearly all of them), so each row is the source's worth at an equal
+# distillation cost. Not run by default:
+#   MODES="distill-web distill-mhcc distill-scofield distill-tdavid distill-all" HEADS_ONLY=1 bash recipes/translation.sh
+for source in $EXTRA_SOURCES; do
+  run "distill-$source" --distill-sources "$RUNS/bible/sources-$source.txt"
+done
+ALL_SOURCES=(); for source in $EXTRA_SOURCES; do ALL_SOURCES+=("$RUNS/bible/sources-$source.txt"); done
+run distill-all --distill-sources "${ALL_SOURCES[@]}"
 [ "${HEADS_ONLY:-0}" = 1 ] && exit 0
 
 # 4. The paper's Table 1 on held-out verses: BLEU and mean accepted block at k = 1, 2, 4, 6, 8, 10;
 #    SHIP=1 installs the fastest set that keeps its BLEU within a point as the built-in translation model
 #    (benchmarks/ship.py); the table goes into docs/results.md.
+#    The extra sources' distill runs join the table where they were trained.
 SHIP_ARGS=(); [ "${SHIP:-0}" = 1 ] && SHIP_ARGS=(--ship blockdecode/translation_model)
-.venv/bin/python benchmarks/translation_table.py --corpus "$RUNS/bible" --verses $VERSES --doc "${SHIP_ARGS[@]}" --runs "$RUNS/translation-frozen" \
-  "$RUNS/translation-distill" "$RUNS/translation-finetune" "$RUNS/translation-finetune+distill" \
-  "$RUNS/translation-distill-greedy"
+TABLE_RUNS=("$RUNS/translation-frozen" "$RUNS/translation-distill" "$RUNS/translation-finetune"
+  "$RUNS/translation-finetune+distill" "$RUNS/translation-distill-greedy")
+for source in $EXTRA_SOURCES all; do
+  [ -f "$RUNS/translation-distill-$source/blockdecode.json" ] && TABLE_RUNS+=("$RUNS/translation-distill-$source")
+done
+.venv/bin/python benchmarks/translation_table.py --corpus "$RUNS/bible" --verses $VERSES --doc "${SHIP_ARGS[@]}" --runs "${TABLE_RUNS[@]}"
 
 # 5. The paper's Table 4: wall-clock speed against transformers' greedy and assisted generation, whose draft is a
 #    2 + 1-layer Marian trained like the model on its tokenizer.

@@ -1,6 +1,8 @@
 """The translation corpus: verse pairs read from SWORD modules with pysword, cleaned, and split by
-chapter. The modules are written here in SWORD's RawText format (an index of offset and length per
-verse slot of the KJV versification), so the real reader runs on them."""
+chapter, and the extra English sources for distillation. The modules are written here in SWORD's
+RawText format (an index of offset and length per verse slot of the KJV versification) and its zText
+and zCom format (an index of block, offset and length per slot into compressed blocks), so the real
+reader runs on them."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ import random
 import re
 import shutil
 import struct
+import zlib
 from collections import Counter
 from pathlib import Path
 
@@ -20,8 +23,13 @@ from blockdecode.bible import (
     SPANISH,
     VersePair,
     clean,
+    commentary,
+    open_sources,
     read_pairs,
+    read_sources,
     read_tsv,
+    second_english,
+    sentences,
     split_of,
     undo_drop_cap,
     write_corpus,
@@ -41,14 +49,14 @@ VERSES = {
 }  # fmt: skip
 
 
-def write_module(library: Path, name: str, side: int) -> None:
-    """A RawText SWORD module holding side `side` (0 English, 1 Spanish) of VERSES."""
+def write_module(library: Path, name: str, side: int, verses: dict = VERSES) -> None:
+    """A RawText SWORD module holding side `side` (0 English, 1 Spanish) of `verses`."""
     data = library / "modules" / "texts" / "rawtext" / name.lower()
     data.mkdir(parents=True)
     structure = BibleStructure("kjv")
     for testament in ("ot", "nt"):
         slots = {}
-        for (book, chapter, verse), texts in VERSES.items():
+        for (book, chapter, verse), texts in verses.items():
             found = structure.ref_to_indicies(books=[book], chapters=[chapter], verses=[verse]).get(testament)
             if found:
                 slots[found[0]] = f'{texts[side]}<note type="x">a note</note>'.encode() if texts[side] else b""
@@ -173,3 +181,167 @@ def test_an_interrupted_corpus_leaves_the_old_files_or_the_new(tmp_path: Path, m
     monkeypatch.undo()
     write_corpus(pairs("new"), tmp_path)
     assert all("old" not in p.read_text() for p in tmp_path.iterdir())
+
+
+# ----------------------------------------------------------------------------- extra English sources
+
+EXTRA_VERSES = {  # KJV, RV, WEB (as stored, markup and all)
+    ("Gen", 1, 1): (
+        "In the beginning God created the heaven and the earth.",
+        "En el principio crió Dios los cielos y la tierra.",
+        'In the beginning, <w lemma="strong:H0430">God</w><note type="x">Elohim.</note><w>created</w> the heavens '
+        "and the earth.",
+    ),
+    ("Gen", 1, 2): ("And the earth was void.", "Y la tierra estaba vacía.", "The earth was empty<note>Or void</note>."),
+    ("Gen", 1, 3): ("And God said, Let there be light.", "", "God said, “Let there be light.”"),  # no Spanish: no pair
+    ("Gen", 1, 4): ("And God saw the light.", "Y vió Dios que la luz era buena.", ""),  # not in the WEB
+    ("Gen", 28, 1): ("And Isaac called Jacob.", "Y Isaac llamó á Jacob.", "Isaac called Jacob."),  # a held-out chapter
+    ("Rev", 12, 17): ("And the dragon was wroth.", "Entonces el dragón fué airado.", "The dragon grew angry."),
+    ("Matt", 1, 1): ("The book of Jesus Christ.", "Libro de Jesucristo.", "The book of the genealogy of Jesus Christ."),
+}  # fmt: skip
+LONG = "This sentence is far too long to keep, " + "and it goes on " * 15 + "until it ends."
+NOTES = {  # a commentary: entries keyed by verse, one under several verses where SWORD links them
+    ("Gen", 1, 1): '<div type="x-milestone" subType="x-preverse" sID="pv1"/><title type="x-s2">Chapter 1</title> '
+    "<table><row><cell>God creates the heaven and the earth on the first day.</cell><cell>(1-2)</cell></row></table> "
+    '<hi type="bold">Verses 1-2</hi> <div sID="gen1" type="x-p"/>The first verse of the Bible gives us a sure account '
+    "of the beginning of the world (ver. 1). Moses wrote it down &amp; Israel kept it<note type=\"x\">A note, not the "
+    f"commentary's own prose at all.</note> for the ages to come. Short, too short. {LONG} <div eID=\"gen1\"/>",
+    ("Gen", 1, 2): "linked",
+    ("Gen", 27, 46): "Rebekah was weary of her life because of the daughters of Heth, and said so to Isaac.",
+    ("Gen", 28, 1): "linked",  # the entry above stands under a held-out chapter too: left out whole
+    ("Gen", 28, 5): "Jacob went to Padan-aram, and the story of this chapter is held out from training.",
+    ("Matt", 1, 1): '<hi type="bold">in the spirit</hi> of the law, and not of its letter, as the apostle says to the '
+    "Romans. This gospel opens with the genealogy of our Lord, from Abraham down to Joseph the husband of Mary. The "
+    "first verse of the Bible gives us a sure account of the beginning of the world.",
+}  # fmt: skip
+NOTE_SENTENCES = [
+    "God creates the heaven and the earth on the first day.",
+    "The first verse of the Bible gives us a sure account of the beginning of the world.",
+    "Moses wrote it down & Israel kept it for the ages to come.",
+    "This gospel opens with the genealogy of our Lord, from Abraham down to Joseph the husband of Mary.",
+]
+
+
+def write_zverse(
+    library: Path, name: str, entries: dict[tuple, str], moddrv: str, record: int, versification: str, block: str
+) -> Path:
+    """A zText or zCom SWORD module of `entries` (verse slot -> stored text): per testament one zlib
+    block, and an index of (block, offset, length) records of `record` bytes (10, or 12 for the
+    zText4/zCom4 kind) for every slot of `versification`. An entry "linked" repeats the one before."""
+    kind = "comments" if "Com" in moddrv else "texts"
+    data = library / "modules" / kind / moddrv.lower() / name.lower()
+    data.mkdir(parents=True)
+    structure, letter = BibleStructure(versification.lower()), block[0].lower()
+    texts = list(entries.values())
+    texts = [texts[i - 1] if text == "linked" else text for i, text in enumerate(texts)]
+    for testament, books in structure.get_books().items():
+        slots = [b""] * (2 + sum(book.size for book in books))
+        for (book, chapter, verse), text in zip(entries, texts):
+            found = structure.ref_to_indicies(books=[book], chapters=[chapter], verses=[verse]).get(testament)
+            if found:
+                slots[found[0]] = text.encode()
+        body, index = bytearray(), bytearray()
+        for text in slots:
+            index += struct.pack("<III" if record == 12 else "<IIH", 0, len(body), len(text))
+            body += text
+        compressed = zlib.compress(bytes(body))
+        (data / f"{testament}.{letter}zv").write_bytes(bytes(index))
+        (data / f"{testament}.{letter}zs").write_bytes(struct.pack("<III", 0, len(compressed), len(body)))
+        (data / f"{testament}.{letter}zz").write_bytes(compressed)
+    conf = library / "mods.d" / f"{name.lower()}.conf"
+    conf.write_text(
+        f"[{name}]\nDataPath=./modules/{kind}/{moddrv.lower()}/{name.lower()}/\nModDrv={moddrv}\nSourceType=OSIS\n"
+        f"Encoding=UTF-8\nBlockType={block}\nCompressType=ZIP\nVersification={versification}\n"
+    )
+    return conf
+
+
+def write_extra_library(folder: Path) -> Path:
+    """The corpus's two Bibles, a WEB numbered as the NRSVA with a book the KJV lacks, MHCC's kind of
+    commentary (declared zCom4 over 10-byte records, as Debian's is) and Treasury of David's (zCom4)."""
+    write_module(folder, ENGLISH, 0, EXTRA_VERSES)
+    write_module(folder, SPANISH, 1, EXTRA_VERSES)
+    web = {verse: texts[2] for verse, texts in EXTRA_VERSES.items()} | {("Tob", 1, 1): "These are the words of Tobit."}
+    write_zverse(folder, "engWEB2015eb", web, "zText", 10, "NRSVA", "BOOK")
+    write_zverse(folder, "MHCC", NOTES, "zCom4", 10, "KJV", "BOOK")
+    psalms = {("Ps", 2, 1): "The second Psalm asks why the nations rage against the Lord and his anointed."}
+    psalms[("Ps", 1, 1)] = "The first Psalm is held out from training and nothing of it may be read."
+    write_zverse(folder, "TDavid", psalms, "zCom4", 12, "KJV", "CHAPTER")
+    return folder
+
+
+@pytest.fixture(scope="module")
+def extra_library(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_extra_library(tmp_path_factory.mktemp("sword-extra"))
+
+
+def test_the_web_adds_english_of_training_verses_only(extra_library: Path) -> None:
+    """Matched by reference to the corpus's pairs of training chapters, its markup gone without
+    gluing words at a note; a held-out chapter, a chapter numbered otherwise and a book the KJV
+    lacks add nothing."""
+    pairs = read_pairs(extra_library, show=False)
+    spanish = {p.ref: p.target for p in pairs}
+    assert set(spanish) == {"Gen.1.1", "Gen.1.2", "Gen.1.4", "Gen.28.1", "Matt.1.1", "Rev.12.17"}
+    web = second_english(open_sources(extra_library, ["web"])["web"], pairs, show=False)
+    assert web == [
+        VersePair("Gen.1.1", "In the beginning, God created the heavens and the earth.", spanish["Gen.1.1"]),
+        VersePair("Gen.1.2", "The earth was empty.", spanish["Gen.1.2"]),
+        VersePair("Matt.1.1", "The book of the genealogy of Jesus Christ.", spanish["Matt.1.1"]),
+    ]  # Gen.1.4: empty in the WEB; Gen.28: held out; Rev.12: the NRSVA numbers it otherwise
+    assert all(split_of(p.chapter) == "train" for p in web) and split_of("Gen.28") != "train"
+
+
+def test_commentary_gives_bounded_sentences_of_training_chapters(extra_library: Path) -> None:
+    modules = open_sources(extra_library, ["mhcc", "tdavid"])
+    assert commentary(modules["mhcc"], show=False) == NOTE_SENTENCES
+    assert commentary(modules["tdavid"], show=False) == [
+        "The second Psalm asks why the nations rage against the Lord and his anointed."
+    ]  # Psalm 1 is a held-out chapter
+    assert commentary(modules["mhcc"], words=(8, 13), show=False) == [NOTE_SENTENCES[0], NOTE_SENTENCES[2]]
+    everything = sentences(NOTES[("Gen", 1, 1)])
+    assert LONG in everything and "Short, too short." in everything  # kept by sentences(), cut by commentary()
+    assert not any(re.search(r"[<>]|&amp;|Chapter 1|Verses|\(|note", s) for s in everything)
+
+
+def test_extra_sources_by_short_or_module_name_and_unknown_ones_named(extra_library: Path) -> None:
+    modules = open_sources(extra_library, ["web", "engWEB2015eb", "MHCC"])
+    assert [m.name for m in modules.values()] == ["engWEB2015eb", "engWEB2015eb", "MHCC"]
+    assert [m.commentary for m in modules.values()] == [False, False, True]
+    with pytest.raises(FileNotFoundError, match=r"holds no SWORD module 'scofield' .* it has .*MHCC"):
+        open_sources(extra_library, ["web", "scofield"])
+    pairs = read_pairs(extra_library, show=False)
+    assert read_sources(modules, pairs, show=False)["MHCC"] == NOTE_SENTENCES
+
+
+def test_cli_writes_the_extra_sources_and_drops_them_when_not_asked(
+    extra_library: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    out = tmp_path / "bible"
+    main(["bible", "--modules", str(extra_library), "--out", str(out), "--extra-sources", "web,MHCC,tdavid"])
+    assert (out / "sources-web.txt").read_text(encoding="utf-8").splitlines()[0].startswith("In the beginning, God")
+    assert (out / "sources-mhcc.txt").read_text(encoding="utf-8") == "".join(f"{s}\n" for s in NOTE_SENTENCES)
+    assert len((out / "sources-tdavid.txt").read_text().splitlines()) == 1
+    printed = capsys.readouterr().out
+    assert "3 English verses on training chapters from engWEB2015eb in sources-web.txt" in printed
+    assert "4 sentences of commentary on training chapters from MHCC in sources-mhcc.txt" in printed
+    main(["bible", "--modules", str(extra_library), "--out", str(out)])
+    assert sorted(p.name for p in out.iterdir()) == ["test.tsv", "train.tsv", "valid.tsv"]
+    with pytest.raises(SystemExit, match="^error: .* holds no SWORD module 'asv'"):
+        main(["bible", "--modules", str(extra_library), "--out", str(tmp_path / "new"), "--extra-sources", "web,asv"])
+    assert not (tmp_path / "new").exists()
+
+
+@pytest.mark.parametrize("damage", ["no data", "LZSS"])
+def test_a_commentary_that_cannot_be_read_is_one_line_naming_its_file(tmp_path: Path, damage: str) -> None:
+    write_extra_library(tmp_path)
+    data = tmp_path / "modules" / "comments" / "zcom4" / "mhcc"
+    conf = tmp_path / "mods.d" / "mhcc.conf"
+    if damage == "no data":
+        shutil.rmtree(data)
+        expected = f"{data} holds no readable text of the SWORD module MHCC (the DataPath of {conf})"
+    else:
+        conf.write_text(conf.read_text().replace("CompressType=ZIP", "CompressType=LZSS"))
+        expected = f"{conf}: CompressType LZSS is not read"
+    with pytest.raises(SystemExit, match=f"^error: {re.escape(expected)}[^\n]*$"):
+        main(["bible", "--modules", str(tmp_path), "--out", str(tmp_path / "out"), "--extra-sources", "mhcc"])
+    assert not (tmp_path / "out").exists()

@@ -228,6 +228,7 @@ def test_sampled_heads():
         (dict(targets="fuzzy"), "unknown targets 'fuzzy'"),
         (dict(base_loss_on="elsewhere"), "unknown base_loss_on"),
         (dict(mode="finetune", base_loss_on="data"), "for finetune\\+distill"),
+        (dict(mode="frozen", distill_sources=["more.txt"]), "for the distill modes, not frozen"),
     ],
 )
 def test_config_rejects(tiny_base, tmp_path, overrides, match):
@@ -1119,6 +1120,92 @@ def test_training_on_pairs_resumes_exactly(tiny_marian, tmp_path):
     train(pairs_cfg(tiny_marian, tmp_path / "b", resume=True, **kw))
     for name in (HEADS_WEIGHTS, "model.safetensors"):
         assert_same_tensors(load_file(tmp_path / "b" / name), load_file(tmp_path / "a" / name), 1e-6, name)
+
+
+SOURCES = ["The Lord is my shepherd; I shall not want.", "He maketh me to lie down in green pastures.", "",
+           "He leadeth me beside the still waters."]  # fmt: skip
+
+
+def write_sources(folder: Path) -> Path:
+    """A --distill-sources file as `blockdecode bible --extra-sources` writes one, with a blank line."""
+    path = folder / "sources-web.txt"
+    path.write_text("".join(f"{line}\n" for line in SOURCES), encoding="utf-8")
+    return path
+
+
+@pytest.mark.filterwarnings("ignore:left out")
+@torch.inference_mode()
+def test_distill_sources_join_the_training_sources(tiny_marian, tmp_path):
+    """The files' lines follow the training sources, the prompts are drawn evenly from them all, and
+    each distilled row is the base's own translation of its source."""
+    from blockdecode.data import load_pairs, load_sources
+    from blockdecode.train import distill_pairs
+
+    base = AutoModelForSeq2SeqLM.from_pretrained(tiny_marian.dir).eval()
+    tok = tiny_marian.tokenizer
+    pairs = load_pairs([tiny_marian.data], tok, tok.pad_token_id, tok.eos_token_id, 128)[:6]
+    (extra,) = load_sources([write_sources(tmp_path)], tok, 128)
+    assert extra == tok([s for s in SOURCES if s]).input_ids  # the blank line skipped
+    with pytest.raises(FileNotFoundError, match="distillation sources .*missing.txt do not exist"):
+        load_sources([tmp_path / "missing.txt"], tok, 128)
+    (tmp_path / "blank.txt").write_text("\n\n")
+    with pytest.raises(ValueError, match="blank.txt holds no source sentence"):
+        load_sources([tmp_path / "blank.txt"], tok, 128)
+    cfg = pairs_cfg(tiny_marian, tmp_path, mode="distill", distill_batch_size=4, distill_new_tokens=30)
+    distilled = distill_pairs(base, pairs, cfg, show=False, extra=extra)
+    assert [row[row >= 0].tolist() for row in distilled.source] == [
+        *(row[row >= 0].tolist() for row in pairs.source),
+        *extra,
+    ]
+    for r, source in enumerate(extra, start=len(pairs)):
+        ref = hf_greedy(base, torch.tensor([source]), 30)[0]
+        assert torch.equal(distilled.decoder[r, : len(ref)], ref), f"row {r}"
+    few = distill_pairs(base, pairs, replace(cfg, distill_prompts=3), show=False, extra=extra)  # rows 0, 4, 8
+    assert torch.equal(few.decoder, distilled.decoder[[0, 4, 8]])
+
+
+@pytest.mark.filterwarnings("ignore:left out")
+def test_distill_sources_change_the_cache_and_are_recorded(tiny_marian, tmp_path):
+    sources, cache = write_sources(tmp_path), tmp_path / "cache"
+    kw = dict(mode="distill", steps=2, eval_every=2, eval_prompts=1, distill_prompts=40, distill_new_tokens=20)
+    train(pairs_cfg(tiny_marian, tmp_path / "plain", distill_cache=str(cache), **kw))
+    assert "distill_sources" not in json.loads((tmp_path / "plain" / HEADS_CONFIG).read_text())["training"]
+    cli_main(
+        [
+            "train", "--base", str(tiny_marian.dir), "--data", str(tiny_marian.data), "--out", str(tmp_path / "more"),
+            "--mode", "distill", "--k", "4", "--steps", "2", "--batch-size", "8", "--seq-len", "128",
+            "--eval-every", "2", "--eval-prompts", "1", "--distill-prompts", "40", "--distill-new-tokens", "20",
+            "--distill-cache", str(cache), "--distill-sources", str(sources),
+        ]
+    )  # fmt: skip
+    assert len(list(cache.glob("distill-*.npy"))) == 2  # the sources drawn changed the content hash
+    record = json.loads((tmp_path / "more" / HEADS_CONFIG).read_text())["training"]
+    drawn = record["distill_sources"][str(sources)]["distilled"]
+    assert record["distill_sources"] == {str(sources): {"sources": 3, "distilled": drawn}}
+    assert drawn >= 1 and record["distilled_training_sources"] + drawn == 40
+
+
+def test_distill_sources_are_refused_for_a_causal_base(tiny_base, tmp_path):
+    """A causal LM's distillation prompts are cut from its data: the text belongs in --data."""
+    out = tmp_path / "out"
+    with pytest.raises(ValueError, match="--distill-sources .* causal LM"):
+        train(make_cfg(tiny_base, out, mode="distill", distill_sources=[str(write_sources(tmp_path))]))
+    assert not out.exists()
+
+
+@pytest.mark.filterwarnings("ignore:left out")
+def test_resume_refuses_other_distill_sources(tiny_marian, tmp_path):
+    """Other files, or the same file edited, are other distilled data."""
+    sources, out = write_sources(tmp_path), tmp_path / "out"
+    kw = dict(mode="distill", steps=6, checkpoint_every=3, eval_every=100, distill_prompts=24, distill_new_tokens=20)
+    with pytest.raises(Killed):
+        train(pairs_cfg(tiny_marian, out, distill_sources=[str(sources)], **kw), callback=kill_at(4))
+    with pytest.raises(ValueError, match="has distill_sources=.*sources-web.txt'], this run asks for None"):
+        train(pairs_cfg(tiny_marian, out, resume=True, **kw))
+    sources.write_text("Another source altogether, never distilled before.\n")
+    with pytest.raises(ValueError, match="trained on other data"):
+        train(pairs_cfg(tiny_marian, out, resume=True, distill_sources=[str(sources)], **kw))
+    assert_nothing_saved(out)
 
 
 @pytest.mark.parametrize("mode, targets", [("frozen", "hard"), ("finetune", "soft"), ("distill", "soft")])
