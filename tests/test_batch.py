@@ -14,7 +14,7 @@ from test_decode import sliding_window_model
 from transformers import PreTrainedModel
 
 from blockdecode import BlockwiseLM, NgramDrafter, blockwise_generate, decode, make_plan
-from blockdecode.bench.batches import batch_rows, padded_batch
+from blockdecode.bench.batches import batch_rows, identical, new_tokens_of, padded_batch
 from blockdecode.calibrate import Calibration
 from blockdecode.drafters import BaseDrafter, HeadsDrafter
 from blockdecode.sampling import sampling_settings
@@ -300,6 +300,15 @@ def test_bench_batch_rows_time_the_batch_and_compare_it_with_transformers() -> N
     for r in rows:
         assert r["identical"] and r["calls"] == r["slowest_row_calls"] <= r["greedy_calls"] == 12
         assert r["speedup"] == pytest.approx(r["greedy_seconds"] / r["seconds"])
+
+
+def test_a_batch_row_that_differs_is_named_a_tie_only_at_a_near_tie() -> None:
+    """The batch table's `identical`: a real divergence is NO, one at greedy's own near-tie a tie."""
+    row = {"batch": 4, "identical": False, "divergences": [{"near_tie": True}, {"near_tie": True}]}
+    assert identical(row) == "ties (2/4)"
+    assert identical({**row, "divergences": [{"near_tie": True}, {"near_tie": False}]}) == "NO"
+    assert identical({**row, "identical": True}) == "yes"
+    assert new_tokens_of(torch.tensor([[1, 2, 3, 0, 9, 9], [1, 2, 4, 5, 6, 7]]), 2, {0}) == [[3, 0], [4, 5, 6, 7]]
 
 
 def test_a_padded_batch_pads_where_transformers_expects() -> None:

@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 
 from blockdecode import plots
+from blockdecode.bench import batches
 from blockdecode.io import saving_folder, write_json, write_text
 
 
@@ -142,7 +143,7 @@ def batch_markdown(rows: list[dict]) -> str:
         lines.append(
             f"| {r['batch']} | {r['drafter']} ({r['plan']}) | {r['k']} | {r['tokens_per_s']:.0f} | "
             f"{r['speedup']:.2f}x | {r['calls']} ({r['greedy_calls']}) | {r['slowest_row_calls']} | "
-            f"{r['row_mean_block']:.2f} | {r['call_cost']:.2f} | {'yes' if r['identical'] else 'NO'} |"
+            f"{r['row_mean_block']:.2f} | {r['call_cost']:.2f} | {batches.identical(r)} |"
         )
     return "\n".join(lines)
 
