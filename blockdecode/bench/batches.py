@@ -63,21 +63,21 @@ def batch_rows(
     code continuation runs the whole budget (EOS off for every method alike); a translation ends at
     the model's own EOS. "auto" is the chain the calibration predicts fastest, measured on the rows."""
     base, seq2seq = lm.base, is_seq2seq(lm.base)
-    eos = {} if seq2seq else {"eos_token_id": [], "min_new_tokens": new_tokens}
+    full_budget = {} if seq2seq else {"eos_token_id": [], "min_new_tokens": new_tokens}
     prompts = [row[m.bool()][None] for row, m in zip(ids, mask)]
 
     def greedy() -> torch.LongTensor:
-        return greedy_generate(base, ids, new_tokens, attention_mask=mask, **eos)
+        return greedy_generate(base, ids, new_tokens, attention_mask=mask, **full_budget)
 
     def blockwise(plan) -> Callable[[], torch.LongTensor]:
         return lambda: lm.generate(ids, new_tokens, attention_mask=mask, plan=plan)
 
-    def plan(name: str):
+    def plan_for(name: str):
         heads_k = min(k, lm.k) if name == "auto" or "heads" in name else k
         tree = "auto" if name == "auto" else None
         return lm.plan(name, heads_k, tree, eos_token_id=None if seq2seq else [], prompts=prompts, rows=len(prompts))
 
-    plans = {name: plan(name) for name in drafters}
+    plans = {name: plan_for(name) for name in drafters}
     runs = {"greedy": greedy, **{name: blockwise(plan) for name, plan in plans.items()}}
     outs = {name: run() for name, run in runs.items()}  # warm-up, and the outputs compared
     seconds: dict[str, list[float]] = {name: [] for name in runs}
@@ -89,13 +89,13 @@ def batch_rows(
             seconds[name].append(s)
     reference, hf_seconds = outs["greedy"], statistics.median(seconds["greedy"])
     start = decoder_prompt(base, prompts[0])[1].shape[1] if seq2seq else ids.shape[1]
-    eos = resolve_eos(base, None) if seq2seq else set()
-    greedy_rows = new_tokens_of(reference, start, eos)
+    ends = resolve_eos(base, None) if seq2seq else set()
+    greedy_rows = new_tokens_of(reference, start, ends)
     rows = []
     for name, plan in plans.items():
         out, ours = outs[name], statistics.median(seconds[name])
         identical = out.sequences.shape == reference.shape and torch.equal(out.sequences, reference)
-        found = [] if identical else divergences(base, prompts, greedy_rows, new_tokens_of(out.sequences, start, eos))
+        found = [] if identical else divergences(base, prompts, greedy_rows, new_tokens_of(out.sequences, start, ends))
         rows.append(
             {
                 "batch": ids.shape[0],
