@@ -326,6 +326,18 @@ def widths(run_dirs: list[Path], png: Path) -> dict:
     return result
 
 
+def kept_rows(path: Path, ks: list[int], prompt_sets: list[str], args: argparse.Namespace) -> list[dict]:
+    """The rows of an earlier result, refused unless it measured the same prompts the same way, so that
+    runs trained in other sittings stand in one table without being measured again."""
+    earlier = json.loads(path.read_text())
+    same = {"prompt_sets": prompt_sets, "prompts": args.prompts, "prompt_len": args.prompt_len}
+    same |= {"new_tokens": args.new_tokens, "ks": ks}
+    differ = [f"{key} {earlier.get(key)!r} (now {value!r})" for key, value in same.items() if earlier.get(key) != value]
+    if differ:
+        raise SystemExit(f"error: --keep {path} measured other prompts: {', '.join(differ)}")
+    return [{**row, "kept_from": row.get("kept_from", str(path))} for row in earlier["rows"]]
+
+
 def shipped_prompts(corpus: Path, n: int, length: int) -> list[torch.LongTensor]:
     """The prompts shipped with the model (prompts.json, which calibration and `bench` read first): held-out
     windows of every source it learnt from, alternating stdlib and package files where the corpus has both,
@@ -394,6 +406,9 @@ def main() -> None:
     )
     parser.add_argument("--device", default="cpu", help="where to decode: cpu (default) or cuda")
     parser.add_argument("--ship", default=None, help="save the best run (mean block at k=8) here, in bf16")
+    parser.add_argument(
+        "--keep", default=None, help="an earlier result of this script whose rows join the table (never shipped)"
+    )
     args = parser.parse_args()
     curves = tradeoff([Path(r) for r in args.curves or args.runs], Path(args.out).with_name("paper_tradeoff.png"))
     for name, points in curves.items():
@@ -417,6 +432,7 @@ def main() -> None:
     start = time.perf_counter()
     runs = tqdm(args.runs, desc="runs")
     rows = [measure(Path(run), corpus, ks, prompt_sets, args.new_tokens, args.device) for run in runs]
+    kept = kept_rows(Path(args.keep), ks, list(prompt_sets), args) if args.keep else []
     windows = heldout_batches(np.load(corpus / "heldout.npy", mmap_mode="r"), PretrainConfig(corpus="", out=""))
     original = (
         heldout_loss(load_base(args.original, torch.float32).to(args.device).eval(), windows)
@@ -432,13 +448,13 @@ def main() -> None:
         "ks": ks,
         "original_heldout_loss": original,
         "paper": PAPER,
-        "rows": rows,
+        "rows": kept + rows,
         "seconds": time.perf_counter() - start,
         "torch": torch.__version__,
         "machine": torch.cuda.get_device_name() if args.device.startswith("cuda") else cpu_name(),
     }
-    write_result(Path(args.out), result, plot(rows, ks))
-    tables = [f"{name}: mean (median) accepted block\n\n{markdown(rows, ks, name)}" for name in prompt_sets]
+    write_result(Path(args.out), result, plot(kept + rows, ks))
+    tables = [f"{name}: mean (median) accepted block\n\n{markdown(kept + rows, ks, name)}" for name in prompt_sets]
     print("\n\n".join(tables))
     if args.doc:
         update_section(Path(args.doc), "paper-table", "\n\n".join(tables))

@@ -105,3 +105,20 @@ def test_call_costs_time_a_proposal_and_a_forward(paper_table):
     cost = paper_table.call_costs(lm, 4, context=20, reps=2)
     assert cost["forward_ms"] > 0 and cost["proposal_ms"] > 0
     assert cost["ratio"] == pytest.approx(cost["proposal_ms"] / cost["forward_ms"])
+
+
+def test_kept_rows_join_only_a_table_of_the_same_prompts(paper_table, tmp_path):
+    """Rows of an earlier sitting join the table marked with where they came from; a result measured on
+    other prompts, or at other k, is refused by name rather than mixed in."""
+    earlier = {"prompt_sets": ["stdlib held-out"], "prompts": 20, "prompt_len": 64, "new_tokens": 128, "ks": [2, 8]}
+    path = tmp_path / "earlier.json"
+    path.write_text(json.dumps({**earlier, "rows": [{"run": "a"}, {"run": "b", "kept_from": "older.json"}]}))
+    args = SimpleNamespace(prompts=20, prompt_len=64, new_tokens=128)
+    rows = paper_table.kept_rows(path, [2, 8], ["stdlib held-out"], args)
+    assert [(r["run"], r["kept_from"]) for r in rows] == [("a", str(path)), ("b", "older.json")]
+    with pytest.raises(SystemExit, match=r"ks \[2, 8\] \(now \[2, 4\]\)"):
+        paper_table.kept_rows(path, [2, 4], ["stdlib held-out"], args)
+    with pytest.raises(SystemExit, match="prompts 20 \\(now 10\\)"):
+        paper_table.kept_rows(
+            path, [2, 8], ["stdlib held-out"], SimpleNamespace(prompts=10, prompt_len=64, new_tokens=128)
+        )
