@@ -124,15 +124,23 @@ def measure(
 
 
 def base_training(meta: dict) -> dict | None:
-    """How the run's base was pretrained (`blockdecode pretrain`'s pretrain.json beside its model), if
-    it was: steps, tokens, and its held-out loss per token and per byte."""
-    summary = Path(meta.get("base", "")).parent / "pretrain.json"
-    return json.loads(summary.read_text()) if meta.get("base") and summary.is_file() else None
+    """How the run's base was pretrained, if that is known: `blockdecode pretrain`'s pretrain.json beside
+    its model, or, for heads retrained on a shipped model, what that model's blockdecode.json carries:
+    steps, tokens, and its held-out loss per token and per byte."""
+    if not meta.get("base"):
+        return None
+    base = Path(meta["base"])
+    if (base.parent / "pretrain.json").is_file():
+        return json.loads((base.parent / "pretrain.json").read_text())
+    shipped = base / "blockdecode.json"
+    if not shipped.is_file():
+        return None
+    return (json.loads(shipped.read_text()).get("training") or {}).get("base_pretraining")
 
 
 def label(meta: dict, fallback: str) -> str:
     """A row's name: its mode, and what runs of one mode differ by: the head type, soft targets, a
-    draft vocabulary, and where the base was trained the base-loss weight."""
+    draft vocabulary, and where the base was trained its learning rate and base-loss weight."""
     mode = meta.get("mode", fallback)
     parts = [mode]
     if meta.get("head_type", "paper") != "paper":
@@ -141,6 +149,8 @@ def label(meta: dict, fallback: str) -> str:
         parts.append(f"{meta['targets']} targets")
     if meta.get("draft_vocab"):
         parts.append(f"draft vocabulary {meta['draft_vocab']}")
+    if mode.startswith("finetune") and "base_lr" in meta:
+        parts.append(f"base lr {meta['base_lr']:g}")
     if mode.startswith("finetune") and "base_loss_weight" in meta:
         parts.append(f"base-loss weight {meta['base_loss_weight']:g}")
     return ", ".join(parts)

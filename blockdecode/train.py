@@ -251,7 +251,9 @@ class Objective(nn.Module):
         embeds = None
         if self.model.heads.takes_tokens:  # teacher forcing: the base's newest token, then the data's
             embeds = base.get_input_embeddings()(path_tokens(argmax, input_ids, k))
-        states = self.model.heads(h, embeds)  # [B, L, k-1, D]
+        # one [B, L, D] view per head: slicing each head's rows out of [B, L, k-1, D] would make every
+        # head's backward fill and add a gradient of the whole stack
+        states = self.model.heads(h, embeds).unbind(-2)
         project, short = draft_projection(base.get_output_embeddings(), self.model.token_map)
         soft = self.cfg.targets == "soft"
         for i in range(2, k + 1):
@@ -261,7 +263,7 @@ class Objective(nn.Module):
             target = short(labels[:, : -(i - 1), i - 1])
             teacher = h[:, i - 1 :] if soft else None  # where the base itself predicts head i's token
             loss, hits = linear_cross_entropy(
-                states[:, : -(i - 1), i - 2], project, target, self.cfg.loss_chunk, teacher
+                states[i - 2][:, : -(i - 1)], project, target, self.cfg.loss_chunk, teacher
             )
             sums.append(loss)
             tallies[i - 1] = torch.stack([hits.float(), counts[i - 1]])

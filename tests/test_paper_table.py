@@ -72,10 +72,10 @@ def test_ship_passes_over_a_base_whose_loss_rose_more_than_two_percent(paper_tab
 
 
 def test_runs_of_one_mode_get_rows_of_their_own_with_their_steps(paper_table):
-    """Runs of one mode differ by their base-loss weight, head type, targets or draft vocabulary: the
-    table names each, with its steps and what its proposal costs beside a forward."""
+    """Runs of one mode differ by their base learning rate and base-loss weight, head type, targets or
+    draft vocabulary: the table names each, with its steps and what its proposal costs beside a forward."""
     metas = [{"mode": "distill", "base_loss_weight": 1.0}, {"mode": "finetune+distill", "base_loss_weight": 1.0},
-             {"mode": "finetune+distill", "base_loss_weight": 4.0},
+             {"mode": "finetune+distill", "base_loss_weight": 1.0, "base_lr": 3e-4},
              {"mode": "distill", "head_type": "hydra", "targets": "soft", "draft_vocab": 1024}]  # fmt: skip
     cost = {"float32": {"proposal_ms": 0.5, "forward_ms": 4.0, "ratio": 0.125}}
     rows = [
@@ -89,7 +89,7 @@ def test_runs_of_one_mode_get_rows_of_their_own_with_their_steps(paper_table):
     assert lines[2:6] == [
         "| distill | 100 | 3.000 | 1.50 (1.25) |  |  |",
         "| finetune+distill, base-loss weight 1 | 200 | 3.100 | 2.50 (2.25) |  |  |",
-        "| finetune+distill, base-loss weight 4 | 300 | 3.200 | 3.50 (3.25) |  |  |",
+        "| finetune+distill, base lr 0.0003, base-loss weight 1 | 300 | 3.200 | 3.50 (3.25) |  |  |",
         "| distill, hydra heads, soft targets, draft vocabulary 1024 | 400 | 3.300 | 4.50 (4.25) "
         "| 0.50 / 4.00 ms (12%) |  |",
     ]
@@ -122,3 +122,18 @@ def test_kept_rows_join_only_a_table_of_the_same_prompts(paper_table, tmp_path):
         paper_table.kept_rows(
             path, [2, 8], ["stdlib held-out"], SimpleNamespace(prompts=10, prompt_len=64, new_tokens=128)
         )
+
+
+def test_heads_retrained_on_a_shipped_model_keep_its_base_pretraining(paper_table, tmp_path):
+    """A run's base is a pretraining run (pretrain.json beside its model) or a shipped model, whose
+    blockdecode.json carries how its base was pretrained; either way the row keeps it."""
+    run_base = tmp_path / "base" / "model"
+    run_base.mkdir(parents=True)
+    (tmp_path / "base" / "pretrain.json").write_text(json.dumps({"steps": 5200}))
+    shipped = tmp_path / "shipped"
+    shipped.mkdir()
+    (shipped / "blockdecode.json").write_text(json.dumps({"training": {"base_pretraining": {"steps": 42}}}))
+    assert paper_table.base_training({"base": str(run_base)}) == {"steps": 5200}
+    assert paper_table.base_training({"base": str(shipped)}) == {"steps": 42}
+    assert paper_table.base_training({"base": str(tmp_path / "elsewhere")}) is None
+    assert paper_table.base_training({}) is None
