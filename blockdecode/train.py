@@ -42,7 +42,7 @@ from blockdecode.hf import (
     vocab_size,
     weights_digest,
 )
-from blockdecode.io import CheckpointError, atomic_write, read_jsonl, save_npy, write_json
+from blockdecode.io import CheckpointError, atomic_write, cached_npy, read_jsonl, save_npy, write_json
 from blockdecode.loss import IGNORE, linear_cross_entropy
 from blockdecode.model import HEADS_CONFIG, BlockwiseLM
 from blockdecode.plan import make_plan
@@ -445,22 +445,25 @@ def _cached_generation(
         key.update(repr(rules).encode())
     cache_dir = Path(cfg.distill_cache or Path(cfg.out) / "distill-cache")
     path = cache_dir / f"distill-{key.hexdigest()[:16]}.npy"
-    if path.is_file():
-        return torch.from_numpy(np.load(path))
+    width = first_new + cfg.distill_new_tokens
+    cached = cached_npy(path, (n, width), np.int64)  # None where damaged too: then distilled again
+    if cached is not None:
+        return torch.from_numpy(cached)
     parts = path.with_suffix(".parts")  # one file per finished batch
-    starts = range(0, n, cfg.distill_batch_size)
-    done = [s for s in starts if (parts / f"{s:09d}.npy").is_file()]
-    bar = tqdm(starts, desc="distilling", unit="batch", initial=len(done), disable=not show)
+    size = cfg.distill_batch_size
+    batches = {s: cached_npy(parts / f"{s:09d}.npy", (min(size, n - s), width), np.int64) for s in range(0, n, size)}
+    todo = [s for s, batch in batches.items() if batch is None]
+    bar = tqdm(batches, desc="distilling", unit="batch", initial=len(batches) - len(todo), disable=not show)
     generated, began = 0, time.perf_counter()
-    for start in sorted(set(starts) - set(done)):
-        rows = generate(slice(start, start + cfg.distill_batch_size))
-        array = rows.numpy()
-        atomic_write(parts / f"{start:09d}.npy", lambda p, a=array: save_npy(p, a))
+    for start in todo:
+        rows = generate(slice(start, start + size))
+        batches[start] = rows.numpy()
+        atomic_write(parts / f"{start:09d}.npy", lambda p, a=batches[start]: save_npy(p, a))
         generated += int((rows[:, first_new:] >= 0).sum())
         bar.update(1)
         bar.set_postfix(tok_s=f"{generated / (time.perf_counter() - began):.0f}")
     bar.close()
-    data = torch.cat([torch.from_numpy(np.load(parts / f"{s:09d}.npy")) for s in starts])
+    data = torch.from_numpy(np.concatenate(list(batches.values())))
     atomic_write(path, lambda p: save_npy(p, data.numpy()))
     seconds = time.perf_counter() - began
     write_json(

@@ -481,6 +481,61 @@ def test_distillation_killed_mid_way_resumes_where_it_stopped(tiny_base, tmp_pat
     assert stats["rows"] == 10 and stats["tokens_per_s"] > 0
 
 
+@pytest.mark.parametrize(
+    "damage, match",
+    [
+        ("header", "is not a readable .npy array \\(the magic string is not correct"),
+        ("truncated", "is not a readable .npy array"),
+        ("shape", "holds int64 \\(9, 20\\), not int64 \\(10, 20\\)"),
+    ],
+)
+@torch.inference_mode()
+def test_a_damaged_distill_cache_is_named_and_distilled_again(tiny_base, tmp_path, monkeypatch, damage, match):
+    base = varied_base(tiny_base.vocab)
+    kw = dict(mode="distill", distill_prompts=10, distill_prompt_len=8, distill_new_tokens=12, distill_batch_size=5)
+    cfg = make_cfg(tiny_base, tmp_path / "out", **kw)
+    whole = distill_sequences(base, tiny_base.sequences[:40], cfg, show=False)
+    path = next((tmp_path / "out" / "distill-cache").glob("distill-*.npy"))
+    if damage == "header":
+        path.write_bytes(b"\0" + path.read_bytes()[1:])
+    elif damage == "truncated":
+        path.write_bytes(path.read_bytes()[:200])
+    else:
+        np.save(path, whole[:9].numpy())
+    generate, calls = train_module.blockwise_generate, []
+    monkeypatch.setattr(train_module, "blockwise_generate", lambda *a, **k: calls.append(1) or generate(*a, **k))
+    with pytest.warns(UserWarning, match=f"{re.escape(str(path))} {match}.*: computing it again"):
+        assert torch.equal(distill_sequences(base, tiny_base.sequences[:40], cfg, show=False), whole)
+    assert len(calls) == 2 and torch.equal(torch.from_numpy(np.load(path)), whole)
+
+
+@torch.inference_mode()
+def test_distilled_batches_of_another_batch_size_are_not_taken_for_this_ones(tiny_base, tmp_path, monkeypatch):
+    """A distillation killed with --distill-batch-size 3 and resumed with 4: the batches saved at 0
+    (3 rows) and 3 are not this run's, so they are distilled again rather than leaving rows out."""
+    base = varied_base(tiny_base.vocab)
+    kw = dict(mode="distill", distill_prompts=10, distill_prompt_len=8, distill_new_tokens=12)
+    whole = distill_sequences(base, tiny_base.sequences[:40], make_cfg(tiny_base, tmp_path / "whole", **kw), False)
+    generate, calls = train_module.blockwise_generate, []
+
+    def crash_on_third(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return generate(*args, **kwargs)
+
+    monkeypatch.setattr(train_module, "blockwise_generate", crash_on_third)
+    with pytest.raises(KeyboardInterrupt):
+        distill_sequences(
+            base, tiny_base.sequences[:40], make_cfg(tiny_base, tmp_path / "b", distill_batch_size=3, **kw)
+        )
+    with pytest.warns(UserWarning, match="000000000.npy holds int64 \\(3, 20\\), not int64 \\(4, 20\\)"):
+        resumed = distill_sequences(
+            base, tiny_base.sequences[:40], make_cfg(tiny_base, tmp_path / "b", distill_batch_size=4, **kw)
+        )
+    assert torch.equal(resumed, whole)
+
+
 @torch.inference_mode()
 def test_distill_sequences_with_beams(tiny_base, tmp_path):
     base = varied_base(tiny_base.vocab)
@@ -1302,27 +1357,6 @@ def test_cached_base_features_train_the_same_heads_without_running_the_base(
     plain_loss = [r["loss"] for r in read_metrics(tmp_path / "plain") if "loss" in r]
     cached_loss = [r["loss"] for r in read_metrics(tmp_path / "cached") if "loss" in r]
     assert cached_loss == pytest.approx(plain_loss, rel=1e-4)
-
-
-def test_a_killed_feature_fill_resumes_where_it_stopped(tiny_base, tmp_path, monkeypatch):
-    from blockdecode import features as features_module
-
-    rows = torch.randint(0, 60, (40, 16))
-    base = load_base(str(tiny_base.dir))
-    whole = features_module.cached_features(base, rows, tmp_path / "a", chunk=8, show=False)
-    folder = tmp_path / "b" / features_module.features_key(base, rows)
-    folder.mkdir(parents=True)
-    done = np.lib.format.open_memmap(folder / "done.npy", mode="w+", dtype=np.bool_, shape=(40,))
-    done[:16] = True  # as a fill killed after two chunks left it (their rows zero here: not recomputed)
-    done.flush()
-    seen = []
-    real = features_module.sequence_logits
-    monkeypatch.setattr(
-        features_module, "sequence_logits", lambda m, ids, *a: seen.append(len(ids)) or real(m, ids, *a)
-    )
-    resumed = features_module.cached_features(base, rows, tmp_path / "b", chunk=8, show=False)
-    assert seen == [8, 8, 8]  # the three chunks left
-    assert np.array_equal(resumed.hidden[16:], whole.hidden[16:]) and not resumed.hidden[:16].any()
 
 
 def test_cached_features_of_pairs_train_the_same_heads(tiny_marian, tmp_path):
