@@ -171,6 +171,11 @@ class TrainConfig:
                 raise ValueError(
                     f"--out {self.out} lies inside the data folder {item}: the run would train on its own files"
                 )
+        if self.feature_cache and self.finetune:
+            raise ValueError(
+                f"--feature-cache is for the frozen-base modes (frozen, distill): in {self.mode} the base trains, "
+                "so its outputs change every step"
+            )
         if self.distill_sources and not self.distill:
             raise ValueError(f"distill_sources are prompts to distil: for the distill modes, not {self.mode}")
         if self.distill and self.distill_prompt_len + self.distill_new_tokens <= self.k:
@@ -676,7 +681,7 @@ def train(cfg: TrainConfig, callback: Callable[[int, dict], None] | None = None)
     model.base.requires_grad_(cfg.finetune)
     objective = Objective(model, cfg).train()
     features = None
-    if cfg.feature_cache and not cfg.finetune:  # a frozen base: its outputs on the rows never change
+    if cfg.feature_cache:  # a frozen base (TrainConfig refuses others): its outputs on the rows never change
         if accelerator.num_processes > 1:
             raise ValueError("--feature-cache serves one process; several train with the base computed each step")
         features = cached_features(base.to(accelerator.device), train_seqs, cfg.feature_cache, show=loop.main)
@@ -693,7 +698,10 @@ def train(cfg: TrainConfig, callback: Callable[[int, dict], None] | None = None)
 def trained_heads(directory: str, model: BlockwiseLM) -> dict[str, torch.Tensor]:
     """The heads saved in `directory`, checked to fit `model`'s: a fine-tuning run that starts from
     trained heads (Medusa-2's recipe) spares the base the large gradients of random ones."""
-    saved = BlockwiseLM.from_pretrained(directory, base=model.base)
+    try:
+        saved = BlockwiseLM.from_pretrained(directory, base=model.base)
+    except ValueError as err:  # CheckpointError among them: e.g. heads of a base of another width
+        raise CheckpointError(f"--init-heads {directory}: {err}") from err
     fields = ("k", "head_type", "head_hidden_size", "hidden_size", "vocab_size", "draft_vocab")
     wrong = [
         f"{f} {getattr(saved.config, f)} (this run: {getattr(model.config, f)})"

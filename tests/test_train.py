@@ -229,6 +229,8 @@ def test_sampled_heads():
         (dict(base_loss_on="elsewhere"), "unknown base_loss_on"),
         (dict(mode="finetune", base_loss_on="data"), "for finetune\\+distill"),
         (dict(mode="frozen", distill_sources=["more.txt"]), "for the distill modes, not frozen"),
+        (dict(mode="finetune", feature_cache="f"), "--feature-cache is for the frozen-base modes"),
+        (dict(mode="finetune+distill", feature_cache="f"), "--feature-cache is for the frozen-base modes"),
     ],
 )
 def test_config_rejects(tiny_base, tmp_path, overrides, match):
@@ -335,6 +337,14 @@ def test_finetune_starts_from_trained_heads(tiny_base, tmp_path):
     with pytest.raises(ValueError, match="k 4 \\(this run: 3\\)"):
         train(make_cfg(tiny_base, tmp_path / "k3", mode="finetune", k=3, steps=1, init_heads=str(frozen)))
     assert not (tmp_path / "k3" / "metrics.jsonl").exists()
+
+
+def test_init_heads_of_a_base_of_another_width_are_refused_by_name(tiny_base, tmp_path):
+    narrow = tmp_path / "narrow"
+    BlockwiseLM.from_base(toy_model("llama", vocab=tiny_base.vocab, width=32, layers=1), k=4).save_pretrained(narrow)
+    with pytest.raises(ValueError, match=f"^--init-heads {re.escape(str(narrow))}: .*hidden size 32, the base model's"):
+        train(make_cfg(tiny_base, tmp_path / "out", mode="finetune", steps=1, init_heads=str(narrow)))
+    assert not (tmp_path / "out" / "metrics.jsonl").exists()
 
 
 def test_head_weights_with_a_zero_and_random_head_loss_stay_finite(tiny_base, tmp_path):
