@@ -37,8 +37,10 @@ import torch  # noqa: E402
 from transformers.utils import logging as hf_logging  # noqa: E402
 
 from blockdecode.corpus import read_text, stdlib_files, train_tokenizer  # noqa: E402
+from blockdecode.distill import distill_sequences  # noqa: E402
 from blockdecode.toy import toy_model  # noqa: E402
-from blockdecode.train import MODES, TrainConfig, base_and_tokenizer, distill_sequences, train  # noqa: E402
+from blockdecode.train import base_and_tokenizer, train  # noqa: E402
+from blockdecode.train_config import MODES, TrainConfig  # noqa: E402
 
 QUICK = dict(vocab=1024, width=64, layers=2, heads=4, files=20, steps=6, seq_len=64, k=4, distill_prompts=8)
 

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from blockdecode.corpus import read_text
-from blockdecode.io import read_utf8
+from blockdecode.io import load_npy, read_utf8
 
 TEXT_SUFFIXES = {".py", ".txt", ".md", ".rst", ".json", ".jsonl", ".c", ".h", ".js", ".ts", ".html", ".css"}
 ARRAY_SUFFIXES = {".npy"}
@@ -43,10 +43,7 @@ def load_tokens(paths: list[str | Path], tokenizer=None, eos_token_id: int | Non
         warnings.warn(f"skipped {len(binary)} binary file(s) given as text data, e.g. {binary[0]}", stacklevel=2)
     for path in (p for p in files if p not in binary):
         if path.suffix in ARRAY_SUFFIXES:
-            try:
-                ids = np.load(path, allow_pickle=False).reshape(-1)
-            except (OSError, ValueError) as err:
-                raise ValueError(f"{path} is not a readable .npy array of token ids: {err}") from err
+            ids = load_npy(path).reshape(-1)
             if not np.issubdtype(ids.dtype, np.integer):
                 raise ValueError(f"{path} holds {ids.dtype}, not integer token ids")
         else:

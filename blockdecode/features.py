@@ -6,11 +6,18 @@ projection, what the heads read), and the base's own argmax and loss at each pos
 accuracy and loss, which the metrics report). The cache is keyed by the base's weights and the rows,
 filled in chunks whose rows are marked done only once written, so a killed fill resumes where it
 stopped; and every run on the same base and rows shares it (the modes, widths and draft vocabularies
-a study compares)."""
+a study compares).
+
+A damaged cache is computed again, with a warning, never trained on: a file that is not the array
+these rows need (a broken header, cut short, another shape or dtype) is made anew, and a row marked
+done whose CRC-32, written with its done flag, no longer matches its bytes (zeroed, stale) is
+refilled. The check reads the cache once as it is opened (CRC-32 runs at about 1.7 GB/s on one core)."""
 
 from __future__ import annotations
 
 import hashlib
+import warnings
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,8 +30,10 @@ from transformers import PreTrainedModel
 from blockdecode.adapter import sequence_logits
 from blockdecode.data import Pairs, fingerprint
 from blockdecode.hf import decoder_output, weights_digest
+from blockdecode.io import cached_npy
 
 IGNORE = -100
+FEATURES = ("hidden", "argmax", "loss")  # per row; what its checksum covers
 
 
 @dataclass
@@ -47,9 +56,36 @@ class Features:
 
 
 def features_key(base: PreTrainedModel, rows: torch.LongTensor | Pairs) -> str:
-    """The base's weights and the rows: what the features are a function of."""
-    content = rows.content() if isinstance(rows, Pairs) else rows
-    return hashlib.sha256(f"{weights_digest(base)}|{fingerprint(content)}".encode()).hexdigest()[:20]
+    """The base's weights and the rows, their shape included (one stream packed at two lengths holds
+    the same tokens): what the features are a function of."""
+    if isinstance(rows, Pairs):
+        content, shape = rows.content(), [*rows.source.shape, *rows.decoder.shape]
+    else:
+        content, shape = rows, list(rows.shape)
+    return hashlib.sha256(f"{weights_digest(base)}|{shape}|{fingerprint(content)}".encode()).hexdigest()[:20]
+
+
+def row_checksum(arrays: dict[str, np.ndarray], row: int) -> int:
+    """The CRC-32 of one row's features, all three arrays'."""
+    crc = 0
+    for name in FEATURES:
+        crc = zlib.crc32(arrays[name][row], crc)
+    return crc
+
+
+def open_arrays(where: Path, layout: dict[str, tuple[tuple, type]]) -> dict[str, np.ndarray]:
+    """The cache's arrays, memory-mapped for update; one that is missing, or damaged (with a warning
+    naming it), is made anew, and then no row counts as done."""
+    arrays, remade = {}, False
+    for name, (shape, dtype) in layout.items():
+        path = where / f"{name}.npy"
+        arrays[name] = cached_npy(path, shape, dtype, mmap_mode="r+")
+        if arrays[name] is None:
+            arrays[name] = np.lib.format.open_memmap(path, mode="w+", dtype=dtype, shape=shape)
+            remade = True
+    if remade:
+        arrays["done"][:] = False
+    return arrays
 
 
 @torch.inference_mode()
@@ -57,26 +93,28 @@ def cached_features(
     base: PreTrainedModel, rows: torch.LongTensor | Pairs, folder: str | Path, chunk: int = 16, show: bool = True
 ) -> Features:
     """The features of `rows` ([N, L] token rows, -1 as padding, or an encoder-decoder's pairs), from
-    `folder`/<key> where a fill left them, computing what is missing."""
+    `folder`/<key> where a fill left them whole, computing what is missing or damaged."""
     decoder = rows.decoder if isinstance(rows, Pairs) else rows
     n, length = decoder.shape
     width = base.get_output_embeddings().weight.shape[1]
     where = Path(folder) / features_key(base, rows)
     where.mkdir(parents=True, exist_ok=True)
-    shapes = {"hidden": ((n, length, width), np.float32), "argmax": ((n, length), np.int32)}
-    shapes |= {"loss": ((n, length), np.float32), "done": ((n,), np.bool_)}
-    arrays = {}
-    for name, (shape, dtype) in shapes.items():
-        path = where / f"{name}.npy"
-        fresh = not path.is_file()
-        arrays[name] = np.lib.format.open_memmap(path, mode="w+" if fresh else "r+", dtype=dtype, shape=shape)
-        if arrays[name].shape != shape:
-            raise ValueError(f"{path} holds features of shape {arrays[name].shape}, these rows need {shape}")
-    done = arrays["done"]
+    layout = {"hidden": ((n, length, width), np.float32), "argmax": ((n, length), np.int32)}
+    layout |= {"loss": ((n, length), np.float32), "checksum": ((n,), np.uint32), "done": ((n,), np.bool_)}
+    arrays = open_arrays(where, layout)
+    done, checksum = arrays["done"], arrays["checksum"]
+    damaged = [i for i in np.flatnonzero(done) if row_checksum(arrays, i) != checksum[i]]
+    if damaged:
+        warnings.warn(
+            f"{where}: {len(damaged)} of the {n} rows marked done no longer match their checksums: "
+            "computing them again",
+            stacklevel=2,
+        )
+        done[damaged] = False
     todo = [start for start in range(0, n, chunk) if not done[start : start + chunk].all()]
     device = next(base.parameters()).device
     for start in tqdm(todo, desc="base features", disable=not show or not todo):
-        part = rows[start : start + chunk] if isinstance(rows, Pairs) else rows[start : start + chunk]
+        part = rows[start : start + chunk]
         ids = (part.decoder if isinstance(part, Pairs) else part).to(device)
         source = part.source.to(device) if isinstance(part, Pairs) else None
         with decoder_output(base) as hidden:
@@ -90,11 +128,13 @@ def cached_features(
         target[:, :-1] = ids[:, 1:].masked_fill(ids[:, 1:] < 0, IGNORE)
         loss = F.cross_entropy(logits.flatten(0, 1).float(), target.flatten(), ignore_index=IGNORE, reduction="none")
         end, cut = start + len(ids), ids.shape[1]
-        arrays["hidden"][start:end, :cut] = hidden[0].float().cpu().numpy()
-        arrays["argmax"][start:end, :cut] = logits.argmax(-1).int().cpu().numpy()
-        arrays["loss"][start:end, :cut] = loss.view_as(ids).cpu().numpy()
-        for name in ("hidden", "argmax", "loss"):
+        computed = {"hidden": hidden[0].float(), "argmax": logits.argmax(-1).int(), "loss": loss.view_as(ids)}
+        for name in FEATURES:
+            arrays[name][start:end, :cut] = computed[name].cpu().numpy()
+            arrays[name][start:end, cut:] = 0  # a pair's padding: a refilled row's old bytes must not stay
             arrays[name].flush()
-        done[start:end] = True  # only once the rows are on disk
+        checksum[start:end] = [row_checksum(arrays, i) for i in range(start, end)]
+        checksum.flush()
+        done[start:end] = True  # only once the rows and their checksums are on disk
         done.flush()
     return Features(arrays["hidden"], arrays["argmax"], arrays["loss"])

@@ -9,6 +9,7 @@ import json
 import os
 import shutil
 import tempfile
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -225,9 +226,52 @@ def save_npy(path: str, array: np.ndarray) -> None:
         np.save(f, array)
 
 
+def load_npy(
+    path: str | Path, mmap_mode: str | None = None, shape: tuple | None = None, dtype=None, remedy: str = ""
+) -> np.ndarray:
+    """A .npy array, memory-mapped in `mmap_mode` if given. A file that is no .npy array, is cut short,
+    or (where `shape` and `dtype` are given) holds another layout is one ValueError naming it, then
+    `remedy` (what to do): numpy's own ("the magic string is not correct") names neither, and takes
+    a file of other bytes for a pickle. Mapped "r+" only once checked whole: numpy's "r+" grows a
+    truncated file back with zeros."""
+    then = f": {remedy}" if remedy else ""
+    try:
+        with open(path, "rb") as f:
+            np.lib.format.read_magic(f)
+        array = np.load(path, mmap_mode=mmap_mode and "r", allow_pickle=False)
+    except (OSError, EOFError, ValueError) as err:
+        raise ValueError(f"{path} is not a readable .npy array ({one_line(err)}){then}") from err
+    if shape is not None and (array.shape, array.dtype, array.flags.c_contiguous) != (shape, np.dtype(dtype), True):
+        order = "" if array.flags.c_contiguous else " in Fortran order"
+        raise ValueError(f"{path} holds {array.dtype} {array.shape}{order}, not {np.dtype(dtype)} {shape}{then}")
+    return np.load(path, mmap_mode=mmap_mode) if mmap_mode not in (None, "r") else array
+
+
+def cached_npy(path: Path, shape: tuple, dtype, mmap_mode: str | None = None) -> np.ndarray | None:
+    """A cache's array of `shape` and `dtype` at `path` (`load_npy`), or None where there is none
+    yet, or it is damaged: a warning names the file, and the caller computes it again."""
+    if not Path(path).is_file():
+        return None
+    try:
+        return load_npy(path, mmap_mode, shape, dtype, remedy="computing it again")
+    except ValueError as err:
+        warnings.warn(str(err), stacklevel=3)
+        return None
+
+
 def read_jsonl(path: Path) -> list[dict]:
+    """A JSONL log's records; a line that is not JSON (a write cut short) is one ValueError naming
+    the file and the line, where the decoder's own message names neither."""
     path = Path(path)
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
+    records = []
+    for n, line in enumerate(path.read_text().splitlines() if path.is_file() else [], start=1):
+        if not line.strip():
+            continue
+        try:
+            records.append(json.loads(line))
+        except ValueError as err:
+            raise ValueError(f"{path}:{n} is not a JSON record ({err}): the log is damaged; remove that line") from err
+    return records
 
 
 def append_jsonl(path: Path, record: dict) -> None:

@@ -30,7 +30,7 @@ from blockdecode.corpus import (
 )
 from blockdecode.data import fingerprint
 from blockdecode.hf import load_tokenizer
-from blockdecode.io import atomic_write, read_json, save_npy, write_json
+from blockdecode.io import atomic_write, load_npy, read_json, save_npy, write_json
 
 SPLITS = ("train", "heldout", "heldout_packages")
 """`heldout` holds the standard library's held-out files alone (the same files as the first built-in
@@ -218,9 +218,10 @@ class Pretraining(training.Task):
         self.config, self.device, self.autocast = cfg, device, autocast
         self.corpus = Path(cfg.corpus)
         self.tokenizer = load_tokenizer(self.corpus, PreTrainedTokenizerFast)
-        self.tokens = np.load(self.corpus / "train.npy", mmap_mode="r")
+        remedy = f"delete {self.corpus} and `blockdecode pretrain` prepares the corpus again"
+        self.tokens = load_npy(self.corpus / "train.npy", "r", remedy=remedy)
         paths = {s: self.corpus / f"{s}.npy" for s in SPLITS[1:]}
-        held = {s: np.load(path, mmap_mode="r") for s, path in paths.items() if path.is_file()}
+        held = {s: load_npy(path, "r", remedy=remedy) for s, path in paths.items() if path.is_file()}
         held = {s: t for s, t in held.items() if s == "heldout" or len(t) > cfg.seq_len + 1}
         for name, tokens in (("train", self.tokens), ("heldout", held["heldout"])):
             if len(tokens) <= cfg.seq_len + 1:

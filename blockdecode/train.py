@@ -1,317 +1,36 @@
 """Training the proposal heads: frozen, fine-tuned or distilled (Stern et al., 2018, §5).
 
-Head i at position t learns the token at t+i; head 1 is the base model's own next-token
-prediction. The same code runs on one CPU or under `accelerate launch` on many devices."""
+A run (`TrainConfig`, `blockdecode.train_config`) trains heads on a base as `training.Loop` drives
+the task here (`HeadTraining`): on the data's rows or on the base's own continuations
+(`blockdecode.distill`), through the objective of `blockdecode.loss`. The same code runs on one CPU
+or under `accelerate launch` on many devices."""
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
 import random
-import shutil
-import time
-from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Callable
+from dataclasses import asdict
 from pathlib import Path
-from types import SimpleNamespace
 
-import numpy as np
 import torch
-import torch.nn.functional as F
 from accelerate import DistributedDataParallelKwargs
-from torch import nn
-from tqdm.auto import tqdm
 from transformers import PreTrainedModel
 
 from blockdecode import plots, training
-from blockdecode.adapter import decoder_prompt, sequence_logits
+from blockdecode.adapter import decoder_prompt
 from blockdecode.data import Pairs, fingerprint, load_pairs, load_sources, load_tokens, pack, padded, split
-from blockdecode.decode import blockwise_generate, decode_prompts
-from blockdecode.drafters import NgramDrafter
+from blockdecode.decode import decode_prompts
+from blockdecode.distill import distill_pairs, distill_sequences, sources_record
 from blockdecode.features import Features, cached_features
-from blockdecode.heads import most_frequent, path_tokens
-from blockdecode.hf import (
-    context_length,
-    decoder_output,
-    generate_length,
-    is_seq2seq,
-    load_base,
-    load_tokenizer,
-    resolve_eos,
-    vocab_size,
-    weights_digest,
-)
-from blockdecode.io import CheckpointError, atomic_write, read_jsonl, save_npy, write_json
-from blockdecode.loss import IGNORE, linear_cross_entropy
+from blockdecode.heads import most_frequent
+from blockdecode.hf import context_length, is_seq2seq, load_base, load_tokenizer, resolve_eos, vocab_size
+from blockdecode.io import CheckpointError, read_jsonl, write_json
+from blockdecode.loss import Objective, combine_loss
 from blockdecode.model import HEADS_CONFIG, BlockwiseLM
 from blockdecode.plan import make_plan
-from blockdecode.reference import greedy_generate
 from blockdecode.rules import greedy_rules
-
-MODES = {
-    "frozen": "base frozen (inference mode), heads trained on the data; decoding stays the original model's",
-    "finetune": "base and heads trained together, the base's own loss kept in the objective; the result is a new base",
-    "distill": "frozen base, heads trained on the base model's own greedy/beam continuations of data prompts",
-    "finetune+distill": "fine-tune base and heads on the base model's own continuations (the paper's best)",
-}
-HEAD_LOSSES = ("all", "random")
-BASE_LOSS_ON = {
-    "rows": "the rows the heads learn from (in finetune+distill, the base's own greedy text)",
-    "data": "rows of the real data, so the base keeps modelling real text while it learns its heads' way",
-}
-TARGETS = {
-    "hard": "each head learns the data's token (the base's own argmax, in distill modes)",
-    "soft": "each head learns the base's whole distribution where it predicts that token (Hydra++)",
-}
-
-
-POSITIVE_FIELDS = (
-    "steps",
-    "batch_size",
-    "seq_len",
-    "eval_every",
-    "eval_prompts",
-    "log_every",
-    "checkpoint_every",
-    "distill_prompts",
-    "distill_new_tokens",
-    "distill_beams",
-    "distill_batch_size",
-    "loss_chunk",
-)
-NON_NEGATIVE_FIELDS = ("patience", "min_delta")
-
-
-@dataclass
-class TrainConfig:
-    """One training run. `batch_size` is the global batch, split across processes."""
-
-    base: str
-    data: list[str]
-    out: str
-    k: int = 8
-    mode: str = "frozen"
-    head_type: str = "paper"
-    head_hidden_size: int = 0
-    draft_vocab: int = 0  # > 0: the heads score only the N tokens most frequent in their targets
-    steps: int = 1000
-    batch_size: int = 8
-    seq_len: int = 256
-    lr: float = 1e-3
-    base_lr: float = 5e-5
-    weight_decay: float = 0.0
-    warmup_steps: int = 20
-    head_loss: str = "all"
-    targets: str = "hard"
-    head_weights: list[float] | None = None
-    base_loss_weight: float = 1.0
-    base_loss_on: str = "rows"  # finetune+distill: "data" measures the base's own loss on real data rows
-    holdout: float = 0.05
-    eval_every: int = 100
-    eval_batches: int = 4
-    eval_prompts: int = 4
-    eval_prompt_len: int = 32
-    eval_new_tokens: int = 64
-    log_every: int = 10
-    checkpoint_every: int = 100
-    resume: bool = False
-    seed: int = 0
-    mixed_precision: str = "auto"  # bf16 autocast where the device computes bf16 natively
-    distill_prompts: int = 256
-    distill_prompt_len: int = 32
-    distill_new_tokens: int = 128
-    distill_beams: int = 1
-    distill_batch_size: int = 16
-    distill_cache: str | None = None
-    # encoder-decoder distill modes: text files of more sources, one a line; distill_prompts are drawn
-    # evenly from the training sources and these together, so each gives its share of the budget
-    distill_sources: list[str] | None = None
-    feature_cache: str | None = None  # frozen-base modes: the base's outputs on the rows, computed once, here
-    loss_chunk: int = 2048  # rows of head logits held at once (memory only: the loss is the same)
-    patience: int = 0  # stop after this many evaluations without a longer held-out block; 0: never
-    init_heads: str | None = None  # a saved BlockwiseLM whose heads start the run (its base is not used)
-    min_delta: float = 0.01  # what counts as longer
-
-    def __post_init__(self) -> None:
-        if self.mode not in MODES:
-            raise ValueError(f"unknown mode {self.mode!r}: choose one of {', '.join(MODES)}")
-        if self.base_loss_on not in BASE_LOSS_ON:
-            raise ValueError(f"unknown base_loss_on {self.base_loss_on!r}: choose one of {', '.join(BASE_LOSS_ON)}")
-        if self.base_loss_on == "data" and self.mode != "finetune+distill":
-            raise ValueError("base_loss_on='data' is for finetune+distill, whose rows are the base's own text")
-        if self.targets not in TARGETS:
-            raise ValueError(f"unknown targets {self.targets!r}: choose one of {', '.join(TARGETS)}")
-        if self.head_loss not in HEAD_LOSSES:
-            raise ValueError(f"unknown head loss {self.head_loss!r}: choose one of {', '.join(HEAD_LOSSES)}")
-        if not isinstance(self.k, int) or self.k < 2:
-            raise ValueError(f"k must be an integer >= 2 to have heads to train, got {self.k!r}")
-        if self.head_weights is not None and len(self.head_weights) != self.k - 1:
-            raise ValueError(
-                f"head_weights needs {self.k - 1} values (heads 2..{self.k}), got {len(self.head_weights)}"
-            )
-        if self.head_weights is not None and min(self.head_weights) <= 0:
-            raise ValueError(f"head_weights must all be positive, got {self.head_weights}")
-        for name in POSITIVE_FIELDS:
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
-        for name in ("lr", "base_lr", "weight_decay", "base_loss_weight"):
-            if not math.isfinite(getattr(self, name)) or getattr(self, name) < 0:
-                raise ValueError(f"{name} must be a finite number >= 0, got {getattr(self, name)}")
-        for name in NON_NEGATIVE_FIELDS:
-            if not getattr(self, name) >= 0:
-                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
-        if self.seq_len <= self.k:
-            raise ValueError(f"seq_len ({self.seq_len}) must exceed k ({self.k}) for every head to have targets")
-        if not self.data:
-            raise ValueError("no training data given")
-        out = Path(self.out).resolve()
-        for item in map(Path, self.data):
-            if item.is_dir() and out.is_relative_to(item.resolve()):
-                raise ValueError(
-                    f"--out {self.out} lies inside the data folder {item}: the run would train on its own files"
-                )
-        if self.distill_sources and not self.distill:
-            raise ValueError(f"distill_sources are prompts to distil: for the distill modes, not {self.mode}")
-        if self.distill and self.distill_prompt_len + self.distill_new_tokens <= self.k:
-            raise ValueError(
-                f"distilled rows of {self.distill_prompt_len} + {self.distill_new_tokens} tokens are too short "
-                f"for k={self.k}"
-            )
-
-    @property
-    def finetune(self) -> bool:
-        return self.mode.startswith("finetune")
-
-    @property
-    def distill(self) -> bool:
-        return self.mode.endswith("distill")
-
-
-def head_targets(input_ids: torch.LongTensor, k: int) -> torch.LongTensor:
-    """labels [B, L, k]: labels[b, t, i-1] is the token head i must predict at position t,
-    input_ids[b, t+i], or IGNORE where that lies beyond the sequence or is padding (< 0)."""
-    b, length = input_ids.shape
-    labels = input_ids.new_full((b, length, k), IGNORE)
-    for i in range(1, k + 1):
-        labels[:, : max(0, length - i), i - 1] = input_ids[:, i:]
-    return labels.masked_fill(labels < 0, IGNORE)
-
-
-class Objective(nn.Module):
-    """Base + heads -> the training loss and per-head accuracy; the module accelerate wraps."""
-
-    def __init__(self, model: BlockwiseLM, cfg: TrainConfig):
-        super().__init__()
-        self.model = model
-        self.cfg = cfg
-
-    def train(self, mode: bool = True) -> Objective:
-        """A frozen base stays in inference mode (no dropout) whatever the heads do."""
-        super().train(mode)
-        self.model.base.train(mode and self.cfg.finetune)
-        return self
-
-    def forward(
-        self,
-        batch: torch.LongTensor | Pairs,
-        heads: list[int],
-        features: tuple | None = None,
-        anchor: torch.LongTensor | Pairs | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Summed cross-entropy per head [k] (head 1 is the base's own; heads 2..k not listed
-        stay 0) and per-head [k, 2] (correct, count) tallies. `batch`: token rows of a causal LM,
-        or an encoder-decoder's pairs, whose decoder sequences the heads learn. Sums, not means, so the loss can
-        be normalised by the token count over all processes (`combine_loss`).
-
-        A frozen base runs in inference mode, once per batch, with no autograd graph; the heads'
-        k-1 projections through the vocabulary go chunk by chunk (`linear_cross_entropy`), so
-        their [B, T, k-1, V] logits never exist at once. `features` (a frozen base's decoder outputs,
-        argmax and loss on these rows, from `blockdecode.features`) spare the base's forward. `anchor`:
-        other rows (real data) on which the base's own loss and accuracy (head 1's) are measured instead."""
-        base, k = self.model.base, self.cfg.k
-        input_ids, source, source_mask = decoder_inputs(batch)
-        labels = head_targets(input_ids, k)
-        counts = (labels != IGNORE).sum(dim=(0, 1)).float()  # [k]: target tokens per head
-        target = labels[..., 0].flatten()
-        tallies = torch.zeros(k, 2, device=input_ids.device)
-        if features is not None:
-            h, argmax, base_loss = features
-            sums = [base_loss.sum()]  # already 0 where there is no target
-        else:
-            trains_base = self.cfg.finetune and self.training
-            with decoder_output(base) as hidden, torch.enable_grad() if trains_base else torch.inference_mode():
-                logits = sequence_logits(base, input_ids.clamp(min=0), source, source_mask)
-            h = hidden[0] if trains_base else hidden[0].clone()  # an inference tensor cannot enter the graph
-            argmax = logits.argmax(-1)
-            sums = [F.cross_entropy(logits.flatten(0, 1).float(), target, ignore_index=IGNORE, reduction="sum")]
-        tallies[0] = torch.stack([((argmax.flatten() == target) & (target != IGNORE)).sum(), counts[0]])
-        if anchor is not None:
-            sums[0], tallies[0] = self.base_loss(anchor)
-        embeds = None
-        if self.model.heads.takes_tokens:  # teacher forcing: the base's newest token, then the data's
-            embeds = base.get_input_embeddings()(path_tokens(argmax, input_ids, k))
-        # one [B, L, D] view per head: slicing each head's rows out of [B, L, k-1, D] would make every
-        # head's backward fill and add a gradient of the whole stack
-        states = self.model.heads(h, embeds).unbind(-2)
-        project, short = draft_projection(base.get_output_embeddings(), self.model.token_map)
-        soft = self.cfg.targets == "soft"
-        for i in range(2, k + 1):
-            if i not in heads:
-                sums.append(sums[0].new_zeros(()))
-                continue
-            target = short(labels[:, : -(i - 1), i - 1])
-            teacher = h[:, i - 1 :] if soft else None  # where the base itself predicts head i's token
-            loss, hits = linear_cross_entropy(
-                states[i - 2][:, : -(i - 1)], project, target, self.cfg.loss_chunk, teacher
-            )
-            sums.append(loss)
-            tallies[i - 1] = torch.stack([hits.float(), counts[i - 1]])
-        return torch.stack(sums), tallies
-
-    def base_loss(self, batch: torch.LongTensor | Pairs) -> tuple[torch.Tensor, torch.Tensor]:
-        """The base's own summed next-token loss on `batch`, and its (correct, count) tally."""
-        ids, source, mask = decoder_inputs(batch)
-        target = head_targets(ids, 1)[..., 0].flatten()
-        with torch.enable_grad() if self.training else torch.inference_mode():
-            logits = sequence_logits(self.model.base, ids.clamp(min=0), source, mask)
-            loss = F.cross_entropy(logits.flatten(0, 1).float(), target, ignore_index=IGNORE, reduction="sum")
-        hits = ((logits.argmax(-1).flatten() == target) & (target != IGNORE)).sum()
-        return loss, torch.stack([hits, (target != IGNORE).sum()]).float()
-
-
-def decoder_inputs(batch: torch.LongTensor | Pairs) -> tuple[torch.LongTensor, torch.Tensor | None, ...]:
-    """The token rows the heads learn (a causal LM's rows, or an encoder-decoder's decoder side), and for
-    pairs the source ids and mask the encoder reads (padding -1 turned into id 0, masked out)."""
-    if not isinstance(batch, Pairs):
-        return batch, None, None
-    return batch.decoder, batch.source.clamp(min=0), (batch.source >= 0).long()
-
-
-def draft_projection(project: nn.Module, token_map: torch.LongTensor | None):
-    """The projection the heads are trained through, and the map of targets into its rows: the full
-    vocabulary, or the draft vocabulary's rows (gathered, so a fine-tuned projection still learns),
-    where a target outside the map is IGNORE: never proposed, so never learnt, but still counted."""
-    if token_map is None:
-        return project, lambda target: target
-    bias = project.bias[token_map] if project.bias is not None else None
-    rows = SimpleNamespace(weight=project.weight[token_map], bias=bias)
-    inverse = torch.full((project.weight.shape[0],), IGNORE, dtype=torch.long, device=token_map.device)
-    inverse[token_map] = torch.arange(len(token_map), device=token_map.device)
-    return rows, lambda target: torch.where(target == IGNORE, target, inverse[target.clamp(min=0)])
-
-
-def combine_loss(sums: torch.Tensor, counts: torch.Tensor, heads: list[int], cfg: TrainConfig) -> torch.Tensor:
-    """The objective: weighted mean over the heads scored of each head's per-token loss, plus
-    the base's own loss in finetune modes. `counts` are target tokens per head over the whole
-    global batch, so every token weighs the same however the batch is split over processes."""
-    weights = cfg.head_weights or [1.0] * (cfg.k - 1)
-    total = sum(weights[i - 2] for i in heads)
-    per_token = sums / counts.clamp(min=1)
-    loss = sum(per_token[i - 1] * (weights[i - 2] / total) for i in heads)
-    if cfg.finetune:
-        loss = loss + cfg.base_loss_weight * per_token[0]
-    return loss
+from blockdecode.train_config import BASE_LOSS_ON, HEAD_LOSSES, MODES, TARGETS, TrainConfig  # noqa: F401 (the CLI's)
 
 
 def batch_indices(step: int, n: int, batch_size: int, seed: int) -> torch.LongTensor:
@@ -332,151 +51,6 @@ def sampled_heads(step: int, cfg: TrainConfig) -> list[int]:
         return list(range(2, cfg.k + 1))
     gen = torch.Generator().manual_seed(cfg.seed * 7919 + step)
     return [int(torch.randint(2, cfg.k + 1, (1,), generator=gen))]
-
-
-def drawn_evenly(n: int, count: int) -> torch.LongTensor:
-    """`count` indices spread evenly over range(n), first and last included (all n if count >= n)."""
-    return torch.linspace(0, n - 1, min(count, n)).long()
-
-
-DISTILL_K = 4
-"""Tokens a call at best when distillation decodes greedily: its batches are decoded blockwise with prompt
-lookup's chains (no heads exist yet), 1.3-1.7x `transformers`' batched greedy at 16 rows of 32 + 128 tokens
-on the built-in model, one thread (k = 3 and 6 were no faster)."""
-
-
-@torch.inference_mode()
-def distill_sequences(
-    base: PreTrainedModel, sequences: torch.LongTensor, cfg: TrainConfig, show: bool = True
-) -> torch.LongTensor:
-    """The base model's own continuations (greedy, decoded blockwise in batches; or beam search) of
-    prompts drawn evenly from `sequences`: [N, prompt_len + new_tokens], -1 after an EOS (padding the
-    loss ignores)."""
-    prompts = sequences[drawn_evenly(len(sequences), cfg.distill_prompts), : cfg.distill_prompt_len]
-    eos = resolve_eos(base, None)
-
-    def generate(rows: slice) -> torch.LongTensor:
-        # the model's own argmax (or beam search), as decoding will verify it
-        batch = prompts[rows].to(base.device)
-        if cfg.distill_beams == 1:
-            out = blockwise_generate(base, batch, cfg.distill_new_tokens, NgramDrafter(), DISTILL_K).sequences.cpu()
-        else:
-            out = greedy_generate(base, batch, cfg.distill_new_tokens, num_beams=cfg.distill_beams).cpu()
-        return _cut_at_eos(out, cfg.distill_prompt_len, eos, cfg.distill_prompt_len + cfg.distill_new_tokens)
-
-    inputs = prompts.numpy().tobytes()
-    return _cached_generation(base, inputs, len(prompts), generate, cfg.distill_prompt_len, cfg, show)
-
-
-@torch.inference_mode()
-def distill_pairs(
-    base: PreTrainedModel, pairs: Pairs, cfg: TrainConfig, show: bool = True, extra: Sequence[list[int]] = ()
-) -> Pairs:
-    """Sequence-level distillation for an encoder-decoder (the paper's): the base's own
-    translations (greedy, or beam search) of `distill_prompts` sources drawn evenly from the
-    training pairs' and then `extra` (token ids of sources with no target) replace the targets."""
-    rows = [row[row >= 0].tolist() for row in pairs.source] + list(extra)
-    sources = padded([rows[i] for i in drawn_evenly(len(rows), cfg.distill_prompts)])
-    eos = resolve_eos(base, None)
-    pad = base.generation_config.pad_token_id
-    pad = pad if pad is not None else 0
-    start = int(decoder_prompt(base, sources[:1, :1].clamp(min=0))[1])
-
-    def generate(rows: slice) -> torch.LongTensor:
-        batch = sources[rows]
-        batch = batch[:, : int((batch >= 0).sum(1).max())]  # the batch's own width
-        out = base.generate(
-            batch.masked_fill(batch < 0, pad).to(base.device),
-            attention_mask=(batch >= 0).long().to(base.device),
-            do_sample=False,
-            num_beams=cfg.distill_beams,
-            decoder_start_token_id=start,
-            **generate_length(base, 1, cfg.distill_new_tokens),
-        ).cpu()
-        return _cut_at_eos(out, 1, eos, 1 + cfg.distill_new_tokens)
-
-    inputs = sources.numpy().tobytes() + start.to_bytes(8, "little")
-    decoder = _cached_generation(base, inputs, len(sources), generate, 1, cfg, show)
-    return Pairs(sources, decoder)
-
-
-def sources_record(cfg: TrainConfig, training: int, extra: list[list[list[int]]]) -> dict:
-    """What a run's record keeps of its --distill-sources: each file's sources and how many of the
-    distill_prompts, drawn evenly from the `training` sources and then the files', are its."""
-    sizes = [training, *map(len, extra)]
-    drawn = drawn_evenly(sum(sizes), cfg.distill_prompts)
-    shares = torch.bucketize(drawn, torch.tensor(sizes).cumsum(0), right=True).bincount(minlength=len(sizes)).tolist()
-    return {
-        "distilled_training_sources": shares[0],
-        "distill_sources": {
-            path: {"sources": n, "distilled": share}
-            for path, n, share in zip(cfg.distill_sources, sizes[1:], shares[1:])
-        },
-    }
-
-
-def _cut_at_eos(out: torch.LongTensor, first_new: int, eos: set[int], width: int) -> torch.LongTensor:
-    """Generated rows [B, width], -1 after each row's first EOS among its new tokens."""
-    rows = []
-    for row in out.tolist():
-        stop = next((i + 1 for i in range(first_new, len(row)) if row[i] in eos), len(row))
-        rows.append(row[:stop])
-    result = padded(rows)
-    return torch.cat([result, result.new_full((len(rows), width - result.shape[1]), -1)], dim=1)
-
-
-def _cached_generation(
-    base: PreTrainedModel,
-    inputs: bytes,
-    n: int,
-    generate: Callable[[slice], torch.LongTensor],
-    first_new: int,
-    cfg: TrainConfig,
-    show: bool,
-) -> torch.LongTensor:
-    """Distilled rows, generated in batches of cfg.distill_batch_size, each batch saved as it is
-    done, so a killed run resumes where it stopped; the whole set is cached on disk by content
-    hash (inputs, settings, base weights) and reused by later runs, with its generation throughput
-    beside it (`.json`)."""
-    key = hashlib.sha256(inputs)
-    key.update(json.dumps([cfg.distill_new_tokens, cfg.distill_beams, weights_digest(base)]).encode())
-    rules = greedy_rules(base, first_new, cfg.distill_new_tokens, resolve_eos(base, None))
-    if rules.active:  # what the generation config makes generate do (none: the key is as it always was)
-        key.update(repr(rules).encode())
-    cache_dir = Path(cfg.distill_cache or Path(cfg.out) / "distill-cache")
-    path = cache_dir / f"distill-{key.hexdigest()[:16]}.npy"
-    if path.is_file():
-        return torch.from_numpy(np.load(path))
-    parts = path.with_suffix(".parts")  # one file per finished batch
-    starts = range(0, n, cfg.distill_batch_size)
-    done = [s for s in starts if (parts / f"{s:09d}.npy").is_file()]
-    bar = tqdm(starts, desc="distilling", unit="batch", initial=len(done), disable=not show)
-    generated, began = 0, time.perf_counter()
-    for start in sorted(set(starts) - set(done)):
-        rows = generate(slice(start, start + cfg.distill_batch_size))
-        array = rows.numpy()
-        atomic_write(parts / f"{start:09d}.npy", lambda p, a=array: save_npy(p, a))
-        generated += int((rows[:, first_new:] >= 0).sum())
-        bar.update(1)
-        bar.set_postfix(tok_s=f"{generated / (time.perf_counter() - began):.0f}")
-    bar.close()
-    data = torch.cat([torch.from_numpy(np.load(parts / f"{s:09d}.npy")) for s in starts])
-    atomic_write(path, lambda p: save_npy(p, data.numpy()))
-    seconds = time.perf_counter() - began
-    write_json(
-        path.with_suffix(".json"),
-        {
-            "rows": n,
-            "new_tokens": int((data[:, first_new:] >= 0).sum()),
-            "beams": cfg.distill_beams,
-            "batch_size": cfg.distill_batch_size,
-            "generated_this_run": generated,
-            "seconds_this_run": seconds,
-            "tokens_per_s": generated / seconds if generated else None,
-        },
-    )
-    shutil.rmtree(parts)
-    return data
 
 
 @torch.inference_mode()
@@ -673,7 +247,7 @@ def train(cfg: TrainConfig, callback: Callable[[int, dict], None] | None = None)
     model.base.requires_grad_(cfg.finetune)
     objective = Objective(model, cfg).train()
     features = None
-    if cfg.feature_cache and not cfg.finetune:  # a frozen base: its outputs on the rows never change
+    if cfg.feature_cache:  # a frozen base (TrainConfig refuses others): its outputs on the rows never change
         if accelerator.num_processes > 1:
             raise ValueError("--feature-cache serves one process; several train with the base computed each step")
         features = cached_features(base.to(accelerator.device), train_seqs, cfg.feature_cache, show=loop.main)
@@ -690,7 +264,10 @@ def train(cfg: TrainConfig, callback: Callable[[int, dict], None] | None = None)
 def trained_heads(directory: str, model: BlockwiseLM) -> dict[str, torch.Tensor]:
     """The heads saved in `directory`, checked to fit `model`'s: a fine-tuning run that starts from
     trained heads (Medusa-2's recipe) spares the base the large gradients of random ones."""
-    saved = BlockwiseLM.from_pretrained(directory, base=model.base)
+    try:
+        saved = BlockwiseLM.from_pretrained(directory, base=model.base)
+    except ValueError as err:  # CheckpointError among them: e.g. heads of a base of another width
+        raise CheckpointError(f"--init-heads {directory}: {err}") from err
     fields = ("k", "head_type", "head_hidden_size", "hidden_size", "vocab_size", "draft_vocab")
     wrong = [
         f"{f} {getattr(saved.config, f)} (this run: {getattr(model.config, f)})"

@@ -6,20 +6,26 @@ from __future__ import annotations
 
 import functools
 import os
+import random
 import shutil
 import tempfile
 from pathlib import Path
+from types import SimpleNamespace
 
 os.environ["HF_HUB_OFFLINE"] = "1"  # before transformers is imported: tests never touch the hub
 os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="blockdecode-test-cache-")  # calibrations stay out of ~
 os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 
+import pytest  # noqa: E402
 import torch  # noqa: E402
 from transformers import PreTrainedModel  # noqa: E402
 from transformers.utils import logging as hf_logging  # noqa: E402
 
 from blockdecode import io  # noqa: E402
+from blockdecode.corpus import train_tokenizer  # noqa: E402
+from blockdecode.data import load_tokens, pack  # noqa: E402
 from blockdecode.toy import toy_model  # noqa: E402
+from blockdecode.train_config import TrainConfig  # noqa: E402
 
 _atomic_write = io.atomic_write
 
@@ -169,3 +175,99 @@ def perturb_heads(lm: torch.nn.Module, seed: int = 0, std: float = 0.5) -> torch
         for p in lm.heads.parameters():
             torch.nn.init.normal_(p, std=std, generator=gen)
     return lm
+
+
+# ----------------------------------------------------------------------------- head training's toy runs
+# shared by the tests of training, its config and its distilled data
+
+
+WORDS = ["alpha", "beta", "gamma", "delta", "eps", "zeta", "eta", "theta"]
+CONTEXT = 256
+SEQ_LEN = 64
+
+
+@pytest.fixture(scope="session")
+def tiny_base(tmp_path_factory) -> SimpleNamespace:
+    """A saved toy Llama + byte-level BPE tokenizer, and the corpus they were made for.
+
+    The model's EOS is the tokenizer's <|endoftext|>, as for a real checkpoint, so EOS separators
+    in the training data and EOS stops in distillation use the same id."""
+    root = tmp_path_factory.mktemp("tiny-base")
+    rng = random.Random(0)
+    lines = []
+    for _ in range(1500):
+        start = rng.randrange(len(WORDS))
+        lines.append(" ".join(WORDS[(start + j) % len(WORDS)] for j in range(12)))
+    corpus = root / "corpus.txt"
+    corpus.write_text("\n".join(lines))
+    tok = train_tokenizer([corpus.read_text()], vocab_size=300)
+    model = toy_model("llama", vocab=len(tok), width=64, layers=2, std=0.02, context=CONTEXT)
+    for cfg in (model.config, model.generation_config):
+        cfg.eos_token_id = tok.eos_token_id
+        cfg.bos_token_id = tok.eos_token_id
+        cfg.pad_token_id = tok.pad_token_id
+    base = root / "base"
+    model.save_pretrained(base)
+    tok.save_pretrained(base)
+    sequences = pack(load_tokens([corpus], tok, tok.eos_token_id), SEQ_LEN)
+    return SimpleNamespace(dir=base, corpus=corpus, tokenizer=tok, vocab=len(tok), sequences=sequences)
+
+
+def make_cfg(tiny_base: SimpleNamespace, out: Path, **overrides) -> TrainConfig:
+    """The brief's fast configuration (1-4 s a run), with a lighter evaluation."""
+    kw = dict(
+        base=str(tiny_base.dir),
+        data=[str(tiny_base.corpus)],
+        out=str(out),
+        k=4,
+        mode="frozen",
+        steps=60,
+        batch_size=8,
+        seq_len=SEQ_LEN,
+        lr=3e-3,
+        base_lr=1e-3,
+        eval_every=30,
+        log_every=10,
+        checkpoint_every=30,
+        eval_batches=2,
+        eval_prompts=2,
+        eval_prompt_len=16,
+        eval_new_tokens=32,
+        distill_prompts=32,
+        distill_new_tokens=48,
+        distill_prompt_len=16,
+        mixed_precision="no",  # fp32 numerics, compared at 1e-5; "auto" would be bf16 on some CPUs
+    )
+    kw.update(overrides)
+    return TrainConfig(**kw)
+
+
+def varied_base(vocab: int):
+    """A random base whose greedy text varies (std 0.2), so continuations are not one repeated token."""
+    return toy_model("llama", vocab=vocab, width=64, layers=2, std=0.2, context=CONTEXT)
+
+
+@pytest.fixture(scope="module")
+def tiny_marian(tmp_path_factory) -> SimpleNamespace:
+    """A toy Marian with a shared BPE trained on the committed verse sample, saved as a folder."""
+    from blockdecode.bible import read_tsv
+    from blockdecode.translation import marian_generation_config, translation_tokenizer
+
+    root = tmp_path_factory.mktemp("tiny-marian")
+    verses = Path(__file__).parent / "data" / "bible" / "train.tsv"
+    tok = translation_tokenizer([t for p in read_tsv(verses) for t in (p.source, p.target)], 400)
+    model = toy_model("marian", vocab=len(tok), width=64, layers=2, context=128)
+    eos, pad = tok.eos_token_id, tok.pad_token_id
+    for c in (model.config,):
+        c.eos_token_id, c.pad_token_id, c.decoder_start_token_id, c.forced_eos_token_id = eos, pad, pad, eos
+    model.generation_config = marian_generation_config(tok, 128)
+    model.save_pretrained(root / "base")
+    tok.save_pretrained(root / "base")
+    return SimpleNamespace(dir=root / "base", data=verses, tokenizer=tok)
+
+
+def pairs_cfg(tiny_marian: SimpleNamespace, out: Path, **overrides) -> TrainConfig:
+    kw = dict(base=str(tiny_marian.dir), data=[str(tiny_marian.data)], out=str(out), k=4, steps=6, batch_size=8,
+              seq_len=128, lr=3e-3, base_lr=1e-3, eval_every=3, checkpoint_every=3, log_every=1, eval_batches=1,
+              eval_prompts=2, eval_new_tokens=24, distill_batch_size=16, distill_new_tokens=40)  # fmt: skip
+    return TrainConfig(**{**kw, **overrides})

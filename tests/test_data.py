@@ -83,6 +83,14 @@ def test_load_tokens_rejects_non_integer_arrays(tmp_path, dtype):
         load_tokens([tmp_path / "x.npy"])
 
 
+def test_a_damaged_npy_in_the_data_is_named_with_numpys_reason(tmp_path):
+    """Not numpy's "this file contains pickled (object) data", which it says of any other bytes."""
+    np.save(tmp_path / "x.npy", np.arange(10))
+    (tmp_path / "x.npy").write_bytes(b"\0" + (tmp_path / "x.npy").read_bytes()[1:])
+    with pytest.raises(ValueError, match="x.npy is not a readable .npy array \\(the magic string is not correct"):
+        load_tokens([tmp_path / "x.npy"])
+
+
 def test_load_tokens_text_with_tokenizer_and_eos(tmp_path, tokenizer):
     first, second = "def add(a, b):\n    return a + b\n", "class Thing:\n    pass\n"
     (tmp_path / "1.py").write_text(first)

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import os
+import re
 import stat
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
-from blockdecode.io import append_jsonl, atomic_write, load_checkpoint, read_jsonl, save_checkpoint
+from blockdecode.io import append_jsonl, atomic_write, load_checkpoint, load_npy, read_jsonl, save_checkpoint
 
 
 def test_atomic_write_leaves_a_readable_file_and_no_temporary(tmp_path) -> None:
@@ -32,6 +34,42 @@ def test_jsonl_appends_and_reads_back(tmp_path: Path) -> None:
     append_jsonl(path, {"step": 1, "loss": 2.5})
     append_jsonl(path, {"step": 2})
     assert read_jsonl(path) == [{"step": 1, "loss": 2.5}, {"step": 2}]
+    with open(path, "a") as f:
+        f.write('{"step": 3, "lo')  # a write cut short
+    with pytest.raises(
+        ValueError, match=f"^{re.escape(str(path))}:3 is not a JSON record .*: the log is damaged; remove that line$"
+    ):
+        read_jsonl(path)
+
+
+@pytest.mark.parametrize(
+    "damage, match",
+    [
+        ("header", "is not a readable .npy array \\(the magic string is not correct"),
+        ("empty", "is not a readable .npy array"),
+        ("truncated", "is not a readable .npy array \\(mmap length is greater than file size\\)"),
+        ("layout", "holds int64 \\(3, 4\\), not float32 \\(3, 4\\)"),
+        ("order", "holds float32 \\(3, 4\\) in Fortran order, not float32 \\(3, 4\\)"),
+    ],
+)
+def test_a_damaged_npy_is_named_with_what_to_do_and_never_grown(tmp_path: Path, damage: str, match: str) -> None:
+    """numpy's own messages name no file ("the magic string is not correct"), and its "r+" mode grows
+    a truncated file back with zeros."""
+    path = tmp_path / "a.npy"
+    np.save(path, np.arange(12, dtype=np.float32).reshape(3, 4))
+    assert load_npy(path, "r+", (3, 4), np.float32).sum() == 66
+    whole = path.read_bytes()
+    damaged = {
+        "header": b"\0" + whole[1:],
+        "empty": b"",
+        "truncated": whole[:-8],
+        "layout": whole.replace(b"<f4", b"<i8", 1)[:-48] + np.arange(12).tobytes(),
+        "order": whole.replace(b"False", b"True ", 1),
+    }[damage]
+    path.write_bytes(damaged)
+    with pytest.raises(ValueError, match=f"^{re.escape(str(path))} {match}.*: delete it$"):
+        load_npy(path, "r+", (3, 4), np.float32, remedy="delete it")
+    assert path.read_bytes() == damaged
 
 
 @dataclass

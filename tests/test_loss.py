@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-from blockdecode.loss import IGNORE, linear_cross_entropy
+from blockdecode.loss import IGNORE, head_targets, linear_cross_entropy
 
 
 def reference(hidden: torch.Tensor, projection: nn.Linear, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -135,3 +135,32 @@ def test_soft_targets_equal_the_materialised_cross_entropy_and_leave_the_teacher
     torch.testing.assert_close(loss, want, atol=1e-4, rtol=1e-5)
     for a, b in zip(ours, [hidden.grad, *(p.grad for p in projection.parameters())]):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
+def test_head_targets_hand_built():
+    ids = torch.tensor([[10, 11, 12, 13, 14], [20, 21, 22, -1, -1]])
+    labels = head_targets(ids, 3)
+    x = IGNORE
+    expected = torch.tensor(
+        [
+            # t:   head 1 (t+1), head 2 (t+2), head 3 (t+3)
+            [[11, 12, 13], [12, 13, 14], [13, 14, x], [14, x, x], [x, x, x]],
+            [[21, 22, x], [22, x, x], [x, x, x], [x, x, x], [x, x, x]],
+        ]
+    )
+    assert labels.shape == (2, 5, 3)
+    assert torch.equal(labels, expected)
+    # the rule, stated generally
+    for b in range(2):
+        for t in range(5):
+            for i in range(1, 4):
+                want = int(ids[b, t + i]) if t + i < 5 and ids[b, t + i] >= 0 else IGNORE
+                assert labels[b, t, i - 1] == want
+
+
+def test_head_targets_shorter_than_k():
+    """A sequence shorter than the block (e.g. a distilled row of prompt_len + new_tokens <= k)
+    has no targets for the far heads: all IGNORE, not a crash."""
+    labels = head_targets(torch.tensor([[5, 6, 7]]), 4)
+    expected = torch.tensor([[[6, 7, IGNORE, IGNORE], [7, IGNORE, IGNORE, IGNORE], [IGNORE] * 4]])
+    assert torch.equal(labels, expected)

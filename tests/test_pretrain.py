@@ -149,6 +149,14 @@ def test_resume_refuses_a_different_shape(corpus: Path, tmp_path: Path) -> None:
         pretrain(PretrainConfig(corpus=str(corpus), out=str(tmp_path), resume=True, **{**TINY, "hidden_size": 64}))
 
 
+def test_a_damaged_corpus_array_is_named_with_what_to_do(corpus: Path, tmp_path: Path) -> None:
+    damaged = tmp_path / "corpus"
+    shutil.copytree(corpus, damaged)
+    (damaged / "heldout.npy").write_bytes((damaged / "heldout.npy").read_bytes()[:-2])
+    with pytest.raises(ValueError, match="heldout.npy is not a readable .npy array .*: delete .* prepares the corpus"):
+        pretrain(PretrainConfig(corpus=str(damaged), out=str(tmp_path / "out"), **TINY), False)
+
+
 @pytest.mark.parametrize(
     ("change", "message"),
     [

@@ -1,0 +1,33 @@
+"""A head-training run's config: every bad setting is refused when the config is made, before
+anything loads or is written."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import make_cfg
+
+
+@pytest.mark.parametrize(
+    "overrides, match",
+    [
+        (dict(mode="bogus"), "mode"),
+        (dict(head_loss="bogus"), "head loss"),
+        (dict(head_weights=[1.0, 1.0]), "head_weights"),
+        (dict(head_weights=[1.0] * 4), "head_weights"),
+        (dict(k=1), "k must"),
+        (dict(seq_len=4), "seq_len"),
+        (dict(steps=0), "steps"),
+        (dict(batch_size=0), "batch_size"),
+        (dict(data=[]), "no training data"),
+        (dict(targets="fuzzy"), "unknown targets 'fuzzy'"),
+        (dict(base_loss_on="elsewhere"), "unknown base_loss_on"),
+        (dict(mode="finetune", base_loss_on="data"), "for finetune\\+distill"),
+        (dict(mode="frozen", distill_sources=["more.txt"]), "for the distill modes, not frozen"),
+        (dict(mode="finetune", feature_cache="f"), "--feature-cache is for the frozen-base modes"),
+        (dict(mode="finetune+distill", feature_cache="f"), "--feature-cache is for the frozen-base modes"),
+    ],
+)
+def test_config_rejects(tiny_base, tmp_path, overrides, match):
+    with pytest.raises(ValueError, match=match):
+        make_cfg(tiny_base, tmp_path / "out", **overrides)
+    assert not (tmp_path / "out").exists()
