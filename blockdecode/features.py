@@ -31,8 +31,8 @@ from blockdecode.adapter import sequence_logits
 from blockdecode.data import Pairs, fingerprint
 from blockdecode.hf import decoder_output, weights_digest
 from blockdecode.io import cached_npy
+from blockdecode.loss import IGNORE
 
-IGNORE = -100
 FEATURES = ("hidden", "argmax", "loss")  # per row; what its checksum covers
 
 
