@@ -32,8 +32,10 @@ from transformers import PreTrainedModel
 from blockdecode.hf import (
     at_least,
     cache_argument,
+    check_model,
     context_length,
     decoder_output,
+    eval_mode,
     is_seq2seq,
     make_cache,
     own_thread_hook,
@@ -309,10 +311,14 @@ def token_budget(max_new_tokens: object) -> int:
     return at_least(max_new_tokens, 1, "max_new_tokens must be a positive integer")
 
 
-def check_prompt(model: PreTrainedModel, input_ids: torch.Tensor, max_new_tokens: int) -> torch.LongTensor:
+def check_prompt(
+    model: PreTrainedModel, input_ids: torch.Tensor, max_new_tokens: int, attention_mask: torch.Tensor | None = None
+) -> torch.LongTensor:
     """A [B, T] LongTensor on the model's device that the model can extend by max_new_tokens (for an
-    encoder-decoder: sources it can encode, with room for max_new_tokens in its decoder), or a
-    clear error. A 1-D prompt is one row."""
+    encoder-decoder: sources it can encode, with room for max_new_tokens in its decoder), each row
+    holding text, its padding (`attention_mask`, checked by `check_attention_mask`) aside; or a clear
+    error. A 1-D prompt is one row."""
+    check_model(model)
     if not isinstance(input_ids, torch.Tensor):
         raise TypeError(f"input_ids must be a torch.LongTensor, got {type(input_ids).__name__}")
     if input_ids.dim() == 1:
@@ -329,8 +335,6 @@ def check_prompt(model: PreTrainedModel, input_ids: torch.Tensor, max_new_tokens
     vocab = model.get_input_embeddings().num_embeddings if seq2seq else vocab_size(model)
     if int(input_ids.min()) < 0 or int(input_ids.max()) >= vocab:
         raise ValueError(f"the {what} holds token ids outside the model's vocabulary [0, {vocab})")
-    if set(input_ids[0].tolist()) <= special_ids(model):  # "" as a tokenizer that adds EOS or BOS encodes it
-        raise ValueError(f"the {what} is empty: it holds only special tokens {input_ids[0].tolist()}, no text")
     limit = context_length(model)
     if seq2seq:
         if limit is not None and input_ids.shape[1] > limit:
@@ -344,7 +348,18 @@ def check_prompt(model: PreTrainedModel, input_ids: torch.Tensor, max_new_tokens
             f"prompt ({input_ids.shape[1]} tokens) + max_new_tokens ({max_new_tokens}) exceeds the model's "
             f"context of {limit} positions"
         )
-    return input_ids.long().to(model.device)
+    ids = input_ids.long().to(model.device)
+    specials = special_ids(model)
+    for row, tokens in enumerate(row_tokens(ids, check_attention_mask(model, ids, attention_mask))):
+        if set(tokens) <= specials:  # "" as a tokenizer that adds EOS or BOS encodes it
+            where = f" in row {row}" if len(ids) > 1 else ""
+            raise ValueError(f"the {what}{where} is empty: it holds only special tokens {tokens}, no text")
+    return ids
+
+
+def row_tokens(ids: torch.LongTensor, mask: torch.Tensor | None) -> list[list[int]]:
+    """Each row's tokens without its padding (`mask`'s 0s; None: no padding)."""
+    return ids.tolist() if mask is None else [r[m.bool()].tolist() for r, m in zip(ids, mask)]
 
 
 def check_attention_mask(
@@ -441,13 +456,15 @@ def takes_tree_masks(model: PreTrainedModel) -> bool:
         siblings = torch.tensor([[4 % vocab, 5 % vocab, 6 % vocab]], device=model.device)
         source = prompt if is_seq2seq(model) else None
         try:
-            together = adapter_for(model, source, "dynamic", 8)
-            together.prefill(prompt)
-            mask = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool)
-            logits, _ = together.score(siblings, positions=torch.tensor([3, 4, 4], device=model.device), mask=mask)
-            alone = adapter_for(model, source, "dynamic", 8)
-            alone.prefill(prompt)
-            reference, _ = alone.score(siblings[:, [0, 2]])
+            with eval_mode(model):  # dropout would part the two scores of one candidate
+                together = adapter_for(model, source, "dynamic", 8)
+                together.prefill(prompt)
+                mask = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool)
+                positions = torch.tensor([3, 4, 4], device=model.device)
+                logits, _ = together.score(siblings, positions=positions, mask=mask)
+                alone = adapter_for(model, source, "dynamic", 8)
+                alone.prefill(prompt)
+                reference, _ = alone.score(siblings[:, [0, 2]])
             scale = reference.float().abs().max().clamp(min=1.0)
             ok = bool(((logits[0, 2].float() - reference[0, 1].float()).abs().max() / scale) < 1e-2)
         except Exception:  # a model that cannot take the mask or the positions at all says so by failing

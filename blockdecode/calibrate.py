@@ -40,7 +40,16 @@ import torch
 from blockdecode.adapter import takes_tree_masks
 from blockdecode.decode import decode
 from blockdecode.drafters import CHOICES, drafter_names
-from blockdecode.hf import context_length, dtype_name, same_weights, weights_digest, weights_signature
+from blockdecode.hf import (
+    check_loaded,
+    check_model,
+    context_length,
+    dtype_name,
+    same_weights,
+    weights_digest,
+    weights_key,
+    weights_signature,
+)
 from blockdecode.io import locked, read_json, write_json
 from blockdecode.plan import block_size, make_plan, max_tree
 from blockdecode.timing import forward_cost
@@ -180,16 +189,16 @@ def cached(entry: object, key: str, spec: dict, largest: int) -> Calibration:
     return Calibration(key, drafter, budget, predicted, entry["seconds"], entry["statistics"])
 
 
-_FINGERPRINTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> (versions, hash)
+_FINGERPRINTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> (weights key, hash)
 
 
 def fingerprint(model: torch.nn.Module) -> str:
-    """A short exact hash of a model's weights; computed again only when a weight has changed in
-    place since (tensor version counters), so `generate` does not read every weight each call."""
-    versions = tuple(p._version for p in model.parameters())
+    """A short exact hash of a model's weights; computed again only when a weight has been replaced or
+    changed in place since (`weights_key`), so `generate` does not read every weight each call."""
+    key = weights_key(model.parameters())
     known = _FINGERPRINTS.get(model)
-    if known is None or known[0] != versions:
-        _FINGERPRINTS[model] = known = (versions, weights_digest(model)[:16])
+    if known is None or known[0] != key:
+        _FINGERPRINTS[model] = known = (key, weights_digest(model)[:16])
     return known[1]
 
 
@@ -350,6 +359,8 @@ def calibrate(
     """The fastest setting for `lm` here (and for drafter="auto" the fastest drafters of CHOICES),
     from the cache when it was chosen for exactly this model and setting, else predicted now and
     stored. `drafter` is a name or a drafter object. One line on stderr says when it measures."""
+    check_model(lm.base)
+    check_loaded(lm, "the BlockwiseLM")  # its heads too: the fingerprint reads every weight
     k = lm.k if k is None else block_size(k)
     name = drafter if isinstance(drafter, str) else make_plan(lm.base, drafter, k, 1, lm=lm).drafter_name
     key = calibration_key(lm, name, k)

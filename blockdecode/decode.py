@@ -19,12 +19,12 @@ import torch
 from transformers import PreTrainedModel
 
 from blockdecode.acceptance import Acceptance
-from blockdecode.adapter import check_attention_mask, check_prompt, open_decoder, token_budget
+from blockdecode.adapter import check_attention_mask, check_prompt, open_decoder, row_tokens, token_budget
 from blockdecode.drafters import Drafter, check_ids, check_paths, check_proposal
-from blockdecode.hf import is_seq2seq, vocab_size
+from blockdecode.hf import eval_mode, is_seq2seq, vocab_size
 from blockdecode.plan import DecodePlan, make_plan
 from blockdecode.rules import greedy_rules
-from blockdecode.sampling import sampling_settings, speculative_sample
+from blockdecode.sampling import check_generator, sampling_settings, speculative_sample
 from blockdecode.tree import Tree
 
 
@@ -124,35 +124,40 @@ def decode(
     verifies one chain a row (a tree asked for is decoded as the first drafter's chain, with a note).
     `on_block`, if given, receives the tokens each call gains (the prefill's one included), in order:
     enough to stream text and to show the accepted blocks (one row only). `generator`: where sampling
-    draws its randomness (default: torch's global one), so that a seed gives the same tokens."""
-    prompt, max_new_tokens = check_prompt(model, input_ids, max_new_tokens), token_budget(max_new_tokens)
+    draws its randomness (default: torch's global one), so that a seed gives the same tokens. A model
+    in training mode decodes in eval mode, and is put back as it was (`hf.eval_mode`)."""
+    prompt = check_prompt(model, input_ids, max_new_tokens, attention_mask)
+    max_new_tokens = token_budget(max_new_tokens)
     mask = check_attention_mask(model, prompt, attention_mask)
+    check_generator(generator, model.device)
     if on_block is not None and prompt.shape[0] > 1:
         raise ValueError(f"on_block streams one sequence; input_ids has {prompt.shape[0]} rows: decode them without it")
     plan = plan_for_rows(plan, prompt.shape[0])
     room = max_new_tokens + max(plan.tree or 0, plan.k)
-    base, start = open_decoder(model, prompt, plan.cache_implementation, room, mask)
-    padding = None if is_seq2seq(model) else mask  # the decoder's: an encoder-decoder's start tokens have none
-    run = Run(model, plan, start, padding, max_new_tokens, on_block)
-    logits, h = base.prefill(start, padding)
-    for i, row in enumerate(run.active):
-        _, first, _ = accept(plan, Tree(), run.rules.apply(logits[i, -1:].float(), run.rule_length(row)), generator)
-        run.gain(row, first, [0])
-    newest, h_last = run.newest(), h[:, -1].clone()  # not a view a drafter can write to
-    newest, h_last = run.drop_finished(base, newest, h_last)
-    while run.active:
-        depth = min(plan.k - 1, min(run.left(row) for row in run.active) - 1)  # never past any row's budget
-        candidates = predict(plan, run, h_last, depth)
-        scores, h = verify(base, run, newest, candidates)
-        accepted = [accept(plan, c, s, generator) for c, s in zip(candidates, scores)]
-        base.keep_paths([path for path, _, _ in accepted])  # each row: the newest token and its accepted path
-        for row, c, (path, gained, _) in zip(run.active, candidates, accepted):
-            run.gain(row, gained, path, verified=len(c) + 1)
-        last = [path[-1] for path, _, _ in accepted]
-        newest = torch.stack([after[i] for (_, _, after), i in zip(accepted, last)]).view(-1, 1)
-        h_last = h[torch.arange(len(last)), last]
+    with eval_mode(model):  # a model in training mode would decode with dropout, not greedy's output
+        base, start = open_decoder(model, prompt, plan.cache_implementation, room, mask)
+        padding = None if is_seq2seq(model) else mask  # the decoder's: an encoder-decoder's start tokens have none
+        run = Run(model, plan, start, padding, max_new_tokens, on_block)
+        logits, h = base.prefill(start, padding)
+        for i, row in enumerate(run.active):
+            scores = run.rules.apply(logits[i, -1:].float(), run.rule_length(row))
+            _, first, _ = accept(plan, Tree(), scores, generator)
+            run.gain(row, first, [0])
+        newest, h_last = run.newest(), h[:, -1].clone()  # not a view a drafter can write to
         newest, h_last = run.drop_finished(base, newest, h_last)
-    return run.output(base)
+        while run.active:
+            depth = min(plan.k - 1, min(run.left(row) for row in run.active) - 1)  # never past any row's budget
+            candidates = predict(plan, run, h_last, depth)
+            scores, h = verify(base, run, newest, candidates)
+            accepted = [accept(plan, c, s, generator) for c, s in zip(candidates, scores)]
+            base.keep_paths([path for path, _, _ in accepted])  # each row: the newest token and its accepted path
+            for row, c, (path, gained, _) in zip(run.active, candidates, accepted):
+                run.gain(row, gained, path, verified=len(c) + 1)
+            last = [path[-1] for path, _, _ in accepted]
+            newest = torch.stack([after[i] for (_, _, after), i in zip(accepted, last)]).view(-1, 1)
+            h_last = h[torch.arange(len(last)), last]
+            newest, h_last = run.drop_finished(base, newest, h_last)
+        return run.output(base)
 
 
 def plan_for_rows(plan: DecodePlan, rows: int) -> DecodePlan:
@@ -242,7 +247,7 @@ class Run:
         self.rules = greedy_rules(model, self.prompt_len, max_new_tokens, set(plan.eos))
         self.vocab = vocab_size(model)
         self.pad = pad_token(model, plan.eos)
-        rows = start.tolist() if mask is None else [r[m.bool()].tolist() for r, m in zip(start, mask)]
+        rows = row_tokens(start, mask)
         self.tokens: list[list[int]] = rows
         self.new = [0] * len(rows)
         self.seq = start.new_zeros((len(rows), self.prompt_len + max_new_tokens))
@@ -373,8 +378,8 @@ def blockwise_generate(
     `do_sample=True` samples as `model.generate(do_sample=True, temperature, top_k, top_p)` does (see
     `BlockwiseLM.generate`), drawing from `generator`. `input_ids` [B, T] with `attention_mask` decodes
     a batch, as `decode` says."""
-    prompt = check_prompt(model, input_ids, max_new_tokens)  # a bad prompt fails before any planning
-    check_attention_mask(model, prompt, attention_mask)
+    check_prompt(model, input_ids, max_new_tokens, attention_mask)  # a bad prompt fails before any planning
+    check_generator(generator, model.device)
     sampling = sampling_settings(model, do_sample, temperature, top_k, top_p)
     plan = make_plan(model, drafter, k, tree, acceptance, eos_token_id, cache_implementation, sampling=sampling)
     return decode(model, input_ids, max_new_tokens, plan, on_block, generator, attention_mask)

@@ -11,7 +11,7 @@ import logging
 import operator
 import threading
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -184,13 +184,49 @@ def weights_digest(model: torch.nn.Module) -> str:
     return digest.hexdigest()
 
 
+def weights_key(tensors: Iterable[torch.Tensor]) -> tuple:
+    """What tells whether tensors changed since, without reading them: each one's address, dtype and
+    shape, and its version counter, which every in-place change (an optimizer's step) advances.
+    Inference tensors (made, loaded or cast under torch.inference_mode) have no counter: one changed in
+    place, which only that mode allows, keeps its key, so what is cached on it must cost speed when
+    stale, never exactness."""
+    return tuple((t.data_ptr(), t.dtype, t.shape, None if t.is_inference() else t._version) for t in tensors)
+
+
 def same_weights(a: list[float], b: list[float], rtol: float = 2e-2) -> bool:
     return len(a) == len(b) and all(abs(x - y) <= rtol * max(abs(x), abs(y), 1e-6) for x, y in zip(a, b))
 
 
+def output_projection(model: PreTrainedModel) -> torch.nn.Module:
+    """The model's output projection (lm_head), which scores the vocabulary; a clear error for a model
+    without one (not a causal LM, or its lm_head deleted or set to None)."""
+    get = getattr(model, "get_output_embeddings", None)
+    projection = get() if callable(get) else None
+    if not isinstance(getattr(projection, "weight", None), torch.Tensor):
+        raise ValueError(f"{type(model).__name__} has no output projection (lm_head); is it a causal LM?")
+    return projection
+
+
+def check_loaded(module: torch.nn.Module, what: str) -> None:
+    """A clear error if `module`'s weights hold no values: on the meta device (`.to("meta")`, or a
+    model built but never loaded), where any computation fails deep inside torch."""
+    meta = next((name for name, p in module.named_parameters() if p.is_meta), None)
+    if meta is not None:
+        raise ValueError(f"{meta} of {what} is on the meta device, which holds no values: load the model again")
+
+
+def check_model(model: object) -> None:
+    """One clear error, before the model is called, unless it can be decoded: a torch module with an
+    output projection, its weights in memory."""
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"the model must be a transformers model, got {type(model).__name__}")
+    output_projection(model)
+    check_loaded(model, type(model).__name__)
+
+
 def vocab_size(model: PreTrainedModel) -> int:
     """Rows of the output projection: the ids the model can score."""
-    return model.get_output_embeddings().weight.shape[0]
+    return output_projection(model).weight.shape[0]
 
 
 def context_length(model: PreTrainedModel) -> int | None:
@@ -329,5 +365,31 @@ def decoder_output(model: PreTrainedModel) -> Iterator[list[torch.Tensor]]:
     def hook(_module: torch.nn.Module, args: tuple) -> None:
         box[:] = [args[0]]
 
-    with own_thread_hook(model.get_output_embeddings(), hook):
+    with own_thread_hook(output_projection(model), hook):
         yield box
+
+
+_EVALUATING = threading.Lock()
+_HELD: dict[torch.nn.Module, int] = {}  # module in training mode -> blocks that hold it in eval mode
+
+
+@contextmanager
+def eval_mode(model: torch.nn.Module) -> Iterator[None]:
+    """`model` and its submodules in eval mode for the block, each put back as it was after: greedy's
+    output is the model's without dropout (transformers' generate keeps the mode, and in training mode
+    decodes at random). Threads sharing one model may overlap: a submodule returns to training mode when the last block
+    that holds it ends (a thread that trains the model meanwhile would train it without dropout)."""
+    with _EVALUATING:
+        held = [m for m in model.modules() if m.training or m in _HELD]
+        for m in held:
+            _HELD[m] = _HELD.get(m, 0) + 1
+            m.training = False
+    try:
+        yield
+    finally:
+        with _EVALUATING:
+            for m in held:
+                _HELD[m] -= 1
+                if not _HELD[m]:
+                    del _HELD[m]
+                    m.training = True

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 from collections.abc import Callable, Sequence
@@ -15,15 +16,24 @@ from transformers import PreTrainedModel
 
 from blockdecode import builtin
 from blockdecode.acceptance import Acceptance, parse_acceptance
-from blockdecode.adapter import check_attention_mask, check_prompt
+from blockdecode.adapter import check_attention_mask, check_prompt, row_tokens
 from blockdecode.calibrate import calibrate
 from blockdecode.decode import BlockwiseOutput, decode
 from blockdecode.drafters import Drafter, HeadsDrafter
 from blockdecode.heads import HeadsConfig, build_heads
-from blockdecode.hf import context_length, load_base, load_tokenizer, same_weights, weights_signature
+from blockdecode.hf import (
+    check_loaded,
+    context_length,
+    eval_mode,
+    load_base,
+    load_tokenizer,
+    output_projection,
+    same_weights,
+    weights_signature,
+)
 from blockdecode.io import CheckpointError, reading_folder, saving_folder, write_text
 from blockdecode.plan import DecodePlan, block_size, check_settings, make_plan
-from blockdecode.sampling import sampling_settings
+from blockdecode.sampling import check_generator, sampling_settings
 
 HEADS_CONFIG = "blockdecode.json"
 HEADS_WEIGHTS = "heads.safetensors"
@@ -67,6 +77,24 @@ def load(
     return model.to(dtype).eval(), tokenizer
 
 
+def check_beside_plan(settings: dict[str, object]) -> None:
+    """A plan replaces every decode setting of `generate`: one given beside it (not left at its default)
+    would be ignored, a sampling one leaving the decode greedy, so it is refused by name."""
+    defaults = inspect.signature(BlockwiseLM.generate).parameters
+    given = [f"{name}={value!r}" for name, value in settings.items() if _given(value, defaults[name].default)]
+    if given:
+        raise ValueError(
+            f"plan= replaces every decode setting, so {', '.join(given)} would be ignored: pass "
+            f"{'it' if len(given) == 1 else 'them'} to lm.plan(...) instead"
+        )
+
+
+def _given(value: object, default: object) -> bool:
+    """Whether a setting holds other than its default (compared by value for plain values only: a tensor's
+    == is elementwise)."""
+    return value is not default and not (isinstance(value, str | int | float) and value == default)
+
+
 class BlockwiseLM(nn.Module):
     """`base` (any transformers causal LM) with `heads` that propose tokens 2..k ahead.
 
@@ -80,9 +108,7 @@ class BlockwiseLM(nn.Module):
         self.base = base
         self.config = config
         self.base_location = base_location
-        projection = base.get_output_embeddings()
-        if projection is None:
-            raise ValueError(f"{type(base).__name__} has no output projection (lm_head); is it a causal LM?")
+        projection = output_projection(base)
         base_hidden = projection.weight.shape[1]
         base_vocab = projection.weight.shape[0]
         if config.hidden_size != base_hidden:
@@ -112,7 +138,7 @@ class BlockwiseLM(nn.Module):
     ) -> BlockwiseLM:
         """Untrained heads on `base`: exact from the start, fast once trained. `draft_vocab=N`: the heads
         score N tokens only (the first N ids until `token_map` is set, as training does from its data)."""
-        projection = base.get_output_embeddings()
+        projection = output_projection(base)
         cfg = HeadsConfig(
             k=k,
             head_type=head_type,
@@ -141,9 +167,16 @@ class BlockwiseLM(nn.Module):
     def drafter(self, rescore: float = 0.0) -> HeadsDrafter:
         """The paper's proposals from these heads, over their draft vocabulary if they have one
         (`rescore`: see HeadsDrafter)."""
+        heads = getattr(self, "heads", None)
+        if not isinstance(heads, nn.Module):
+            raise TypeError(
+                f"this BlockwiseLM's heads are {type(heads).__name__}, not a module: it has no heads to propose with "
+                f"(decode with drafter='ngram', or load it again)"
+            )
+        check_loaded(heads, "the heads")
         return HeadsDrafter(
-            self.heads,
-            self.base.get_output_embeddings(),
+            heads,
+            output_projection(self.base),
             rescore=rescore,
             token_map=self.token_map,
             embeddings=self.base.get_input_embeddings(),
@@ -246,7 +279,8 @@ class BlockwiseLM(nn.Module):
         tree asked for is decoded as a chain, with a warning. `generator` (a torch.Generator on the
         model's device) supplies every random draw, so a seed gives the same tokens. `plan`, if given
         (`lm.plan(...)`), replaces all of these settings but `generator`, so that many prompts share
-        one resolution.
+        one resolution; any of them given beside it is refused. A model in training mode decodes in
+        eval mode (no dropout: greedy's output) and is left in its modes.
 
         `input_ids` [B, T] with `attention_mask` [B, T] (0 on padding: on the left for a decoder-only
         model, as `transformers` pads for `generate`) decodes a batch: each row accepts its own block
@@ -254,15 +288,28 @@ class BlockwiseLM(nn.Module):
         as `generate` pads it; `row_stats` holds each row's stats. A batch verifies one chain a row:
         tree="auto" takes the drafter whose chain is predicted fastest, a tree budget is decoded as the
         first drafter's chain, with a warning."""
-        input_ids = check_prompt(self.base, input_ids, max_new_tokens)  # before any planning
+        input_ids = check_prompt(self.base, input_ids, max_new_tokens, attention_mask)  # before any planning
         mask = check_attention_mask(self.base, input_ids, attention_mask)
-        if plan is None:
-            sampling = dict(do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p)
-            rows = list(input_ids.split(1)) if mask is None else [r[m.bool()][None] for r, m in zip(input_ids, mask)]
-            plan = self.plan(
-                drafter, k, tree, acceptance, eos_token_id, cache_implementation, rows, rows=len(rows), **sampling
-            )
-        return decode(self.base, input_ids, max_new_tokens, plan, on_block, generator, attention_mask)
+        check_generator(generator, self.base.device)
+        settings = dict(
+            drafter=drafter,
+            k=k,
+            tree=tree,
+            acceptance=acceptance,
+            eos_token_id=eos_token_id,
+            cache_implementation=cache_implementation,
+            do_sample=do_sample,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+        )
+        if plan is not None:
+            check_beside_plan(settings)
+        with eval_mode(self):  # the heads too, while they are planned with and propose
+            if plan is None:
+                rows = [input_ids.new_tensor([tokens]) for tokens in row_tokens(input_ids, mask)]
+                plan = self.plan(**settings, prompts=rows, rows=len(rows))
+            return decode(self.base, input_ids, max_new_tokens, plan, on_block, generator, attention_mask)
 
     def save_pretrained(
         self,

@@ -16,7 +16,16 @@ from transformers import PreTrainedModel
 from blockdecode.acceptance import Acceptance, parse_acceptance
 from blockdecode.adapter import takes_tree_masks
 from blockdecode.drafters import DRAFTERS, BaseDrafter, Drafter, HeadsDrafter, as_drafters, drafter_names
-from blockdecode.hf import CACHE_IMPLEMENTATIONS, as_integer, at_least, context_length, integer, resolve_eos, vocab_size
+from blockdecode.hf import (
+    CACHE_IMPLEMENTATIONS,
+    as_integer,
+    at_least,
+    check_model,
+    context_length,
+    integer,
+    resolve_eos,
+    vocab_size,
+)
 from blockdecode.sampling import Sampling
 
 MAX_TREE = 1024
@@ -95,8 +104,9 @@ def check_settings(
     eos_token_id: int | Sequence[int] | None,
     cache_implementation: str,
 ) -> tuple[int, int | None, Acceptance, frozenset[int]]:
-    """The settings that need no drafter, checked without calling the model: k, the tree budget, the
-    acceptance rule, EOS and the cache."""
+    """The settings that need no drafter, checked without calling the model: the model itself (`check_model`),
+    k, the tree budget, the acceptance rule, EOS and the cache."""
+    check_model(model)
     k = block_size(k)
     if tree is not None:
         tree = at_least(tree, 1, TREE)

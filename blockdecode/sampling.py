@@ -105,6 +105,20 @@ def sampling_settings(
     return Sampling(**settings)
 
 
+def check_generator(generator: object, device: torch.device) -> None:
+    """A clear error, before the model is called, for a `generator` sampling cannot draw from: anything
+    but a torch.Generator (or None: torch's global one), or one on another device than the model's."""
+    if generator is None:
+        return
+    if not isinstance(generator, torch.Generator):
+        raise TypeError(f"generator must be a torch.Generator (or None), got {type(generator).__name__}")
+    if generator.device != device:
+        raise ValueError(
+            f"generator is on {generator.device}, the model on {device}: "
+            f"make it with torch.Generator(device={str(device)!r})"
+        )
+
+
 def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     """normalise(max(0, p - q)) along the last axis: what a rejected position draws from, so that
     acceptance and rejection together give p. Where p <= q everywhere (p == q), rejection never

@@ -8,7 +8,7 @@ import pytest
 import torch
 from conftest import make_prompt, tiny, vocab_size
 
-from blockdecode.adapter import CausalAdapter, Seq2seqAdapter
+from blockdecode.adapter import CausalAdapter, Seq2seqAdapter, check_prompt
 
 ARCHS = ("llama", "gpt2", "qwen2", "gpt_neox", "opt", "phi")
 TOL = 1e-5
@@ -179,3 +179,38 @@ def test_seq2seq_tree_then_keep_its_path_equals_a_sequential_run(arch: str) -> N
     torch.testing.assert_close(adapter.score(after)[0], ref.score(after)[0], atol=TOL, rtol=0)
     assert not adapter.embed_positions._forward_pre_hooks  # the positions were given for that call only
     assert_no_hooks(model)
+
+
+@pytest.mark.parametrize(
+    "arch, ids, mask, match",
+    [
+        (
+            "llama",
+            [[5, 6, 7], [1, 1, 1]],
+            None,
+            r"the prompt in row 1 is empty: it holds only special tokens \[1, 1, 1\]",
+        ),
+        (
+            "llama",
+            [[1, 0, 1], [5, 6, 7]],
+            None,
+            r"the prompt in row 0 is empty: it holds only special tokens \[1, 0, 1\]",
+        ),
+        (
+            "llama",
+            [[5, 6, 7], [9, 9, 1]],
+            [[1, 1, 1], [0, 0, 1]],
+            r"prompt in row 1 is empty: .* tokens \[1\], no text",
+        ),
+        ("marian", [[5, 6, 7], [2, 1, 9]], [[1, 1, 1], [1, 1, 0]], r"source in row 1 is empty: .* tokens \[2, 1\]"),
+    ],
+)
+def test_every_row_of_a_prompt_must_hold_text_its_padding_aside(arch: str, ids: list, mask: list | None, match: str):
+    """A row of special tokens alone is an empty prompt wherever it sits in the batch; padding (here a
+    plain token, left out by the attention mask) is not the row's text, and neither makes it empty."""
+    model = tiny(arch)
+    mask = None if mask is None else torch.tensor(mask)
+    with pytest.raises(ValueError, match=match):
+        check_prompt(model, torch.tensor(ids), 4, mask)
+    padded = torch.tensor([[5, 6, 7], [1, 1, 8]])  # special tokens as padding, a token of text after them
+    assert torch.equal(check_prompt(model, padded, 4, torch.tensor([[1, 1, 1], [0, 0, 1]])), padded)

@@ -18,7 +18,7 @@ from blockdecode.bench.batches import batch_rows, identical, new_tokens_of, padd
 from blockdecode.calibrate import Calibration
 from blockdecode.drafters import BaseDrafter, HeadsDrafter
 from blockdecode.sampling import sampling_settings
-from blockdecode.toy import TOY_ARCHITECTURES, TOY_SEQ2SEQ
+from blockdecode.toy import TOY_ARCHITECTURES, TOY_SEQ2SEQ, toy_model
 
 LENGTHS = (5, 11, 2, 8)  # prompts of different lengths: every row but the longest is padded
 
@@ -345,3 +345,19 @@ def test_sampling_a_padded_batch_matches_transformers_in_distribution() -> None:
         for row in out.sequences[:, ids.shape[1] :].tolist():
             samples[tuple((row + [1] * SHOWN)[:SHOWN])] += 1  # as transformers pads a finished row
     assert sum(samples.values()) == 600 and homogeneity(samples, reference(setting)) > 1e-3
+
+
+def test_a_row_of_special_tokens_alone_is_refused_in_any_row_before_the_model_is_called() -> None:
+    model = toy_model("llama")
+    calls = []
+    model.register_forward_pre_hook(lambda *_: calls.append(1))
+    lm = BlockwiseLM.from_base(model, k=4)
+    ids, mask = torch.tensor([[5, 6, 7], [9, 9, 1]]), torch.tensor([[1, 1, 1], [0, 0, 1]])  # row 1: EOS after padding
+    for run in (
+        lambda: lm.generate(ids, 5, attention_mask=mask),
+        lambda: blockwise_generate(model, ids, 5, NgramDrafter(), 4, attention_mask=mask),
+        lambda: decode(model, ids, 5, make_plan(model, "ngram", 4), attention_mask=mask),
+    ):
+        with pytest.raises(ValueError, match=r"the prompt in row 1 is empty: it holds only special tokens \[1\]"):
+            run()
+    assert not calls

@@ -215,6 +215,20 @@ def test_the_fingerprint_follows_the_weights() -> None:
     assert calibrate.fingerprint(lm) != first
 
 
+def test_the_fingerprint_of_a_model_made_under_inference_mode_is_that_of_its_weights() -> None:
+    """Inference tensors track no version: a model loaded or cast under torch.inference_mode is fingerprinted
+    (and so calibrated) as the same weights made outside it, and a weight replaced is seen."""
+    with torch.inference_mode():
+        lm = BlockwiseLM.from_base(toy_model("llama", seed=2), k=3).to(torch.bfloat16)
+    assert all(p.is_inference() for p in lm.parameters())
+    same = BlockwiseLM.from_base(toy_model("llama", seed=2), k=3).to(torch.bfloat16)
+    assert calibrate.fingerprint(lm) == calibrate.fingerprint(same)
+    assert calibrate.calibration_key(lm, "heads", 3) == calibrate.calibration_key(same, "heads", 3)
+    with torch.inference_mode():
+        lm.base.lm_head.weight = torch.nn.Parameter(lm.base.lm_head.weight * 2)
+    assert calibrate.fingerprint(lm) != calibrate.fingerprint(same)
+
+
 def test_the_weights_digest_is_exact_and_ignores_the_thread_count() -> None:
     """A float sum of the weights changes with the threads that reduce it; the digest must not,
     or a cache keyed by it (distillation, calibration) is lost when --threads changes."""

@@ -800,3 +800,66 @@ class Paths(BaseDrafter):
 
 
 IDS = make_prompt(5, 512)
+
+
+def test_a_model_in_training_mode_decodes_greedily_and_is_left_in_its_modes() -> None:
+    """Dropout (GPT-2's 0.1) would make every output random while `exact` said greedy: each decode runs in
+    eval mode (the heads too), whatever the path, and puts every module back as it found it."""
+    model = toy_model("gpt2")
+    lm = perturb_heads(BlockwiseLM.from_base(model, k=4))
+    ids = make_prompt(6, vocab_size(model), seed=1)
+    batch = torch.cat([ids, ids.flip(-1)])
+    heads = dict(eos_token_id=NO_EOS, drafter="heads", tree=None)
+    calls = [
+        lambda: lm.generate(ids, 24, **heads),
+        lambda: lm.generate(ids, 24, eos_token_id=NO_EOS, drafter="heads+ngram", tree=12),
+        lambda: lm.generate(batch, 24, **heads),
+        lambda: blockwise_generate(model, ids, 24, NgramDrafter(), 4, eos_token_id=NO_EOS),
+        lambda: lm.generate(ids, 24, **heads, do_sample=True, generator=torch.Generator().manual_seed(0)),
+    ]
+    greedy = [call() for call in calls]  # in eval mode, as made
+    lm.train()
+    model.transformer.h[0].eval()  # a module the user keeps in eval mode stays there
+    modes = [m.training for m in lm.modules()]
+    for call, expected in zip(calls, greedy):
+        out = call()
+        assert torch.equal(out.sequences, expected.sequences) and out.stats.exact == expected.stats.exact
+        assert [m.training for m in lm.modules()] == modes
+    assert_greedy_equal(model, ids, greedy[0].sequences, hf_greedy(model.eval(), ids, 24, eos_token_id=NO_EOS))
+
+
+def test_threads_sharing_a_model_in_training_mode_leave_it_in_eval_mode_until_the_last_decode_ends() -> None:
+    """Two decodes that overlap: the first to end must not put the model back in training mode under the other."""
+    from blockdecode.hf import eval_mode
+
+    model = toy_model("gpt2").train()
+    first, second = eval_mode(model), eval_mode(model.transformer)  # overlapping modules, as lm and lm.base
+    first.__enter__()
+    second.__enter__()
+    first.__exit__(None, None, None)
+    assert not any(m.training for m in model.transformer.modules()) and model.training
+    second.__exit__(None, None, None)
+    assert all(m.training for m in model.modules())
+
+
+@pytest.mark.parametrize(
+    "damage, error, match",
+    [
+        (lambda m: m.to("meta"), ValueError, r"model.embed_tokens.weight of LlamaForCausalLM is on the meta device"),
+        (lambda m: delattr(m, "lm_head"), ValueError, r"LlamaForCausalLM has no output projection \(lm_head\)"),
+        (lambda m: setattr(m, "lm_head", None), ValueError, r"LlamaForCausalLM has no output projection \(lm_head\)"),
+    ],
+)
+def test_a_broken_base_model_is_one_clear_error(damage: Callable, error: type, match: str) -> None:
+    model = toy_model("llama")
+    damage(model)
+    ids = make_prompt(4, 512)
+    for run in (
+        lambda: blockwise_generate(model, ids, 8, NgramDrafter(), 4),
+        lambda: blockwise_generate(model, ids, 8, NgramDrafter(), 4, tree=4),
+        lambda: decode(model, ids, 8, DecodePlan((NgramDrafter(),), 4)),
+    ):
+        with pytest.raises(error, match=match):
+            run()
+    with pytest.raises(TypeError, match="the model must be a transformers model, got NoneType"):
+        blockwise_generate(None, ids, 8, NgramDrafter(), 4)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import perturb_heads, tiny
+from conftest import NO_EOS, assert_greedy_equal, hf_greedy, make_prompt, perturb_heads, tiny
 
 from blockdecode import BlockwiseLM, Drafter, HeadsDrafter, NgramDrafter, ScriptedDrafter
 from blockdecode.drafters import ContextNgram, check_ids, check_proposal
@@ -279,3 +279,51 @@ def test_half_precision_heads_propose_through_fp32_copies_when_those_are_faster(
         lm.heads.up.weight.mul_(2)
     again = lm.drafter()._run[0]
     assert again is not heads and torch.equal(again.up.weight, lm.heads.up.weight.float())
+
+
+@pytest.mark.parametrize("form", ["loaded", "cast"])
+def test_a_model_made_under_inference_mode_decodes_as_one_made_outside_it(tmp_path, monkeypatch, form: str) -> None:
+    """Serving code loads, or casts, a model under torch.inference_mode: its tensors then track no version,
+    which the drafters' copies (and calibration's fingerprint, test_calibrate) must not need. Every way of
+    decoding (the heads' chain and tree over a draft vocabulary, rescored, a batch, sampling), in the mode
+    or out of it, gives what the same model made outside inference mode gives."""
+    from blockdecode import drafters
+
+    monkeypatch.setattr(drafters, "_seconds", lambda pair, rows: float(pair[1].weight.dtype != torch.float32))
+    made = perturb_heads(BlockwiseLM.from_base(toy_model("llama", seed=2), k=4, draft_vocab=64), seed=1)
+    made.save_pretrained(tmp_path)
+    dtype = torch.float32 if form == "loaded" else torch.bfloat16  # bf16 heads propose through fp32 copies
+    reference, lm = BlockwiseLM.from_pretrained(tmp_path).to(dtype), BlockwiseLM.from_pretrained(tmp_path)
+    with torch.inference_mode():
+        lm = BlockwiseLM.from_pretrained(tmp_path) if form == "loaded" else lm.to(dtype)
+    assert all(p.is_inference() for p in lm.heads.parameters()) and lm.base.dtype == dtype
+    ids = make_prompt(6, 512, seed=3)
+    batch = torch.cat([ids, torch.cat([torch.ones(1, 2, dtype=torch.long), ids[:, 2:]], dim=1)])
+    mask = torch.tensor([[1] * 6, [0, 0, 1, 1, 1, 1]])
+    cases = [
+        dict(drafter="heads", tree=None),
+        dict(drafter="heads", tree=12),
+        dict(drafter="heads-rescored", tree=None),
+        dict(input_ids=batch, attention_mask=mask, drafter="heads", tree=None),
+        dict(drafter="heads", tree=None, do_sample=True, temperature=0.7),
+    ]
+    for case in cases:
+        case = {"input_ids": ids, "max_new_tokens": 20, "eos_token_id": NO_EOS, **case}
+        with torch.inference_mode():  # as serving code runs it
+            ours = lm.generate(generator=torch.Generator().manual_seed(0), **case)
+        theirs = reference.generate(generator=torch.Generator().manual_seed(0), **case)
+        assert torch.equal(ours.sequences, theirs.sequences), case
+        assert ours.stats.block_sizes == theirs.stats.block_sizes, case  # the same proposals
+    chain = lm.generate(ids, 20, eos_token_id=NO_EOS, drafter="heads", tree=None).sequences  # and outside the mode
+    assert_greedy_equal(lm.base, ids, chain, hf_greedy(lm.base, ids, 20, eos_token_id=NO_EOS))
+
+
+def test_the_built_in_model_loaded_under_inference_mode_decodes_exactly() -> None:
+    from blockdecode import DEFAULT_MODEL, load
+
+    with torch.inference_mode():
+        lm, tokenizer = load(DEFAULT_MODEL)
+    ids = tokenizer("def mean(values):\n", return_tensors="pt").input_ids
+    for tree in (None, 16):
+        out = lm.generate(ids, 24, eos_token_id=NO_EOS, drafter="heads", tree=tree)
+        assert_greedy_equal(lm.base, ids, out.sequences, hf_greedy(lm.base, ids, 24, eos_token_id=NO_EOS))

@@ -380,3 +380,48 @@ def test_a_save_killed_while_moving_its_files_in_is_finished_by_the_next_load(tw
     assert [p.name for p in out.glob(".save-*")], "the writer died before its swap: nothing to finish"
     assert identity(BlockwiseLM.from_pretrained(out)) == identity(BlockwiseLM.from_pretrained(b))
     assert leftovers(out) == []
+
+
+def broken(damage: str) -> BlockwiseLM:
+    lm = BlockwiseLM.from_base(toy_model("llama"), k=4)
+    if damage == "meta":
+        lm.to("meta")
+    elif damage == "meta heads":
+        lm.heads.to("meta")
+    elif damage == "no lm_head":
+        del lm.base.lm_head
+    elif damage == "lm_head None":
+        lm.base.lm_head = None
+    elif damage == "heads None":
+        lm.heads = None
+    elif damage == "no heads":
+        del lm.heads
+    return lm
+
+
+@pytest.mark.parametrize(
+    "damage, error, match",
+    [
+        ("meta", ValueError, r"of (LlamaForCausalLM|the heads) is on the meta device, which holds no values"),
+        ("meta heads", ValueError, r"up.weight of the (heads|BlockwiseLM) is on the meta device"),
+        ("no lm_head", ValueError, r"LlamaForCausalLM has no output projection \(lm_head\)"),
+        ("lm_head None", ValueError, r"LlamaForCausalLM has no output projection \(lm_head\)"),
+        ("heads None", TypeError, r"this BlockwiseLM's heads are NoneType, not a module"),
+        ("no heads", TypeError, r"this BlockwiseLM's heads are NoneType, not a module"),
+    ],
+)
+def test_a_broken_model_is_one_clear_error_before_it_is_called(damage: str, error: type, match: str) -> None:
+    """A model moved to the meta device, its lm_head deleted or its heads removed: one line naming what is
+    wrong, from generate, a plan and calibration alike, not a traceback from deep inside torch."""
+    from blockdecode.calibrate import calibrate
+
+    lm = broken(damage)
+    ids = make_prompt(4, 512)
+    for run in (
+        lambda: lm.generate(ids, 8),
+        lambda: lm.generate(ids, 8, drafter="heads", tree=None),
+        lambda: lm.plan("heads", tree=None),
+        lambda: calibrate(lm, [ids], "heads", 4),
+    ):
+        with pytest.raises(error, match=match):
+            run()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 from conftest import make_prompt, tiny
@@ -10,6 +12,7 @@ from blockdecode import BlockwiseLM, NgramDrafter, ScriptedDrafter
 from blockdecode.acceptance import parse_acceptance
 from blockdecode.drafters import ChainDrafter, HeadsDrafter
 from blockdecode.plan import DecodePlan, make_plan
+from blockdecode.toy import toy_model
 
 
 @pytest.fixture
@@ -83,3 +86,33 @@ def test_named_heads_need_a_blockwise_lm() -> None:
         make_plan(tiny("llama"), "heads", 3)
     plan = make_plan(tiny("llama"), "ngram", 3, tree=4)
     assert isinstance(plan, DecodePlan) and plan.drafters == (NgramDrafter(),)
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        dict(do_sample=True, temperature=0.5),
+        dict(drafter="ngram"),
+        dict(k=2),
+        dict(tree=4),
+        dict(acceptance="topk:2"),
+        dict(eos_token_id=[]),
+        dict(cache_implementation="static"),
+        dict(top_k=5),
+        dict(top_p=0.9),
+    ],
+)
+def test_a_setting_given_beside_a_plan_is_refused_by_name(settings: dict) -> None:
+    """A plan replaces every decode setting: one given beside it would be dropped silently (a plan's greedy
+    decode for do_sample=True), so it is refused, before the model is called."""
+    lm = BlockwiseLM.from_base(toy_model("llama"), k=4)  # its own: the count's hook stays on the model
+    plan = lm.plan("heads", tree=None)
+    counting = Counting(lm.base)
+    named = ", ".join(f"{name}={value!r}" for name, value in settings.items())
+    with pytest.raises(
+        ValueError, match=re.escape(f"plan= replaces every decode setting, so {named} would be ignored")
+    ):
+        lm.generate(make_prompt(4, 512), 8, plan=plan, **settings)
+    assert counting.calls == 0
+    defaults = dict(drafter="auto", tree="default", cache_implementation="dynamic", do_sample=False, k=None)
+    assert lm.generate(make_prompt(4, 512), 8, plan=plan, **defaults).stats.new_tokens > 0  # defaults spelled out

@@ -12,12 +12,13 @@ import functools
 import importlib
 from collections import Counter
 
+import numpy as np
 import pytest
 import torch
 from conftest import NO_EOS, hf_greedy, make_prompt, perturb_heads, tiny, vocab_size
 from transformers import GenerationConfig
 
-from blockdecode import BaseDrafter, BlockwiseLM, NgramDrafter, decode, make_plan
+from blockdecode import BaseDrafter, BlockwiseLM, NgramDrafter, blockwise_generate, decode, make_plan
 from blockdecode.calibrate import calibrate
 from blockdecode.sampling import DEFAULTS, Sampling, residual, sampling_settings, speculative_sample
 from blockdecode.toy import toy_model
@@ -288,3 +289,39 @@ def test_a_generation_config_warper_not_modelled_is_refused() -> None:
     model.generation_config.min_p = 0.1
     with pytest.raises(ValueError, match="min_p=0.1.*model.generation_config.min_p = None"):
         BlockwiseLM.from_base(model, k=4).plan("heads", tree=None, do_sample=True)
+
+
+@pytest.mark.parametrize(
+    "generator, error, match",
+    [
+        (3, TypeError, "generator must be a torch.Generator \\(or None\\), got int"),
+        (np.random.default_rng(0), TypeError, "generator must be a torch.Generator \\(or None\\), got Generator"),
+        ("0", TypeError, "got str"),
+    ],
+)
+def test_a_generator_that_is_not_one_is_refused_before_the_model_is_called(generator, error, match) -> None:
+    model = toy_model("llama")
+    lm, ids = BlockwiseLM.from_base(model, k=4), make_prompt(5, vocab_size(model))
+    calls = []
+    model.register_forward_pre_hook(lambda *_: calls.append(1))
+    plan = make_plan(model, NgramDrafter(), 4, sampling=Sampling())
+    for run in (
+        lambda: lm.generate(ids, 8, drafter="ngram", do_sample=True, generator=generator),
+        lambda: lm.generate(ids, 8, generator=generator),  # greedy, tree="auto": before calibration runs the model
+        lambda: blockwise_generate(model, ids, 8, NgramDrafter(), 4, tree=4, do_sample=True, generator=generator),
+        lambda: decode(model, ids, 8, plan, generator=generator),
+    ):
+        with pytest.raises(error, match=match):
+            run()
+    assert not calls
+
+
+def test_a_generator_on_another_device_than_the_models_is_refused() -> None:
+    from blockdecode.sampling import check_generator
+
+    check_generator(None, torch.device("cpu"))
+    check_generator(torch.Generator(), torch.device("cpu"))
+    with pytest.raises(
+        ValueError, match=r"generator is on cpu, the model on cuda:0: .*torch.Generator\(device='cuda:0'\)"
+    ):
+        check_generator(torch.Generator(), torch.device("cuda", 0))
