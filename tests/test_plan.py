@@ -12,7 +12,6 @@ from blockdecode import BlockwiseLM, NgramDrafter, ScriptedDrafter
 from blockdecode.acceptance import parse_acceptance
 from blockdecode.drafters import ChainDrafter, HeadsDrafter
 from blockdecode.plan import DecodePlan, make_plan
-from blockdecode.toy import toy_model
 
 
 @pytest.fixture
@@ -26,11 +25,19 @@ class Plain:
 
 
 class Counting:
-    """Counts the base model's forward calls, which a bad setting must never reach."""
+    """Counts the base model's forward calls, which a bad setting must never reach; its hook leaves the
+    model (often the shared `tiny` one) with the `with` block."""
 
     def __init__(self, model: torch.nn.Module):
         self.calls = 0
-        model.register_forward_pre_hook(lambda *_: setattr(self, "calls", self.calls + 1))
+        self.model = model
+
+    def __enter__(self) -> Counting:
+        self.hook = self.model.register_forward_pre_hook(lambda *_: setattr(self, "calls", self.calls + 1))
+        return self
+
+    def __exit__(self, *_) -> None:
+        self.hook.remove()
 
 
 def test_a_plan_resolved_twice_from_the_same_inputs_is_equal(lm: BlockwiseLM) -> None:
@@ -72,12 +79,12 @@ def test_a_plan_resolved_twice_from_the_same_inputs_is_equal(lm: BlockwiseLM) ->
     ],
 )
 def test_a_bad_setting_fails_before_any_model_call(lm: BlockwiseLM, settings: dict, match: str) -> None:
-    counting = Counting(lm.base)
-    with pytest.raises((ValueError, TypeError), match=match):
-        make_plan(lm.base, lm=lm, **settings)
-    if "need a tree" not in match:  # under tree="auto" the drafters get a tree
-        with pytest.raises((ValueError, TypeError), match=match):  # before anything is measured
-            lm.generate(make_prompt(4, 512), 8, **{"tree": "auto", **settings})
+    with Counting(lm.base) as counting:
+        with pytest.raises((ValueError, TypeError), match=match):
+            make_plan(lm.base, lm=lm, **settings)
+        if "need a tree" not in match:  # under tree="auto" the drafters get a tree
+            with pytest.raises((ValueError, TypeError), match=match):  # before anything is measured
+                lm.generate(make_prompt(4, 512), 8, **{"tree": "auto", **settings})
     assert counting.calls == 0
 
 
@@ -105,14 +112,14 @@ def test_named_heads_need_a_blockwise_lm() -> None:
 def test_a_setting_given_beside_a_plan_is_refused_by_name(settings: dict) -> None:
     """A plan replaces every decode setting: one given beside it would be dropped silently (a plan's greedy
     decode for do_sample=True), so it is refused, before the model is called."""
-    lm = BlockwiseLM.from_base(toy_model("llama"), k=4)  # its own: the count's hook stays on the model
+    lm = BlockwiseLM.from_base(tiny("llama"), k=4)
     plan = lm.plan("heads", tree=None)
-    counting = Counting(lm.base)
     named = ", ".join(f"{name}={value!r}" for name, value in settings.items())
-    with pytest.raises(
-        ValueError, match=re.escape(f"plan= replaces every decode setting, so {named} would be ignored")
-    ):
-        lm.generate(make_prompt(4, 512), 8, plan=plan, **settings)
+    with Counting(lm.base) as counting:
+        with pytest.raises(
+            ValueError, match=re.escape(f"plan= replaces every decode setting, so {named} would be ignored")
+        ):
+            lm.generate(make_prompt(4, 512), 8, plan=plan, **settings)
     assert counting.calls == 0
     defaults = dict(drafter="auto", tree="default", cache_implementation="dynamic", do_sample=False, k=None)
     assert lm.generate(make_prompt(4, 512), 8, plan=plan, **defaults).stats.new_tokens > 0  # defaults spelled out
