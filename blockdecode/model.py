@@ -11,7 +11,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
-from transformers import PreTrainedModel
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from blockdecode import builtin
 from blockdecode.acceptance import Acceptance, parse_acceptance
@@ -20,6 +20,7 @@ from blockdecode.calibrate import calibrate
 from blockdecode.decode import BlockwiseOutput, decode
 from blockdecode.drafters import Drafter, HeadsDrafter
 from blockdecode.heads import HeadsConfig, build_heads
+from blockdecode.healing import check_healing, heal_prompts
 from blockdecode.hf import context_length, load_base, load_tokenizer, same_weights, weights_signature
 from blockdecode.io import CheckpointError, reading_folder, saving_folder, write_text
 from blockdecode.plan import DecodePlan, block_size, check_settings, make_plan
@@ -229,6 +230,7 @@ class BlockwiseLM(nn.Module):
         top_p: float | None = None,
         generator: torch.Generator | None = None,
         attention_mask: torch.Tensor | None = None,
+        heal: PreTrainedTokenizerBase | None = None,
     ) -> BlockwiseOutput:
         """Exact greedy decoding, several tokens per base-model call; or, with `do_sample=True`,
         sampling from exactly the distribution of `base.generate(do_sample=True, temperature=...,
@@ -253,16 +255,27 @@ class BlockwiseLM(nn.Module):
         every call and stops at its own EOS or budget, and `sequences` is padded after each row's end
         as `generate` pads it; `row_stats` holds each row's stats. A batch verifies one chain a row:
         tree="auto" takes the drafter whose chain is predicted fastest, a tree budget is decoded as the
-        first drafter's chain, with a warning."""
+        first drafter's chain, with a warning.
+
+        `heal=tokenizer` heals every prompt that ends mid-token, such as in a bare newline or space
+        (`blockdecode.healing`): its last token is dropped, and the new tokens write its text again as
+        the model would have split it. `sequences` then holds the shorter prompt and the new tokens, which
+        decode to the prompt's text and its continuation, exactly as `base.generate` gives them with the
+        healing's `prefix_allowed_tokens_fn`."""
         input_ids = check_prompt(self.base, input_ids, max_new_tokens)  # before any planning
         mask = check_attention_mask(self.base, input_ids, attention_mask)
+        healing = None
+        if heal is not None:
+            healing = heal_prompts(heal, input_ids, mask)
+            input_ids, mask = healing.input_ids, healing.attention_mask
+            check_healing(self.base, healing, input_ids, mask)  # an encoder-decoder fails before any planning
         if plan is None:
             sampling = dict(do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p)
             rows = list(input_ids.split(1)) if mask is None else [r[m.bool()][None] for r, m in zip(input_ids, mask)]
             plan = self.plan(
                 drafter, k, tree, acceptance, eos_token_id, cache_implementation, rows, rows=len(rows), **sampling
             )
-        return decode(self.base, input_ids, max_new_tokens, plan, on_block, generator, attention_mask)
+        return decode(self.base, input_ids, max_new_tokens, plan, on_block, generator, mask, healing)
 
     def save_pretrained(
         self,
