@@ -5,6 +5,7 @@ from blockdecode.decode import BlockwiseOutput, DecodeStats, blockwise_generate,
 from blockdecode.drafters import BaseDrafter, Drafter, HeadsDrafter, NgramDrafter, ScriptedDrafter
 from blockdecode.export import export_heads
 from blockdecode.heads import HeadsConfig
+from blockdecode.healing import Healing, heal_prompts
 from blockdecode.model import BlockwiseLM, CheckpointError, load
 from blockdecode.plan import DecodePlan, make_plan
 
@@ -21,11 +22,13 @@ __all__ = [
     "Drafter",
     "HeadsConfig",
     "HeadsDrafter",
+    "Healing",
     "NgramDrafter",
     "ScriptedDrafter",
     "blockwise_generate",
     "decode",
     "export_heads",
+    "heal_prompts",
     "load",
     "make_plan",
 ]

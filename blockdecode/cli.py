@@ -37,6 +37,8 @@ def read_value_map(path: str) -> list[float]:
 def cmd_generate(args: argparse.Namespace) -> None:
     from blockdecode.acceptance import parse_acceptance
     from blockdecode.adapter import check_prompt
+    from blockdecode.healing import heal_prompts
+    from blockdecode.hf import vocab_size
     from blockdecode.model import has_heads, load
     from blockdecode.reference import first_divergence, greedy_generate
 
@@ -56,13 +58,17 @@ def cmd_generate(args: argparse.Namespace) -> None:
     if not has_heads(args.model):
         print(f"note: {args.model} has no trained heads; using untrained {args.head_type} heads", file=sys.stderr)
     ids = check_prompt(model.base, tokenizer(args.prompt, return_tensors="pt").input_ids, args.max_new_tokens)
+    seq2seq = is_seq2seq(model.base)  # the output is the decoder's: a translation, not a continuation
+    heal = tokenizer if args.heal and not seq2seq else None
+    healing = heal_prompts(heal, ids) if heal is not None else None
+    if healing is not None and healing.healed:
+        print(f"{healing.note()} (--no-heal: off)", file=sys.stderr)
     prompts = model_prompts(args.model, tokenizer) or [ids]  # "auto" times on the model's own prompts
     plan = model.plan(args.drafter, args.k, args.tree, acceptance, prompts=prompts, do_sample=args.sample, **warpers)
     generator = torch.Generator(device=model.base.device)
     seed = generator.seed() if args.seed is None else args.seed  # a fresh one unless given, shown to repeat the run
     generator.manual_seed(seed)
-    out = model.generate(ids, args.max_new_tokens, plan=plan, generator=generator)
-    seq2seq = is_seq2seq(model.base)  # the output is the decoder's: a translation, not a continuation
+    out = model.generate(ids, args.max_new_tokens, plan=plan, generator=generator, heal=heal)
     print(tokenizer.decode(out.sequences[0], skip_special_tokens=seq2seq))
     s = out.stats
     print(
@@ -77,10 +83,12 @@ def cmd_generate(args: argparse.Namespace) -> None:
     if s.note:
         print(f"note: {s.note}", file=sys.stderr)
     if args.compare:
+        prompt = ids if healing is None else healing.input_ids  # healed: transformers with the same constraint
+        constraint = None if healing is None else healing.prefix_allowed_tokens_fn(vocab_size(model.base))
         start = time.perf_counter()
-        ref = greedy_generate(model.base, ids, args.max_new_tokens)
+        ref = greedy_generate(model.base, prompt, args.max_new_tokens, prefix_allowed_tokens_fn=constraint)
         seconds = time.perf_counter() - start
-        new = ref.shape[1] - (1 if seq2seq else ids.shape[1])
+        new = ref.shape[1] - (1 if seq2seq else prompt.shape[1])
         print(f"greedy (transformers): {new} tokens, {new} calls, {new / seconds:.1f} tokens/s", file=sys.stderr)
         diverged = first_divergence(model.base, ref, out.sequences, source=ids if seq2seq else None)
         note = "" if s.exact else f"; expected under approximate acceptance {s.acceptance}"
@@ -458,10 +466,15 @@ def cmd_demo(args: argparse.Namespace) -> None:
         drafter=args.drafter,
         tree=args.tree,
         task=args.task,
+        heal=args.heal,
     )
 
 
 DRAFTER_CHOICES = tuple(dict.fromkeys(("auto", *DRAFTERS, *CHOICES)))
+NO_HEAL = (
+    "continue a prompt that ends mid-token (in a bare newline or space) from its last token as it is, "
+    "not from its text (token healing, on by default; a translation is never healed)"
+)
 
 
 def tree_budget(text: str) -> int | str | None:
@@ -517,6 +530,7 @@ def main(argv: list[str] | None = None) -> None:
         "--top-p", type=float, default=None, help="with --sample: 1 is off (default: the generation config's)"
     )
     gen.add_argument("--seed", type=int, default=None, help="with --sample: the same seed gives the same text")
+    gen.add_argument("--no-heal", dest="heal", action="store_false", help=NO_HEAL)
     gen.set_defaults(func=cmd_generate)
 
     add_train_parser(sub)
@@ -583,6 +597,7 @@ def main(argv: list[str] | None = None) -> None:
         "--drafter", choices=DRAFTER_CHOICES, default="auto", help="where proposals come from (auto: measured)"
     )
     demo.add_argument("--tree", type=tree_budget, default="auto", help="N candidates a call, auto (measured) or off")
+    demo.add_argument("--no-heal", dest="heal", action="store_false", help=NO_HEAL)
     demo.set_defaults(func=cmd_demo)
 
     args = parser.parse_args(argv)

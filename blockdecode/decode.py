@@ -21,6 +21,7 @@ from transformers import PreTrainedModel
 from blockdecode.acceptance import Acceptance
 from blockdecode.adapter import check_attention_mask, check_prompt, open_decoder, row_tokens, token_budget
 from blockdecode.drafters import Drafter, check_ids, check_paths, check_proposal
+from blockdecode.healing import Healing, check_healing
 from blockdecode.hf import eval_mode, is_seq2seq, vocab_size
 from blockdecode.plan import DecodePlan, make_plan
 from blockdecode.rules import greedy_rules
@@ -115,6 +116,7 @@ def decode(
     on_block: Callable[[list[int]], None] | None = None,
     generator: torch.Generator | None = None,
     attention_mask: torch.Tensor | None = None,
+    healing: Healing | None = None,
 ) -> BlockwiseOutput:
     """Greedy decoding of `model` as `plan` says (or sampling, if the plan samples), up to k tokens a
     call for every row of `input_ids` [B, T]: predict, verify, accept.
@@ -125,11 +127,16 @@ def decode(
     `on_block`, if given, receives the tokens each call gains (the prefill's one included), in order:
     enough to stream text and to show the accepted blocks (one row only). `generator`: where sampling
     draws its randomness (default: torch's global one), so that a seed gives the same tokens. A model
-    in training mode decodes in eval mode, and is put back as it was (`hf.eval_mode`)."""
+    in training mode decodes in eval mode, and is put back as it was (`hf.eval_mode`).
+    `healing` (`blockdecode.healing.heal_prompts`, whose own input_ids and attention_mask these are): each
+    healed row's new tokens first write its dropped token's text again, as `generate` does with the
+    healing's `prefix_allowed_tokens_fn`: the first from the prefill, then one a call until they have."""
     prompt = check_prompt(model, input_ids, max_new_tokens, attention_mask)
     max_new_tokens = token_budget(max_new_tokens)
     mask = check_attention_mask(model, prompt, attention_mask)
     check_generator(generator, model.device)
+    if healing is not None:
+        check_healing(model, healing, prompt, mask)
     if on_block is not None and prompt.shape[0] > 1:
         raise ValueError(f"on_block streams one sequence; input_ids has {prompt.shape[0]} rows: decode them without it")
     plan = plan_for_rows(plan, prompt.shape[0])
@@ -137,18 +144,20 @@ def decode(
     with eval_mode(model):  # a model in training mode would decode with dropout, not greedy's output
         base, start = open_decoder(model, prompt, plan.cache_implementation, room, mask)
         padding = None if is_seq2seq(model) else mask  # the decoder's: an encoder-decoder's start tokens have none
-        run = Run(model, plan, start, padding, max_new_tokens, on_block)
+        run = Run(model, plan, start, padding, max_new_tokens, on_block, healing)
         logits, h = base.prefill(start, padding)
         for i, row in enumerate(run.active):
-            scores = run.rules.apply(logits[i, -1:].float(), run.rule_length(row))
+            scores = run.rules.apply(logits[i, -1:].float(), run.rule_length(row), allowed=run.allowed(row))
             _, first, _ = accept(plan, Tree(), scores, generator)
             run.gain(row, first, [0])
         newest, h_last = run.newest(), h[:, -1].clone()  # not a view a drafter can write to
         newest, h_last = run.drop_finished(base, newest, h_last)
         while run.active:
+            allowed = [run.allowed(row) for row in run.active]  # None but where healing constrains the next token
             depth = min(plan.k - 1, min(run.left(row) for row in run.active) - 1)  # never past any row's budget
+            depth = 0 if any(a is not None for a in allowed) else depth  # what may follow hangs on that token
             candidates = predict(plan, run, h_last, depth)
-            scores, h = verify(base, run, newest, candidates)
+            scores, h = verify(base, run, newest, candidates, allowed)
             accepted = [accept(plan, c, s, generator) for c, s in zip(candidates, scores)]
             base.keep_paths([path for path, _, _ in accepted])  # each row: the newest token and its accepted path
             for row, c, (path, gained, _) in zip(run.active, candidates, accepted):
@@ -193,11 +202,13 @@ def predict(plan: DecodePlan, run: Run, hidden: torch.Tensor, depth: int) -> lis
     return trees
 
 
-def verify(base, run: Run, newest: torch.LongTensor, candidates: list[Tree]) -> tuple[list[torch.Tensor], torch.Tensor]:
+def verify(
+    base, run: Run, newest: torch.LongTensor, candidates: list[Tree], allowed: list[list[int] | None]
+) -> tuple[list[torch.Tensor], torch.Tensor]:
     """One forward over each row's newest token and its candidates, each seeing its row's context and
     its own ancestors (chains: plain causal attention, the fast path); each row's scores after the
-    generation config's rules at each (what greedy takes the argmax of, and sampling warps), and the
-    decoder outputs."""
+    generation config's rules at each, and `allowed`'s ids alone for the row's next token where given
+    (what greedy takes the argmax of, and sampling warps), and the decoder outputs."""
     ids = torch.cat([newest, newest.new_tensor([c.tokens for c in candidates])], dim=1)
     if all(c.is_chain() for c in candidates):
         logits, h = base.score(ids)
@@ -206,7 +217,7 @@ def verify(base, run: Run, newest: torch.LongTensor, candidates: list[Tree]) -> 
         depths = torch.tensor([0, *tree.depths], device=ids.device)
         logits, h = base.score(ids, positions=depths + run.length(run.active[0]) - 1, mask=tree.ancestry())
     scores = [
-        run.rules.apply(logits[i].float(), run.rule_length(row), [0, *c.depths])
+        run.rules.apply(logits[i].float(), run.rule_length(row), [0, *c.depths], allowed[i])
         for i, (row, c) in enumerate(zip(run.active, candidates))
     ]
     return scores, h
@@ -240,8 +251,8 @@ class Run:
     which only the loop writes, so a drafter that scribbles on what it is shown cannot change the
     result. `active`: the rows still decoding, in the order the adapter holds them."""
 
-    def __init__(self, model, plan: DecodePlan, start: torch.LongTensor, mask, max_new_tokens: int, on_block):
-        self.plan, self.on_block, self.start = plan, on_block, start
+    def __init__(self, model, plan: DecodePlan, start: torch.LongTensor, mask, max_new_tokens: int, on_block, healing):
+        self.plan, self.on_block, self.start, self.healing = plan, on_block, start, healing
         self.prompt_len = start.shape[1]  # padding included: the length `generate`'s rules count
         self.max_new_tokens = max_new_tokens
         self.rules = greedy_rules(model, self.prompt_len, max_new_tokens, set(plan.eos))
@@ -267,6 +278,12 @@ class Run:
     def rule_length(self, row: int) -> int:
         """The row's length as `generate`'s rules count it: with the batch's padding."""
         return self.prompt_len + self.new[row]
+
+    def allowed(self, row: int) -> list[int] | None:
+        """The ids the row's next token may take while healing writes its dropped token again; None: any."""
+        if self.healing is None:
+            return None
+        return self.healing.allowed(row, self.tokens[row][self.length(row) - self.new[row] :])
 
     def left(self, row: int) -> int:
         """New tokens the row may still gain."""

@@ -20,8 +20,10 @@ from blockdecode.adapter import decoder_prompt
 from blockdecode.bench.methods import Method, blockwise_run, measure, transformers_run
 from blockdecode.bible import HELD_OUT_VERSES
 from blockdecode.builtin import DEFAULT_MODEL, DEFAULT_TRANSLATION_MODEL
+from blockdecode.decode import decode
 from blockdecode.hardware import auto_dtype
-from blockdecode.hf import dtype_name, is_seq2seq, load_base
+from blockdecode.healing import Healing, heal_prompts
+from blockdecode.hf import dtype_name, is_seq2seq, load_base, vocab_size
 from blockdecode.model import BlockwiseLM, load
 from blockdecode.plan import DecodePlan
 from blockdecode.reference import first_divergence
@@ -33,8 +35,8 @@ PROMPTS = (
     'def read_json(path):\n    """Read a JSON file and return its contents."""',
 )
 """Code of the kind the built-in model learnt from (torch, transformers, the standard library). Each ends
-mid-line, never on a bare newline: the tokenizer writes a newline and the next line's indent as one
-token, so a prompt ending in "\n" shows the model a token that only ever precedes unindented code."""
+mid-line: the tokenizer writes a newline and the next line's indent as one token, so a prompt ending in
+"\n" needs token healing (`blockdecode.healing`), which the demo applies to any prompt that ends mid-token."""
 DRAFTER_NAMES = {
     "heads": "{head_type} heads",
     "heads-rescored": "{head_type} heads rescored by an n-gram model of the context",
@@ -88,20 +90,24 @@ def compare(
     plan: DecodePlan,
     repeats: int,
     reference: PreTrainedModel | None = None,
+    healing: Healing | None = None,
 ) -> DemoRow:
     """Greedy and blockwise, both timed from outside, in turn `repeats` times (the benchmark's
     rounds, so drift hits both alike); the median speedup kept. `reference`, if given, is the base in
     bf16, timed too, so a slower dtype's speedup can also be read against bf16 greedy. A translation
-    stops at its EOS."""
+    stops at its EOS. `healing` (made for `ids`): both decode with it, greedy through its
+    `prefix_allowed_tokens_fn`."""
     base = model.base
-    eos = is_seq2seq(base)
+    settings = {"stop_at_eos": is_seq2seq(base)}
+    if healing is not None:
+        settings["prefix_allowed_tokens_fn"] = healing.prefix_allowed_tokens_fn(vocab_size(base))
     methods = [
-        Method("greedy", "greedy", lambda x: transformers_run(base, x, max_new_tokens, stop_at_eos=eos)),
-        Method("blockwise", "heads", lambda x: blockwise_run(base, x, max_new_tokens, plan), k=plan.k),
+        Method("greedy", "greedy", lambda x: transformers_run(base, x, max_new_tokens, **settings)),
+        Method("blockwise", "heads", lambda x: blockwise_run(base, x, max_new_tokens, plan, healing), k=plan.k),
     ]
     if reference is not None:
         methods.append(
-            Method("greedy bf16", "greedy", lambda x: transformers_run(reference, x, max_new_tokens, stop_at_eos=eos))
+            Method("greedy bf16", "greedy", lambda x: transformers_run(reference, x, max_new_tokens, **settings))
         )
     results = measure(methods, [ids] * repeats, 1, show=False, warmup=False)
     greedy, ours = results["greedy"], results["blockwise"]
@@ -137,11 +143,13 @@ def run_demo(
     drafter: str = "auto",
     tree: int | str | None = "auto",
     task: str = "code",
+    heal: bool = True,
 ) -> list[DemoRow]:
     """Stream, time and compare every prompt; print the table; return its rows. `task`: "code"
     (a causal LM continues code) or "translate" (an encoder-decoder translates verses). `dtype`
     defaults to bf16 where this machine computes it natively, else fp32; in any dtype but bf16 the
-    speedup is also stated against greedy in bf16."""
+    speedup is also stated against greedy in bf16. `heal`: a code prompt that ends mid-token is
+    healed (`blockdecode.healing`), with a line that says so."""
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # the demo's own output is the point
@@ -182,11 +190,16 @@ def run_demo(
     )
     rows = []
     for prompt, ids in ids_of.items():
-        sys.stdout.write(f"{prompt}\n  -> " if translate else prompt)
+        healing = heal_prompts(tokenizer, ids) if heal and not translate else None
+        shown = f"{prompt}\n  -> " if translate else prompt
+        if healing is not None and healing.healed:
+            print(f"{healing.note()} (--no-heal: off)")
+            ids, shown = healing.input_ids, tokenizer.decode(healing.input_ids[0], skip_special_tokens=True)
+        sys.stdout.write(shown)
         printer = BlockPrinter(tokenizer, colour, skip_special_tokens=translate)
-        model.generate(ids, max_new_tokens, plan=plan, on_block=printer)
+        decode(model.base, ids, max_new_tokens, plan, on_block=printer, healing=healing)
         print("\n")
-        rows.append(compare(model, prompt, ids, max_new_tokens, plan, repeats, reference))
+        rows.append(compare(model, prompt, ids, max_new_tokens, plan, repeats, reference, healing))
     print_table(rows)
     return rows
 

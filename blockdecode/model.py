@@ -12,7 +12,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
-from transformers import PreTrainedModel
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from blockdecode import builtin
 from blockdecode.acceptance import Acceptance, parse_acceptance
@@ -21,6 +21,7 @@ from blockdecode.calibrate import calibrate
 from blockdecode.decode import BlockwiseOutput, decode
 from blockdecode.drafters import Drafter, HeadsDrafter
 from blockdecode.heads import HeadsConfig, build_heads
+from blockdecode.healing import check_healing, heal_prompts
 from blockdecode.hf import (
     check_loaded,
     context_length,
@@ -262,6 +263,7 @@ class BlockwiseLM(nn.Module):
         top_p: float | None = None,
         generator: torch.Generator | None = None,
         attention_mask: torch.Tensor | None = None,
+        heal: PreTrainedTokenizerBase | None = None,
     ) -> BlockwiseOutput:
         """Exact greedy decoding, several tokens per base-model call; or, with `do_sample=True`,
         sampling from exactly the distribution of `base.generate(do_sample=True, temperature=...,
@@ -287,7 +289,13 @@ class BlockwiseLM(nn.Module):
         every call and stops at its own EOS or budget, and `sequences` is padded after each row's end
         as `generate` pads it; `row_stats` holds each row's stats. A batch verifies one chain a row:
         tree="auto" takes the drafter whose chain is predicted fastest, a tree budget is decoded as the
-        first drafter's chain, with a warning."""
+        first drafter's chain, with a warning.
+
+        `heal=tokenizer` heals every prompt that ends mid-token, such as in a bare newline or space
+        (`blockdecode.healing`): its last token is dropped, and the new tokens write its text again as
+        the model would have split it. `sequences` then holds the shorter prompt and the new tokens, which
+        decode to the prompt's text and its continuation, exactly as `base.generate` gives them with the
+        healing's `prefix_allowed_tokens_fn`."""
         input_ids = check_prompt(self.base, input_ids, max_new_tokens, attention_mask)  # before any planning
         mask = check_attention_mask(self.base, input_ids, attention_mask)
         check_generator(generator, self.base.device)
@@ -305,11 +313,16 @@ class BlockwiseLM(nn.Module):
         )
         if plan is not None:
             check_beside_plan(settings)
+        healing = None
+        if heal is not None:
+            healing = heal_prompts(heal, input_ids, mask)
+            input_ids, mask = healing.input_ids, healing.attention_mask
+            check_healing(self.base, healing, input_ids, mask)  # an encoder-decoder fails before any planning
         with eval_mode(self):  # the heads too, while they are planned with and propose
             if plan is None:
                 rows = [input_ids.new_tensor([tokens]) for tokens in row_tokens(input_ids, mask)]
                 plan = self.plan(**settings, prompts=rows, rows=len(rows))
-            return decode(self.base, input_ids, max_new_tokens, plan, on_block, generator, attention_mask)
+            return decode(self.base, input_ids, max_new_tokens, plan, on_block, generator, mask, healing)
 
     def save_pretrained(
         self,

@@ -68,10 +68,18 @@ class GreedyRules:
             or self.remove_invalid
         )
 
-    def apply(self, logits: torch.Tensor, cur_len: int, depths: Sequence[int] | None = None) -> torch.Tensor:
+    def apply(
+        self,
+        logits: torch.Tensor,
+        cur_len: int,
+        depths: Sequence[int] | None = None,
+        allowed: Sequence[int] | None = None,
+    ) -> torch.Tensor:
         """logits [q, V] of q verified rows; row i has length cur_len + i (a chain) or cur_len +
-        depths[i] (a tree). Returns the scores greedy would take the argmax of, in place where it can."""
-        if not self.active:
+        depths[i] (a tree). `allowed`: the only ids row 0 may take (token healing, `blockdecode.healing`),
+        applied where `generate` applies a `prefix_allowed_tokens_fn`. Returns the scores greedy would take
+        the argmax of, in place where it can."""
+        if not self.active and allowed is None:
             return logits
         lengths = list(range(cur_len, cur_len + logits.shape[0])) if depths is None else [cur_len + d for d in depths]
         if self.bad:
@@ -79,6 +87,9 @@ class GreedyRules:
         for row, n in enumerate(lengths):
             if self.eos and (n < self.min_length or n - self.prompt_len < self.min_new_tokens):
                 logits[row, self.eos] = -torch.inf
+        if allowed is not None:
+            self._within(logits[0], allowed)
+        for row, n in enumerate(lengths):
             if self.forced_bos is not None and n == 1:
                 self._only(logits[row], [self.forced_bos])
             if self.forced_eos and n == self.max_length - 1:
@@ -92,6 +103,15 @@ class GreedyRules:
             if self.begin_suppress and n == self.begin_index:
                 logits[row, self.begin_suppress] = -torch.inf
         return logits
+
+    @staticmethod
+    def _within(row: torch.Tensor, allowed: Sequence[int]) -> None:
+        """generate's prefix_allowed_tokens_fn: every other score -inf; where that leaves no allowed id
+        above -inf, the allowed ones 0 (the lowest id wins), so that the constraint holds."""
+        mask = torch.full_like(row, -torch.inf)
+        mask[torch.as_tensor(allowed, device=row.device)] = 0
+        masked = row + mask
+        row.copy_(torch.where(masked.max().isneginf(), mask, masked))
 
     @staticmethod
     def _only(row: torch.Tensor, allowed: list[int]) -> None:

@@ -53,6 +53,20 @@ def test_generate_compare_reports_identical(model_dir: Path, capsys: pytest.Capt
     assert "identical: yes" in err
 
 
+@pytest.mark.parametrize("heal", [True, False])
+def test_generate_heals_a_prompt_that_ends_mid_token_and_says_so(
+    model_dir: Path, heal: bool, capsys: pytest.CaptureFixture
+) -> None:
+    """A bare newline (which this tokenizer writes with the next line's indent) is written again by the
+    model; --compare holds the output to transformers with the same constraint. --no-heal: as it is."""
+    argv = ["generate", "--model", str(model_dir), "--prompt", "def f(x):\n", "--max-new-tokens", "12"]
+    main([*argv, "--compare", "--tree", "off", "--dtype", "fp32", *([] if heal else ["--no-heal"])])
+    out, err = capsys.readouterr()
+    assert out.startswith("def f(x):\n") and "identical: yes" in err
+    assert ("token healing: the prompt ends mid-token, in '\\n'" in err) == heal
+    assert err.count("(--no-heal: off)") == heal
+
+
 def test_generate_with_ngram_drafter_on_a_plain_model_dir(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     """A transformers directory without heads gets untrained heads and a note saying so."""
     tokenizer = train_tokenizer(["a b c d e f g " * 50], vocab_size=270)
@@ -199,6 +213,15 @@ def test_demo_streams_blocks_and_prints_a_table(model_dir: Path, drafter: str, c
     assert ("n-gram drafter" in out) == (drafter == "ngram")
     assert rows[0].new_tokens == 12 and rows[0].calls >= 1 and rows[0].mean_block >= 1.0
     assert rows[0].identical or "top-2 logit gap" in out
+
+
+def test_demo_heals_a_prompt_that_ends_mid_token_and_says_so(model_dir: Path, capsys: pytest.CaptureFixture) -> None:
+    prompts = ("def f(x):\n", "def f(x):")
+    rows = demo.run_demo(str(model_dir), max_new_tokens=8, prompts=prompts, repeats=1, drafter="heads", tree=None)
+    out = capsys.readouterr().out
+    assert out.count("token healing: the prompt ends mid-token") == 1 and "outputs identical: yes" in out
+    assert [r.new_tokens for r in rows] == [8, 8] and "(--no-heal: off)\ndef f(x):\n" in out
+    assert "def f(x):\n\n" not in out.replace("|", "")  # the newline shown once: in the healed block
 
 
 def test_train_with_a_missing_base_exits_with_a_clear_message(tmp_path: Path) -> None:

@@ -61,7 +61,7 @@ def test_readme_python_examples_run(tmp_path, monkeypatch):
     for block in blocks("python"):
         exec(compile(block, str(README), "exec"), namespace)
     text = namespace["tokenizer"].decode(namespace["out"].sequences[0])
-    assert text.startswith("def fib(n):\n")
+    assert text.startswith("class MLP(nn.Module):\n")
     reference = namespace["base"].generate(namespace["ids"], max_new_tokens=128, do_sample=False)
     assert torch.equal(namespace["out"].sequences, reference)
     assert (tmp_path / "my-model" / "blockdecode.json").is_file()

@@ -18,6 +18,7 @@ from transformers import PreTrainedModel
 
 from blockdecode.adapter import decoder_prompt, sequence_logits
 from blockdecode.decode import decode
+from blockdecode.healing import Healing
 from blockdecode.plan import DecodePlan
 from blockdecode.reference import first_divergence, greedy_generate
 from blockdecode.timing import metered, sync
@@ -71,11 +72,14 @@ def new_part(model: PreTrainedModel, ids: torch.LongTensor, out: torch.LongTenso
     return out[0, decoder_prompt(model, ids)[1].shape[1] :].tolist()
 
 
-def blockwise_run(model: PreTrainedModel, ids: torch.LongTensor, new_tokens: int, plan: DecodePlan) -> Run:
-    """blockdecode as `plan` says, timed and counted from outside exactly as `transformers_run` is."""
+def blockwise_run(
+    model: PreTrainedModel, ids: torch.LongTensor, new_tokens: int, plan: DecodePlan, healing: Healing | None = None
+) -> Run:
+    """blockdecode as `plan` says (with `healing`, if given, for these ids), timed and counted from outside
+    exactly as `transformers_run` is."""
     with metered(model) as meters:
         start = time.perf_counter()
-        out = decode(model, ids, new_tokens, plan)
+        out = decode(model, ids, new_tokens, plan, healing=healing)
         sync(ids.device)
         seconds = time.perf_counter() - start
     sequence = new_part(model, ids, out.sequences)
