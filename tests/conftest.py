@@ -57,6 +57,7 @@ def script(name: str):
         sys.path.insert(0, str(folder))
     spec = importlib.util.spec_from_file_location(name, folder / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # as an import leaves it: a dataclass of the script looks its module up there
     spec.loader.exec_module(module)
     return module
 
