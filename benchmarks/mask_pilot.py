@@ -46,11 +46,15 @@ from blockdecode import DEFAULT_MODEL, load, plots, training  # noqa: E402
 from blockdecode.adapter import adapter_for  # noqa: E402
 from blockdecode.bench.report import cpu_name  # noqa: E402
 from blockdecode.data import fingerprint, load_tokens, pack, split  # noqa: E402
+from blockdecode.distill import distill_sequences  # noqa: E402
 from blockdecode.hardware import native_bf16  # noqa: E402
 from blockdecode.heads import most_frequent, short_projection  # noqa: E402
 from blockdecode.hf import dtype_name, resolve_eos, vocab_size  # noqa: E402
 from blockdecode.io import read_json, read_jsonl, save_figure, saving_folder, write_json  # noqa: E402
-from blockdecode.loss import IGNORE  # noqa: E402
+from blockdecode.loss import (
+    IGNORE,  # noqa: E402
+    draft_projection,  # noqa: E402
+)
 from blockdecode.masks import (  # noqa: E402
     MASKS_CONFIG,
     MaskDrafts,
@@ -64,7 +68,7 @@ from blockdecode.masks import (  # noqa: E402
 )
 from blockdecode.model import BlockwiseLM  # noqa: E402
 from blockdecode.pretrain import CorpusConfig, prepare_corpus  # noqa: E402
-from blockdecode.train import TrainConfig, batch_indices, distill_sequences, draft_projection, train  # noqa: E402
+from blockdecode.train import TrainConfig, batch_indices, train  # noqa: E402
 
 REPORT = "mask_pilot.json"
 COSTS = "step_costs.json"  # CPU seconds a step of the masks and of the paper heads, measured once per --out

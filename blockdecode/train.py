@@ -26,8 +26,8 @@ from blockdecode.features import Features, cached_features
 from blockdecode.heads import most_frequent
 from blockdecode.hf import context_length, is_seq2seq, load_base, load_tokenizer, resolve_eos, vocab_size
 from blockdecode.io import CheckpointError, read_jsonl, write_json
-from blockdecode.loss import Objective, combine_loss
 from blockdecode.model import HEADS_CONFIG, BlockwiseLM
+from blockdecode.objective import Objective, combine_loss
 from blockdecode.plan import make_plan
 from blockdecode.rules import greedy_rules
 from blockdecode.train_config import BASE_LOSS_ON, HEAD_LOSSES, MODES, TARGETS, TrainConfig  # noqa: F401 (the CLI's)

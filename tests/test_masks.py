@@ -12,7 +12,7 @@ from conftest import NO_EOS, hf_greedy, make_prompt, tiny
 from blockdecode.heads import most_frequent
 from blockdecode.hf import decoder_output
 from blockdecode.io import CheckpointError
-from blockdecode.loss import IGNORE
+from blockdecode.loss import IGNORE, draft_projection
 from blockdecode.masks import (
     MASKS_CONFIG,
     MASKS_WEIGHTS,
@@ -26,7 +26,6 @@ from blockdecode.masks import (
     save_masks,
 )
 from blockdecode.toy import TOY_ARCHITECTURES, toy_model
-from blockdecode.train import draft_projection
 
 
 def trained_looking(model, k: int = 4, seed: int = 0, **kwargs):

@@ -32,13 +32,13 @@ from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM  # noqa: E4
 
 from blockdecode import BlockwiseLM  # noqa: E402
 from blockdecode import distill as distill_module  # noqa: E402
-from blockdecode import loss as loss_module  # noqa: E402
+from blockdecode import objective as objective_module  # noqa: E402
 from blockdecode.cli import main as cli_main  # noqa: E402
 from blockdecode.data import load_tokens, split  # noqa: E402
 from blockdecode.hf import load_base  # noqa: E402
 from blockdecode.io import read_jsonl  # noqa: E402
-from blockdecode.loss import Objective  # noqa: E402
 from blockdecode.model import HEADS_CONFIG, HEADS_WEIGHTS  # noqa: E402
+from blockdecode.objective import Objective  # noqa: E402
 from blockdecode.toy import toy_model  # noqa: E402
 from blockdecode.train import batch_indices, plateaued, sampled_heads, train  # noqa: E402
 from blockdecode.train_config import TrainConfig  # noqa: E402
@@ -1011,8 +1011,8 @@ def test_cached_base_features_train_the_same_heads_without_running_the_base(
     kw = dict(mode=mode, steps=8, log_every=1, eval_every=8, distill_cache=str(tmp_path / "distill"))
     kw |= dict(head_type=head_type, targets=targets)
     calls = []
-    real = loss_module.sequence_logits
-    monkeypatch.setattr(loss_module, "sequence_logits", lambda *a, **k: calls.append(1) or real(*a, **k))
+    real = objective_module.sequence_logits
+    monkeypatch.setattr(objective_module, "sequence_logits", lambda *a, **k: calls.append(1) or real(*a, **k))
     plain = train(make_cfg(tiny_base, tmp_path / "plain", **kw))
     plain_calls, calls[:] = len(calls), []
     cached = train(make_cfg(tiny_base, tmp_path / "cached", feature_cache=str(tmp_path / "features"), **kw))
