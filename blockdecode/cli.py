@@ -18,7 +18,7 @@ from blockdecode.export import EXPORT_FORMATS
 from blockdecode.hardware import MIXED_PRECISIONS
 from blockdecode.heads import HEAD_TYPES
 from blockdecode.hf import DTYPE_CHOICES, DTYPES, dtype_for, dtype_name, is_seq2seq, load_config, load_tokenizer
-from blockdecode.io import read_prompts
+from blockdecode.io import check_writable, read_prompts
 
 
 def read_value_map(path: str) -> list[float]:
@@ -196,6 +196,7 @@ def add_train_parser(sub) -> None:
 def cmd_pretrain(args: argparse.Namespace) -> None:
     from blockdecode.pretrain import CorpusConfig, PretrainConfig, prepare_corpus, pretrain
 
+    check_writable(Path(args.out))  # before the corpus is prepared, not after
     prepare_corpus(config_from(CorpusConfig, argparse.Namespace(**{**vars(args), "out": args.corpus})))
     cfg = config_from(PretrainConfig, args)
     pretrain(cfg)
@@ -292,8 +293,9 @@ def cmd_bench(args: argparse.Namespace) -> None:
         batch_markdown,
         core_markdown,
         markdown,
-        run_bench,
+        measure_bench,
         sampling_markdown,
+        write_report,
     )
 
     preset = "quick" if args.quick else args.preset
@@ -317,7 +319,7 @@ def cmd_bench(args: argparse.Namespace) -> None:
     if args.static_cache:
         chosen["static_cache"] = True
     cfg = PRESETS[preset](**chosen)
-    report = run_bench(cfg)
+    report = measure_bench(cfg)  # printed before it is written: a folder that fails then loses no result
     if report["methods"]:
         print(markdown(report))
     if report.get("sampling"):
@@ -329,6 +331,7 @@ def cmd_bench(args: argparse.Namespace) -> None:
         print(acceptance_markdown(report))
     if "system_ceiling" in report:
         print(f"\nScripted drafters (the decode loop alone):\n\n{core_markdown(report['system_ceiling'])}")
+    write_report(report, Path(cfg.out))
     print(f"\nresults, plots and tables in {cfg.out} ({report['seconds']:.0f} s)", file=sys.stderr)
 
 
@@ -403,17 +406,17 @@ def cmd_calibrate(args: argparse.Namespace) -> None:
 
 
 def cmd_export(args: argparse.Namespace) -> None:
-    from blockdecode.export import check_exportable, export_heads, serve_command
-    from blockdecode.model import HEADS_CONFIG, BlockwiseLM, has_heads
+    from blockdecode.export import check_destination, check_heads, export_heads, saved_heads, serve_command
+    from blockdecode.model import BlockwiseLM
 
-    if not has_heads(args.model):
-        raise ValueError(f"{args.model} holds no trained heads ({HEADS_CONFIG}): train them with `blockdecode train`")
+    heads, record = saved_heads(args.model)  # what the heads are, and whether they can go, before any weight loads
+    check_heads(heads, args.format)
+    check_destination(Path(args.out))
     dtype = saved_dtype(args.model) if args.dtype == "saved" else DTYPES[args.dtype]
     model = BlockwiseLM.from_pretrained(args.model, dtype=dtype).to(dtype).eval()
-    check_exportable(model, args.format)
     has_tokenizer = (Path(args.model) / "tokenizer_config.json").is_file()  # written beside a base saved with it
     tokenizer = load_tokenizer(args.model) if has_tokenizer else None
-    training = json.loads((Path(args.model) / HEADS_CONFIG).read_text()).get("training")
+    training = record.get("training")
     provenance = {"exported_from": str(Path(args.model).resolve()), **({"training": training} if training else {})}
     base = export_heads(model, args.out, args.format, tokenizer=tokenizer, provenance=provenance)
     print(f"exported {model.k - 1} medusa heads to {args.out}; serve them with:")
@@ -434,6 +437,7 @@ def saved_dtype(model_dir: str) -> torch.dtype:
 def cmd_bible(args: argparse.Namespace) -> None:
     from blockdecode.bible import open_sources, read_pairs, read_sources, sources_file, write_corpus
 
+    check_writable(Path(args.out))  # before the modules are read, not after
     extra = open_sources(args.modules, args.extra_sources)  # a module not there fails before any reading
     pairs = read_pairs(args.modules)
     sources = read_sources(extra, pairs)

@@ -160,6 +160,37 @@ def test_cli_bench_quick_and_bad_input(setup: dict, tmp_path: Path, capsys: pyte
         main([*args, "--prompts", str(tmp_path / "bad.json")])
 
 
+def test_an_out_that_cannot_be_written_is_refused_before_any_work(setup: dict, tmp_path: Path, monkeypatch) -> None:
+    from blockdecode.bench import suite
+
+    def load(*args, **kwargs):
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr(suite, "load", load)
+    (tmp_path / "file").write_text("an earlier result")
+    for out in (tmp_path / "file", tmp_path / "file" / "bench"):
+        with pytest.raises(SystemExit, match=f"^error: --out {out} cannot be written: {tmp_path / 'file'} is not a"):
+            main(["bench", "--quick", "--model", str(setup["root"] / "model"), "--out", str(out)])
+    assert (tmp_path / "file").read_text() == "an earlier result"
+
+
+def test_the_tables_are_printed_before_they_are_written(
+    tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A folder that fails when the results are written (a full disk) loses the files, not the run."""
+    from blockdecode.bench import report
+
+    def full(*args, **kwargs):
+        raise OSError("No space left on device")
+
+    small = dict(system_model=dict(vocab=300, width=32, layers=1, heads=2), system_accuracies=[1.0], fwd_reps=1)
+    monkeypatch.setitem(PRESETS, "core", lambda **kw: BenchConfig.core(**{**small, "repeats": 1, **kw}))
+    monkeypatch.setattr(report, "saving_folder", full)
+    with pytest.raises(SystemExit, match="^error: No space left on device$"):
+        main(["bench", "--preset", "core", "--out", str(tmp_path / "out"), "--new-tokens", "6"])
+    assert "| scripted p=1 |" in capsys.readouterr().out
+
+
 def test_core_preset_measures_the_loop_with_both_caches(
     tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
