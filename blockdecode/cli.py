@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import time
+import warnings
+from collections.abc import Callable
 from pathlib import Path
+from typing import NoReturn
 
 import torch
 
@@ -19,6 +23,7 @@ from blockdecode.hardware import MIXED_PRECISIONS
 from blockdecode.heads import HEAD_TYPES
 from blockdecode.hf import DTYPE_CHOICES, DTYPES, dtype_for, dtype_name, is_seq2seq, load_config, load_tokenizer
 from blockdecode.io import check_writable, read_prompts
+from blockdecode.plan import MAX_TREE
 
 
 def read_value_map(path: str) -> list[float]:
@@ -50,6 +55,9 @@ def cmd_generate(args: argparse.Namespace) -> None:
         raise ValueError(f"{', '.join(given)} applies only when sampling: add --sample")
     if args.sample and args.compare:
         raise ValueError("--compare checks the output against greedy decoding; a sampled output is not greedy's")
+    if args.sample and acceptance.rule != "exact":
+        raise ValueError(f"--acceptance {args.acceptance} is approximate, which has no exact meaning with --sample")
+    check_drafter(args.drafter, args.tree)
 
     dtype = dtype_for(args.dtype)
     model, tokenizer = load(args.model, dtype, args.k, args.head_type)
@@ -57,7 +65,11 @@ def cmd_generate(args: argparse.Namespace) -> None:
         print(f"note: {args.model} has no trained heads; using untrained {args.head_type} heads", file=sys.stderr)
     ids = check_prompt(model.base, tokenizer(args.prompt, return_tensors="pt").input_ids, args.max_new_tokens)
     prompts = model_prompts(args.model, tokenizer) or [ids]  # "auto" times on the model's own prompts
-    plan = model.plan(args.drafter, args.k, args.tree, acceptance, prompts=prompts, do_sample=args.sample, **warpers)
+    with warnings.catch_warnings():  # a tree the plan cannot use is said once, as its note below
+        warnings.simplefilter("ignore")
+        plan = model.plan(
+            args.drafter, args.k, args.tree, acceptance, prompts=prompts, do_sample=args.sample, **warpers
+        )
     generator = torch.Generator(device=model.base.device)
     seed = generator.seed() if args.seed is None else args.seed  # a fresh one unless given, shown to repeat the run
     generator.manual_seed(seed)
@@ -165,7 +177,7 @@ def add_train_parser(sub) -> None:
     p.add_argument("--log-every", type=int, default=d.log_every)
     p.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every)
     p.add_argument("--resume", action="store_true", help="continue from the checkpoint in --out")
-    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--seed", type=random_seed, default=d.seed)
     p.add_argument("--mixed-precision", choices=MIXED_PRECISIONS, default=d.mixed_precision)
     p.add_argument(
         "--distill-prompts", type=int, default=d.distill_prompts, help="prompts (or source sentences) distilled"
@@ -222,7 +234,7 @@ def add_pretrain_parser(sub) -> None:
     p.add_argument("--vocab-size", type=int, default=8192)
     p.add_argument("--max-files", type=int, default=None, help="use only the first N files (quick trials)")
     ints = ("hidden_size", "layers", "heads", "kv_heads", "intermediate_size", "context", "steps", "batch_size")
-    ints += ("seq_len", "warmup_steps", "eval_every", "eval_batches", "checkpoint_every", "seed")
+    ints += ("seq_len", "warmup_steps", "eval_every", "eval_batches", "checkpoint_every")
     add_run_arguments(p, d, ints, ("lr", "min_lr", "weight_decay"))
     p.add_argument("--no-compile", dest="compile", action="store_false", help="train without torch.compile")
     p.set_defaults(func=cmd_pretrain)
@@ -230,10 +242,11 @@ def add_pretrain_parser(sub) -> None:
 
 def add_run_arguments(p, defaults, ints: tuple[str, ...], floats: tuple[str, ...]) -> None:
     """--flags for a from-scratch run's config fields, defaulting to the dataclass's values; then
-    --mixed-precision and --resume."""
+    --seed, --mixed-precision and --resume."""
     for names, kind in ((ints, int), (floats, float)):
         for name in names:
             p.add_argument(f"--{name.replace('_', '-')}", type=kind, default=getattr(defaults, name))
+    p.add_argument("--seed", type=random_seed, default=defaults.seed)
     p.add_argument("--mixed-precision", choices=MIXED_PRECISIONS, default=defaults.mixed_precision)
     p.add_argument("--resume", action="store_true", help="continue from the checkpoint in --out")
 
@@ -270,7 +283,7 @@ def add_pretrain_translation_parser(sub) -> None:
         help="a folder whose tokenizer to use instead of training one (a draft model shares its target's)",
     )
     ints = ("vocab_size", "hidden_size", "encoder_layers", "decoder_layers", "heads", "intermediate_size", "context")
-    ints += ("steps", "batch_tokens", "warmup_steps", "eval_every", "eval_verses", "checkpoint_every", "seed")
+    ints += ("steps", "batch_tokens", "warmup_steps", "eval_every", "eval_verses", "checkpoint_every")
     add_run_arguments(p, d, ints, ("lr", "min_lr", "weight_decay", "label_smoothing"))
     p.set_defaults(func=cmd_pretrain_translation)
 
@@ -303,14 +316,11 @@ def cmd_bench(args: argparse.Namespace) -> None:
     if args.dtype:  # the core study has no model of its own: its dtype is the scripted model's
         chosen["system_dtype" if preset == "core" else "dtype"] = args.dtype
     chosen["acceptance"] = [a for a in (args.acceptance or "").split(",") if a]
-    if args.k:
-        chosen["ks"] = [int(k) for k in args.k.split(",")]
-    if args.temperatures is not None:
-        chosen["temperatures"] = [float(t) for t in args.temperatures.split(",") if t and t != "off"]
     if args.trees:
         chosen["trees"] = [t for t in args.trees if t is not None]
-    if args.batches is not None:
-        chosen["batches"] = [int(b) for b in args.batches.split(",") if b and b != "off"]
+    for name in ("ks", "temperatures", "batches"):
+        if getattr(args, name) is not None:
+            chosen[name] = getattr(args, name)
     for name in ("new_tokens", "n_prompts", "repeats", "out", "device"):
         if getattr(args, name):
             chosen[name] = getattr(args, name)
@@ -349,7 +359,13 @@ def add_bench_parser(sub) -> None:
     p.add_argument("--model", default=None, help="a saved BlockwiseLM or transformers folder (default: built-in)")
     p.add_argument("--draft", default=None, help="draft model for assisted generation (default: built-in draft)")
     p.add_argument("--prompts", default=None, help="JSON list of prompt texts (default: held-out code)")
-    p.add_argument("--k", default=None, help="block sizes, comma-separated (default 2,4,6,8,10; --quick 2,4,8)")
+    p.add_argument(
+        "--k",
+        dest="ks",
+        type=listed(positive_int),
+        default=None,
+        help="block sizes, comma-separated (default 2,4,6,8,10; --quick 2,4,8)",
+    )
     p.add_argument("--dtype", choices=DTYPE_CHOICES, default=None, help="default auto (core: fp32)")
     p.add_argument("--out", default=None, help="results folder (default benchmarks/results/bench, bench_quick or core)")
     p.add_argument("--new-tokens", type=positive_int, default=None)
@@ -358,11 +374,13 @@ def add_bench_parser(sub) -> None:
     p.add_argument("--acceptance", default=None, help="approximate rules to measure too, e.g. topk:2,min-block:3")
     p.add_argument(
         "--temperatures",
+        type=listed(temperature),
         default=None,
         help="sampling temperatures, comma-separated (default 0.7,1.0; quick 0.7), or off",
     )
     p.add_argument(
         "--batches",
+        type=listed(positive_int),
         default=None,
         help="batch sizes against transformers' batched greedy, comma-separated (default 1,4,8; quick 4), or off",
     )
@@ -454,6 +472,7 @@ def cmd_demo(args: argparse.Namespace) -> None:
 
     if args.task == "code":
         causal_only(args.model, "demo")
+    check_drafter(args.drafter, args.tree)
     run_demo(
         args.model,
         max_new_tokens=args.max_new_tokens,
@@ -468,25 +487,98 @@ def cmd_demo(args: argparse.Namespace) -> None:
 DRAFTER_CHOICES = tuple(dict.fromkeys(("auto", *DRAFTERS, *CHOICES)))
 
 
+def check_drafter(drafter: str, tree: int | str | None) -> None:
+    """Drafters named together share a tree: without one they are refused here, before loading."""
+    if "+" in drafter and tree is None:
+        raise ValueError(f"--drafter {drafter} shares a tree among its drafters: give --tree N or auto, or one drafter")
+
+
 def tree_budget(text: str) -> int | str | None:
-    """--tree N (a node budget), auto (measured, see `blockdecode calibrate`) or off."""
-    return {"off": None, "auto": "auto"}[text] if text in ("off", "auto") else positive_int(text)
+    """--tree N (a node budget, at most what a plan verifies; a short context may allow less), auto
+    (measured, see `blockdecode calibrate`) or off."""
+    if text in ("off", "auto"):
+        return {"off": None, "auto": "auto"}[text]
+    return integer_flag(text, 1, MAX_TREE, f"off, auto or a budget from 1 to {MAX_TREE}")
 
 
 def tree_budgets(text: str) -> list[int | str | None]:
     return [tree_budget(t) for t in text.split(",")]
 
 
-def positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+def listed(kind: Callable[[str], object]) -> Callable[[str], list]:
+    """A flag's comma-separated values, each read by `kind`; off: none."""
+
+    def values(text: str) -> list:
+        return [] if text == "off" else [kind(t) for t in text.split(",") if t]
+
+    return values
+
+
+def integer_flag(text: str, low: int, high: int, allowed: str) -> int:
+    """A flag's integer from `low` to `high`; else an error saying what it may be (`allowed`)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = None
+    if value is None or not low <= value <= high:
+        raise argparse.ArgumentTypeError(f"must be {allowed}, got {text}")
     return value
+
+
+def int64(text: str) -> int:
+    """Every integer flag's value (`Parser`): torch takes it as a 64-bit integer, and beyond that
+    range fails with "Overflow when unpacking long long", after the model has loaded."""
+    return integer_flag(text, -(2**63), 2**63 - 1, "an integer from -2**63 to 2**63 - 1")
+
+
+def positive_int(text: str) -> int:
+    return integer_flag(text, 1, 2**63 - 1, "an integer >= 1")
+
+
+def random_seed(text: str) -> int:
+    """--seed: what torch's random generators take."""
+    return integer_flag(text, 0, 2**64 - 1, "an integer from 0 to 2**64 - 1")
+
+
+def top_k(text: str) -> int:
+    return integer_flag(text, 0, 2**63 - 1, "an integer >= 0 (0: off)")
+
+
+def temperature(text: str) -> float:
+    """--temperature(s): sampling's, a number > 0 (greedy decoding is the command without --sample)."""
+    value = float(text)
+    if not 0 < value < math.inf:
+        raise argparse.ArgumentTypeError(f"must be a number > 0, got {text}")
+    return value
+
+
+def top_p(text: str) -> float:
+    value = float(text)
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"must lie in (0, 1] (1: off), got {text}")
+    return value
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, refusing in one line (the error and where the help is, not the whole usage), with
+    every `type=int` flag read by `int64`."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.register("type", int, int64)
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """A library's warning as a line of the command's own, without Python's file, line and source."""
+    print(f"warning: {message}", file=sys.stderr)
 
 
 def main(argv: list[str] | None = None) -> None:
     stay_offline()
-    parser = argparse.ArgumentParser(prog="blockdecode", description=__doc__)
+    parser = Parser(prog="blockdecode", description=__doc__)
     parser.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads (default: torch's)")
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -513,14 +605,16 @@ def main(argv: list[str] | None = None) -> None:
     gen.add_argument(
         "--sample", action="store_true", help="sample as transformers' do_sample=True does, exactly in distribution"
     )
-    gen.add_argument("--temperature", type=float, default=None, help="with --sample (default: the generation config's)")
     gen.add_argument(
-        "--top-k", type=int, default=None, help="with --sample: 0 is off (default: the generation config's)"
+        "--temperature", type=temperature, default=None, help="with --sample (default: the generation config's)"
     )
     gen.add_argument(
-        "--top-p", type=float, default=None, help="with --sample: 1 is off (default: the generation config's)"
+        "--top-k", type=top_k, default=None, help="with --sample: 0 is off (default: the generation config's)"
     )
-    gen.add_argument("--seed", type=int, default=None, help="with --sample: the same seed gives the same text")
+    gen.add_argument(
+        "--top-p", type=top_p, default=None, help="with --sample: 1 is off (default: the generation config's)"
+    )
+    gen.add_argument("--seed", type=random_seed, default=None, help="with --sample: the same seed gives the same text")
     gen.set_defaults(func=cmd_generate)
 
     add_train_parser(sub)
@@ -599,7 +693,9 @@ def main(argv: list[str] | None = None) -> None:
     if getattr(args, "prompt", None) is not None and not is_text(args.prompt):
         parser.error("--prompt is not valid UTF-8 text")
     try:
-        args.func(args)
+        with warnings.catch_warnings():
+            warnings.showwarning = show_warning
+            args.func(args)
     except KeyboardInterrupt:
         resume = " (the last checkpoint is kept: run it again with --resume)" if args.command in TRAINING else ""
         print(f"interrupted{resume}", file=sys.stderr)

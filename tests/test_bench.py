@@ -149,12 +149,15 @@ def test_cli_bench_quick_and_bad_input(setup: dict, tmp_path: Path, capsys: pyte
     assert not (tmp_path / "off" / "batches.png").exists()
     with pytest.raises(SystemExit, match="topk:N needs an integer N >= 1"):
         main([*args, "--acceptance", "topk:0"])
-    with pytest.raises(SystemExit, match="ks must be block sizes >= 1"):
-        main([*args, "--k", "0"])
-    with pytest.raises(SystemExit, match="temperature must be a number > 0"):
-        main([*args, "--temperatures", "0"])
-    with pytest.raises(SystemExit, match="batches must be batch sizes >= 1"):
-        main([*args, "--batches", "4,0"])
+    capsys.readouterr()
+    for flag, value, error in (
+        ("--k", "0", "must be an integer >= 1, got 0"),
+        ("--temperatures", "0.7,0", "must be a number > 0, got 0"),  # not the API's "do_sample=False"
+        ("--batches", "4,0", "must be an integer >= 1, got 0"),
+    ):
+        with pytest.raises(SystemExit):
+            main([*args, flag, value])
+        assert f"error: argument {flag}: {error} (see blockdecode bench --help)" in capsys.readouterr().err
     (tmp_path / "bad.json").write_text('"def f():"')
     with pytest.raises(SystemExit, match="prompts must be a JSON list of non-empty strings"):
         main([*args, "--prompts", str(tmp_path / "bad.json")])
