@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import time
+import warnings
+from collections.abc import Callable
 from pathlib import Path
+from typing import NoReturn
 
 import torch
 
@@ -18,7 +22,8 @@ from blockdecode.export import EXPORT_FORMATS
 from blockdecode.hardware import MIXED_PRECISIONS
 from blockdecode.heads import HEAD_TYPES
 from blockdecode.hf import DTYPE_CHOICES, DTYPES, dtype_for, dtype_name, is_seq2seq, load_config, load_tokenizer
-from blockdecode.io import read_prompts
+from blockdecode.io import check_writable, read_prompts
+from blockdecode.plan import MAX_TREE
 
 
 def read_value_map(path: str) -> list[float]:
@@ -52,6 +57,9 @@ def cmd_generate(args: argparse.Namespace) -> None:
         raise ValueError(f"{', '.join(given)} applies only when sampling: add --sample")
     if args.sample and args.compare:
         raise ValueError("--compare checks the output against greedy decoding; a sampled output is not greedy's")
+    if args.sample and acceptance.rule != "exact":
+        raise ValueError(f"--acceptance {args.acceptance} is approximate, which has no exact meaning with --sample")
+    check_drafter(args.drafter, args.tree)
 
     dtype = dtype_for(args.dtype)
     model, tokenizer = load(args.model, dtype, args.k, args.head_type)
@@ -64,7 +72,11 @@ def cmd_generate(args: argparse.Namespace) -> None:
     if healing is not None and healing.healed:
         print(f"{healing.note()} (--no-heal: off)", file=sys.stderr)
     prompts = model_prompts(args.model, tokenizer) or [ids]  # "auto" times on the model's own prompts
-    plan = model.plan(args.drafter, args.k, args.tree, acceptance, prompts=prompts, do_sample=args.sample, **warpers)
+    with warnings.catch_warnings():  # a tree the plan cannot use is said once, as its note below
+        warnings.simplefilter("ignore")
+        plan = model.plan(
+            args.drafter, args.k, args.tree, acceptance, prompts=prompts, do_sample=args.sample, **warpers
+        )
     generator = torch.Generator(device=model.base.device)
     seed = generator.seed() if args.seed is None else args.seed  # a fresh one unless given, shown to repeat the run
     generator.manual_seed(seed)
@@ -120,7 +132,7 @@ def cmd_train(args: argparse.Namespace) -> None:
 
 
 def add_train_parser(sub) -> None:
-    from blockdecode.train import BASE_LOSS_ON, HEAD_LOSSES, MODES, TARGETS, TrainConfig
+    from blockdecode.train_config import BASE_LOSS_ON, HEAD_LOSSES, MODES, TARGETS, TrainConfig
 
     d = TrainConfig(base="", data=["-"], out="")
     modes = "\n".join(f"  {name:17} {text}" for name, text in MODES.items())
@@ -173,7 +185,7 @@ def add_train_parser(sub) -> None:
     p.add_argument("--log-every", type=int, default=d.log_every)
     p.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every)
     p.add_argument("--resume", action="store_true", help="continue from the checkpoint in --out")
-    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--seed", type=random_seed, default=d.seed)
     p.add_argument("--mixed-precision", choices=MIXED_PRECISIONS, default=d.mixed_precision)
     p.add_argument(
         "--distill-prompts", type=int, default=d.distill_prompts, help="prompts (or source sentences) distilled"
@@ -204,6 +216,7 @@ def add_train_parser(sub) -> None:
 def cmd_pretrain(args: argparse.Namespace) -> None:
     from blockdecode.pretrain import CorpusConfig, PretrainConfig, prepare_corpus, pretrain
 
+    check_writable(Path(args.out))  # before the corpus is prepared, not after
     prepare_corpus(config_from(CorpusConfig, argparse.Namespace(**{**vars(args), "out": args.corpus})))
     cfg = config_from(PretrainConfig, args)
     pretrain(cfg)
@@ -229,7 +242,7 @@ def add_pretrain_parser(sub) -> None:
     p.add_argument("--vocab-size", type=int, default=8192)
     p.add_argument("--max-files", type=int, default=None, help="use only the first N files (quick trials)")
     ints = ("hidden_size", "layers", "heads", "kv_heads", "intermediate_size", "context", "steps", "batch_size")
-    ints += ("seq_len", "warmup_steps", "eval_every", "eval_batches", "checkpoint_every", "seed")
+    ints += ("seq_len", "warmup_steps", "eval_every", "eval_batches", "checkpoint_every")
     add_run_arguments(p, d, ints, ("lr", "min_lr", "weight_decay"))
     p.add_argument("--no-compile", dest="compile", action="store_false", help="train without torch.compile")
     p.set_defaults(func=cmd_pretrain)
@@ -237,10 +250,11 @@ def add_pretrain_parser(sub) -> None:
 
 def add_run_arguments(p, defaults, ints: tuple[str, ...], floats: tuple[str, ...]) -> None:
     """--flags for a from-scratch run's config fields, defaulting to the dataclass's values; then
-    --mixed-precision and --resume."""
+    --seed, --mixed-precision and --resume."""
     for names, kind in ((ints, int), (floats, float)):
         for name in names:
             p.add_argument(f"--{name.replace('_', '-')}", type=kind, default=getattr(defaults, name))
+    p.add_argument("--seed", type=random_seed, default=defaults.seed)
     p.add_argument("--mixed-precision", choices=MIXED_PRECISIONS, default=defaults.mixed_precision)
     p.add_argument("--resume", action="store_true", help="continue from the checkpoint in --out")
 
@@ -277,7 +291,7 @@ def add_pretrain_translation_parser(sub) -> None:
         help="a folder whose tokenizer to use instead of training one (a draft model shares its target's)",
     )
     ints = ("vocab_size", "hidden_size", "encoder_layers", "decoder_layers", "heads", "intermediate_size", "context")
-    ints += ("steps", "batch_tokens", "warmup_steps", "eval_every", "eval_verses", "checkpoint_every", "seed")
+    ints += ("steps", "batch_tokens", "warmup_steps", "eval_every", "eval_verses", "checkpoint_every")
     add_run_arguments(p, d, ints, ("lr", "min_lr", "weight_decay", "label_smoothing"))
     p.set_defaults(func=cmd_pretrain_translation)
 
@@ -300,8 +314,9 @@ def cmd_bench(args: argparse.Namespace) -> None:
         batch_markdown,
         core_markdown,
         markdown,
-        run_bench,
+        measure_bench,
         sampling_markdown,
+        write_report,
     )
 
     preset = "quick" if args.quick else args.preset
@@ -309,14 +324,11 @@ def cmd_bench(args: argparse.Namespace) -> None:
     if args.dtype:  # the core study has no model of its own: its dtype is the scripted model's
         chosen["system_dtype" if preset == "core" else "dtype"] = args.dtype
     chosen["acceptance"] = [a for a in (args.acceptance or "").split(",") if a]
-    if args.k:
-        chosen["ks"] = [int(k) for k in args.k.split(",")]
-    if args.temperatures is not None:
-        chosen["temperatures"] = [float(t) for t in args.temperatures.split(",") if t and t != "off"]
     if args.trees:
         chosen["trees"] = [t for t in args.trees if t is not None]
-    if args.batches is not None:
-        chosen["batches"] = [int(b) for b in args.batches.split(",") if b and b != "off"]
+    for name in ("ks", "temperatures", "batches"):
+        if getattr(args, name) is not None:
+            chosen[name] = getattr(args, name)
     for name in ("new_tokens", "n_prompts", "repeats", "out", "device"):
         if getattr(args, name):
             chosen[name] = getattr(args, name)
@@ -325,7 +337,7 @@ def cmd_bench(args: argparse.Namespace) -> None:
     if args.static_cache:
         chosen["static_cache"] = True
     cfg = PRESETS[preset](**chosen)
-    report = run_bench(cfg)
+    report = measure_bench(cfg)  # printed before it is written: a folder that fails then loses no result
     if report["methods"]:
         print(markdown(report))
     if report.get("sampling"):
@@ -337,6 +349,7 @@ def cmd_bench(args: argparse.Namespace) -> None:
         print(acceptance_markdown(report))
     if "system_ceiling" in report:
         print(f"\nScripted drafters (the decode loop alone):\n\n{core_markdown(report['system_ceiling'])}")
+    write_report(report, Path(cfg.out))
     print(f"\nresults, plots and tables in {cfg.out} ({report['seconds']:.0f} s)", file=sys.stderr)
 
 
@@ -354,7 +367,13 @@ def add_bench_parser(sub) -> None:
     p.add_argument("--model", default=None, help="a saved BlockwiseLM or transformers folder (default: built-in)")
     p.add_argument("--draft", default=None, help="draft model for assisted generation (default: built-in draft)")
     p.add_argument("--prompts", default=None, help="JSON list of prompt texts (default: held-out code)")
-    p.add_argument("--k", default=None, help="block sizes, comma-separated (default 2,4,6,8,10; --quick 2,4,8)")
+    p.add_argument(
+        "--k",
+        dest="ks",
+        type=listed(positive_int),
+        default=None,
+        help="block sizes, comma-separated (default 2,4,6,8,10; --quick 2,4,8)",
+    )
     p.add_argument("--dtype", choices=DTYPE_CHOICES, default=None, help="default auto (core: fp32)")
     p.add_argument("--out", default=None, help="results folder (default benchmarks/results/bench, bench_quick or core)")
     p.add_argument("--new-tokens", type=positive_int, default=None)
@@ -363,11 +382,13 @@ def add_bench_parser(sub) -> None:
     p.add_argument("--acceptance", default=None, help="approximate rules to measure too, e.g. topk:2,min-block:3")
     p.add_argument(
         "--temperatures",
+        type=listed(temperature),
         default=None,
         help="sampling temperatures, comma-separated (default 0.7,1.0; quick 0.7), or off",
     )
     p.add_argument(
         "--batches",
+        type=listed(positive_int),
         default=None,
         help="batch sizes against transformers' batched greedy, comma-separated (default 1,4,8; quick 4), or off",
     )
@@ -411,17 +432,17 @@ def cmd_calibrate(args: argparse.Namespace) -> None:
 
 
 def cmd_export(args: argparse.Namespace) -> None:
-    from blockdecode.export import check_exportable, export_heads, serve_command
-    from blockdecode.model import HEADS_CONFIG, BlockwiseLM, has_heads
+    from blockdecode.export import check_destination, check_heads, export_heads, saved_heads, serve_command
+    from blockdecode.model import BlockwiseLM
 
-    if not has_heads(args.model):
-        raise ValueError(f"{args.model} holds no trained heads ({HEADS_CONFIG}): train them with `blockdecode train`")
+    heads, record = saved_heads(args.model)  # what the heads are, and whether they can go, before any weight loads
+    check_heads(heads, args.format)
+    check_destination(Path(args.out))
     dtype = saved_dtype(args.model) if args.dtype == "saved" else DTYPES[args.dtype]
     model = BlockwiseLM.from_pretrained(args.model, dtype=dtype).to(dtype).eval()
-    check_exportable(model, args.format)
     has_tokenizer = (Path(args.model) / "tokenizer_config.json").is_file()  # written beside a base saved with it
     tokenizer = load_tokenizer(args.model) if has_tokenizer else None
-    training = json.loads((Path(args.model) / HEADS_CONFIG).read_text()).get("training")
+    training = record.get("training")
     provenance = {"exported_from": str(Path(args.model).resolve()), **({"training": training} if training else {})}
     base = export_heads(model, args.out, args.format, tokenizer=tokenizer, provenance=provenance)
     print(f"exported {model.k - 1} medusa heads to {args.out}; serve them with:")
@@ -442,6 +463,7 @@ def saved_dtype(model_dir: str) -> torch.dtype:
 def cmd_bible(args: argparse.Namespace) -> None:
     from blockdecode.bible import open_sources, read_pairs, read_sources, sources_file, write_corpus
 
+    check_writable(Path(args.out))  # before the modules are read, not after
     extra = open_sources(args.modules, args.extra_sources)  # a module not there fails before any reading
     pairs = read_pairs(args.modules)
     sources = read_sources(extra, pairs)
@@ -458,6 +480,7 @@ def cmd_demo(args: argparse.Namespace) -> None:
 
     if args.task == "code":
         causal_only(args.model, "demo")
+    check_drafter(args.drafter, args.tree)
     run_demo(
         args.model,
         max_new_tokens=args.max_new_tokens,
@@ -477,25 +500,98 @@ NO_HEAL = (
 )
 
 
+def check_drafter(drafter: str, tree: int | str | None) -> None:
+    """Drafters named together share a tree: without one they are refused here, before loading."""
+    if "+" in drafter and tree is None:
+        raise ValueError(f"--drafter {drafter} shares a tree among its drafters: give --tree N or auto, or one drafter")
+
+
 def tree_budget(text: str) -> int | str | None:
-    """--tree N (a node budget), auto (measured, see `blockdecode calibrate`) or off."""
-    return {"off": None, "auto": "auto"}[text] if text in ("off", "auto") else positive_int(text)
+    """--tree N (a node budget, at most what a plan verifies; a short context may allow less), auto
+    (measured, see `blockdecode calibrate`) or off."""
+    if text in ("off", "auto"):
+        return {"off": None, "auto": "auto"}[text]
+    return integer_flag(text, 1, MAX_TREE, f"off, auto or a budget from 1 to {MAX_TREE}")
 
 
 def tree_budgets(text: str) -> list[int | str | None]:
     return [tree_budget(t) for t in text.split(",")]
 
 
-def positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+def listed(kind: Callable[[str], object]) -> Callable[[str], list]:
+    """A flag's comma-separated values, each read by `kind`; off: none."""
+
+    def values(text: str) -> list:
+        return [] if text == "off" else [kind(t) for t in text.split(",") if t]
+
+    return values
+
+
+def integer_flag(text: str, low: int, high: int, allowed: str) -> int:
+    """A flag's integer from `low` to `high`; else an error saying what it may be (`allowed`)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = None
+    if value is None or not low <= value <= high:
+        raise argparse.ArgumentTypeError(f"must be {allowed}, got {text}")
     return value
+
+
+def int64(text: str) -> int:
+    """Every integer flag's value (`Parser`): torch takes it as a 64-bit integer, and beyond that
+    range fails with "Overflow when unpacking long long", after the model has loaded."""
+    return integer_flag(text, -(2**63), 2**63 - 1, "an integer from -2**63 to 2**63 - 1")
+
+
+def positive_int(text: str) -> int:
+    return integer_flag(text, 1, 2**63 - 1, "an integer >= 1")
+
+
+def random_seed(text: str) -> int:
+    """--seed: what torch's random generators take."""
+    return integer_flag(text, 0, 2**64 - 1, "an integer from 0 to 2**64 - 1")
+
+
+def top_k(text: str) -> int:
+    return integer_flag(text, 0, 2**63 - 1, "an integer >= 0 (0: off)")
+
+
+def temperature(text: str) -> float:
+    """--temperature(s): sampling's, a number > 0 (greedy decoding is the command without --sample)."""
+    value = float(text)
+    if not 0 < value < math.inf:
+        raise argparse.ArgumentTypeError(f"must be a number > 0, got {text}")
+    return value
+
+
+def top_p(text: str) -> float:
+    value = float(text)
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"must lie in (0, 1] (1: off), got {text}")
+    return value
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, refusing in one line (the error and where the help is, not the whole usage), with
+    every `type=int` flag read by `int64`."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.register("type", int, int64)
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """A library's warning as a line of the command's own, without Python's file, line and source."""
+    print(f"warning: {message}", file=sys.stderr)
 
 
 def main(argv: list[str] | None = None) -> None:
     stay_offline()
-    parser = argparse.ArgumentParser(prog="blockdecode", description=__doc__)
+    parser = Parser(prog="blockdecode", description=__doc__)
     parser.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads (default: torch's)")
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -522,14 +618,16 @@ def main(argv: list[str] | None = None) -> None:
     gen.add_argument(
         "--sample", action="store_true", help="sample as transformers' do_sample=True does, exactly in distribution"
     )
-    gen.add_argument("--temperature", type=float, default=None, help="with --sample (default: the generation config's)")
     gen.add_argument(
-        "--top-k", type=int, default=None, help="with --sample: 0 is off (default: the generation config's)"
+        "--temperature", type=temperature, default=None, help="with --sample (default: the generation config's)"
     )
     gen.add_argument(
-        "--top-p", type=float, default=None, help="with --sample: 1 is off (default: the generation config's)"
+        "--top-k", type=top_k, default=None, help="with --sample: 0 is off (default: the generation config's)"
     )
-    gen.add_argument("--seed", type=int, default=None, help="with --sample: the same seed gives the same text")
+    gen.add_argument(
+        "--top-p", type=top_p, default=None, help="with --sample: 1 is off (default: the generation config's)"
+    )
+    gen.add_argument("--seed", type=random_seed, default=None, help="with --sample: the same seed gives the same text")
     gen.add_argument("--no-heal", dest="heal", action="store_false", help=NO_HEAL)
     gen.set_defaults(func=cmd_generate)
 
@@ -610,7 +708,9 @@ def main(argv: list[str] | None = None) -> None:
     if getattr(args, "prompt", None) is not None and not is_text(args.prompt):
         parser.error("--prompt is not valid UTF-8 text")
     try:
-        args.func(args)
+        with warnings.catch_warnings():
+            warnings.showwarning = show_warning
+            args.func(args)
     except KeyboardInterrupt:
         resume = " (the last checkpoint is kept: run it again with --resume)" if args.command in TRAINING else ""
         print(f"interrupted{resume}", file=sys.stderr)

@@ -15,8 +15,9 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
+from blockdecode.heads import HeadsConfig
 from blockdecode.hf import is_seq2seq, weights_signature
-from blockdecode.io import saving_folder, write_text
+from blockdecode.io import CheckpointError, check_writable, read_json, saving_folder, write_text
 from blockdecode.model import HEADS_CONFIG, BlockwiseLM, has_heads
 
 EXPORT_FORMATS = ("vllm-medusa",)
@@ -25,22 +26,51 @@ ENGINE_WEIGHTS = "model.safetensors"
 BASE_FOLDER = "base"  # the base, written here when it has no folder of its own
 
 
-def check_exportable(model: BlockwiseLM, format: str) -> None:
-    """Refuse, in one line, what the format cannot hold, before anything is written."""
+def check_heads(heads: HeadsConfig, format: str) -> None:
+    """Refuse, in one line, heads the format cannot hold: from their config alone, so that a saved
+    model's are refused before any weight loads."""
     if format not in EXPORT_FORMATS:
         raise ValueError(f"unknown export format {format!r}: choose one of {', '.join(EXPORT_FORMATS)}")
-    kind = model.config.head_type
-    if kind != "medusa":
+    if heads.head_type != "medusa":
         raise ValueError(
-            f"{kind} heads have no serving-engine format: {format} holds medusa heads (x + SiLU(Wx) per head); "
-            f"train with --head-type medusa to serve them"
+            f"{heads.head_type} heads have no serving-engine format: {format} holds medusa heads (x + SiLU(Wx) "
+            f"per head); train with --head-type medusa to serve them"
         )
-    if model.k < 2:
+    if heads.k < 2:
         raise ValueError("k=1: these heads propose nothing, so there is nothing to export")
+
+
+def check_exportable(model: BlockwiseLM, format: str) -> None:
+    """Refuse, in one line, what the format cannot hold, before anything is written."""
+    check_heads(model.config, format)
     if is_seq2seq(model.base):
         raise ValueError(f"{format} serves decoder-only models, and this base is an encoder-decoder")
     if getattr(model.base.get_output_embeddings(), "bias", None) is not None:
         raise ValueError(f"the base's output layer has a bias, which {format}'s loader does not read")
+
+
+def saved_heads(folder: str | Path) -> tuple[HeadsConfig, dict]:
+    """The config of the heads saved in `folder` and their whole record (blockdecode.json), read
+    before any weight loads; a folder that is not there, or holds no heads, is refused in one line."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise CheckpointError(f"no such folder: {folder}")
+    if not has_heads(folder):
+        raise CheckpointError(f"{folder} holds no trained heads ({HEADS_CONFIG}): train them with `blockdecode train`")
+    path = folder / HEADS_CONFIG
+    record = read_json(path, CheckpointError)
+    try:
+        return HeadsConfig(**record["heads"]), record
+    except (KeyError, TypeError, ValueError) as err:
+        raise CheckpointError(f"{path} is corrupt: {err}") from err
+
+
+def check_destination(out: Path) -> None:
+    """Refuse, before any work, a folder an export cannot be written to: one that cannot be made or
+    written, or that holds files other than an earlier export's (the source model, say)."""
+    check_writable(out)
+    if out.is_dir() and not is_export(out) and any(out.iterdir()):
+        raise ValueError(f"{out} holds other files: export into an empty folder or over an earlier export")
 
 
 def vllm_medusa(model: BlockwiseLM, dtype: torch.dtype) -> tuple[dict[str, torch.Tensor], dict]:
@@ -79,14 +109,13 @@ def export_heads(
     provenance: dict | None = None,
 ) -> Path:
     """Write `model`'s heads to `out` in `format` (default dtype: the heads' own), whole or not at
-    all, with blockdecode.json saying what they are and where they came from (`provenance`: e.g. the
-    source's training record). A base saved in one folder with its heads is also written, unchanged
-    and with `tokenizer`, to out/base: engines load the base from a folder of its own. Returns the
-    folder the engine should load as its target model."""
+    all, replacing an earlier export as a whole, with blockdecode.json saying what they are and
+    where they came from (`provenance`: e.g. the source's training record). A base saved in one
+    folder with its heads is also written, unchanged and with `tokenizer`, to out/base: engines load
+    the base from a folder of its own. Returns the folder the engine should load as its target model."""
     check_exportable(model, format)
     out = Path(out)
-    if out.exists() and not is_export(out) and any(out.iterdir()):
-        raise ValueError(f"{out} holds other files: export into an empty folder or over an earlier export")
+    check_destination(out)
     dtype = dtype or next(model.heads.parameters()).dtype
     tensors, config = vllm_medusa(model, dtype)
     location = model.base_location
@@ -97,7 +126,7 @@ def export_heads(
         "base_signature": weights_signature(model.base),
         **(provenance or {}),
     }
-    with saving_folder(out, ENGINE_CONFIG) as staging:
+    with saving_folder(out, ENGINE_CONFIG, whole=True) as staging:  # no earlier base/ beside another base
         if not base_apart:
             model.base.save_pretrained(staging / BASE_FOLDER)
             if tokenizer is not None:

@@ -37,13 +37,31 @@ def atomic_write(path: Path, write: Callable[[str], object]) -> None:
         write(tmp)
         with open(tmp, "rb+") as f:  # on disk before the rename makes it visible
             os.fsync(f.fileno())
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp's 0600 would make the result private
+        _share(Path(tmp))
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def _share(path: Path) -> None:
+    """Give `path`, and all below it, the mode `open` and `mkdir` would have given them: 0666 for a
+    file, 0777 for a folder, less the umask. mkstemp and mkdtemp make theirs private (0600, 0700),
+    and so does safetensors; a save would then be unreadable to another account (a serving engine's)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    for item in [path, *path.rglob("*")] if path.is_dir() else [path]:
+        os.chmod(item, (0o777 if item.is_dir() else 0o666) & ~umask)
+
+
+def check_writable(out: Path, flag: str = "--out") -> None:
+    """Refuse a folder that cannot be made or written, without making it, before any work: a run
+    that fails later loses what it did and leaves nothing behind."""
+    existing = Path(out).absolute()
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        raise OSError(f"{flag} {out} cannot be written: {existing} is not a writable folder")
 
 
 def save_figure(fig, path: Path) -> None:
@@ -109,13 +127,22 @@ def _move_in(staging: Path, folder: Path, last: str, replaces: Sequence[str] = (
     first remove the files named in `replaces` that this save does not hold."""
     for name in replaces:
         if not (staging / name).exists():
-            (folder / name).unlink(missing_ok=True)
+            _remove(folder / name)
     for item in sorted(staging.iterdir(), key=lambda p: p.name == last):
+        _share(item)
         target = folder / item.name
         if item.is_dir() and target.is_dir():
             shutil.rmtree(target)
         os.replace(item, target)
     staging.rmdir()
+
+
+def _remove(path: Path) -> None:
+    """A file or a folder, where there is one."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    else:
+        path.unlink(missing_ok=True)
 
 
 def _settle(folder: Path, last: str) -> None:
@@ -130,12 +157,13 @@ def _settle(folder: Path, last: str) -> None:
 
 
 @contextmanager
-def saving_folder(folder: Path, last: str, replaces: Sequence[str] = ()) -> Iterator[Path]:
+def saving_folder(folder: Path, last: str, replaces: Sequence[str] = (), whole: bool = False) -> Iterator[Path]:
     """Write a new save of `folder`'s files into the yielded staging folder, `last` last; on exit
     they replace the old ones while no reader (`reading_folder`) holds the folder. Killed before
     `last` is written, the save is dropped by the next save or read; killed after, it is finished.
-    `replaces`: files an earlier save may hold that this one writes only at times (a plot it did not
-    draw): the swap removes those it lacks, so the folder holds one save's set, never two."""
+    `replaces`: files (or folders) an earlier save may hold that this one writes only at times (a
+    plot it did not draw): the swap removes those it lacks, so the folder holds one save's set, never
+    two. `whole`: the save replaces everything in the folder, whatever an earlier save held."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=folder, prefix=STAGING_PREFIX))
@@ -149,6 +177,8 @@ def saving_folder(folder: Path, last: str, replaces: Sequence[str] = ()) -> Iter
         with _opened(folder) as fd:
             _lock(fd, "exclusive")
             _settle(folder, last)  # older interrupted saves first, so this one ends up on top
+            if whole:
+                replaces = [p.name for p in folder.iterdir() if not p.name.startswith(STAGING_PREFIX)]
             _move_in(staging, folder, last, replaces)
 
 

@@ -30,7 +30,7 @@ from blockdecode.corpus import (
 )
 from blockdecode.data import fingerprint
 from blockdecode.hf import load_tokenizer
-from blockdecode.io import atomic_write, load_npy, read_json, save_npy, write_json
+from blockdecode.io import atomic_write, check_writable, load_npy, read_json, save_npy, write_json
 
 SPLITS = ("train", "heldout", "heldout_packages")
 """`heldout` holds the standard library's held-out files alone (the same files as the first built-in
@@ -65,6 +65,7 @@ def prepare_corpus(cfg: CorpusConfig, show: bool = True) -> PreTrainedTokenizerF
         return load_tokenizer(out, PreTrainedTokenizerFast)
     if cfg.vocab_size > 65536:
         raise ValueError(f"vocab_size {cfg.vocab_size} does not fit the corpus' uint16 token arrays")
+    check_writable(out, "--corpus")
     root = Path(cfg.root or sysconfig.get_paths()["stdlib"])
     files = corpus_files(root, cfg.packages)[: cfg.max_files]
     if not files:

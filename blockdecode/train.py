@@ -30,7 +30,7 @@ from blockdecode.model import HEADS_CONFIG, BlockwiseLM
 from blockdecode.objective import Objective, combine_loss
 from blockdecode.plan import make_plan
 from blockdecode.rules import greedy_rules
-from blockdecode.train_config import BASE_LOSS_ON, HEAD_LOSSES, MODES, TARGETS, TrainConfig  # noqa: F401 (the CLI's)
+from blockdecode.train_config import TrainConfig
 
 
 def batch_indices(step: int, n: int, batch_size: int, seed: int) -> torch.LongTensor:
@@ -38,7 +38,7 @@ def batch_indices(step: int, n: int, batch_size: int, seed: int) -> torch.LongTe
     again on resume without replaying the ones before it."""
     per_epoch = max(1, n // batch_size)
     epoch, b = divmod(step, per_epoch)
-    perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed * 1_000_003 + epoch))
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed((seed * 1_000_003 + epoch) % 2**64))
     if n < batch_size:
         perm = perm.repeat(math.ceil(batch_size / n))
     return perm[b * batch_size : (b + 1) * batch_size]
@@ -49,7 +49,7 @@ def sampled_heads(step: int, cfg: TrainConfig) -> list[int]:
     memory saver), seeded by the step so resumed and multi-process runs draw alike."""
     if cfg.head_loss == "all":
         return list(range(2, cfg.k + 1))
-    gen = torch.Generator().manual_seed(cfg.seed * 7919 + step)
+    gen = torch.Generator().manual_seed((cfg.seed * 7919 + step) % 2**64)  # any seed torch takes, 0 to 2**64 - 1
     return [int(torch.randint(2, cfg.k + 1, (1,), generator=gen))]
 
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 import gc
 import json
 import math
-import os
 import time
 import warnings
 from abc import ABC, abstractmethod
@@ -30,6 +29,7 @@ from blockdecode import plots
 from blockdecode.hardware import MIXED_PRECISIONS, native_bf16
 from blockdecode.io import (
     append_jsonl,
+    check_writable,
     load_checkpoint,
     read_jsonl,
     remove_temporaries,
@@ -112,16 +112,6 @@ def restore_run(state: dict, optimizer, scheduler, precision, steps: int) -> int
     if state.get("cuda_rng") is not None and torch.cuda.is_available():  # dropout on a GPU draws from these
         torch.cuda.set_rng_state_all(state["cuda_rng"])
     return step
-
-
-def check_writable(out: Path) -> None:
-    """Refuse an output folder that cannot be made or written, without making it: a run that fails
-    later leaves nothing behind."""
-    existing = out.absolute()
-    while not existing.exists():
-        existing = existing.parent
-    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
-        raise OSError(f"--out {out} cannot be written: {existing} is not a writable folder")
 
 
 def accelerator(**kwargs) -> Accelerator:

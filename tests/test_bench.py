@@ -149,15 +149,49 @@ def test_cli_bench_quick_and_bad_input(setup: dict, tmp_path: Path, capsys: pyte
     assert not (tmp_path / "off" / "batches.png").exists()
     with pytest.raises(SystemExit, match="topk:N needs an integer N >= 1"):
         main([*args, "--acceptance", "topk:0"])
-    with pytest.raises(SystemExit, match="ks must be block sizes >= 1"):
-        main([*args, "--k", "0"])
-    with pytest.raises(SystemExit, match="temperature must be a number > 0"):
-        main([*args, "--temperatures", "0"])
-    with pytest.raises(SystemExit, match="batches must be batch sizes >= 1"):
-        main([*args, "--batches", "4,0"])
+    capsys.readouterr()
+    for flag, value, error in (
+        ("--k", "0", "must be an integer >= 1, got 0"),
+        ("--temperatures", "0.7,0", "must be a number > 0, got 0"),  # not the API's "do_sample=False"
+        ("--batches", "4,0", "must be an integer >= 1, got 0"),
+    ):
+        with pytest.raises(SystemExit):
+            main([*args, flag, value])
+        assert f"error: argument {flag}: {error} (see blockdecode bench --help)" in capsys.readouterr().err
     (tmp_path / "bad.json").write_text('"def f():"')
     with pytest.raises(SystemExit, match="prompts must be a JSON list of non-empty strings"):
         main([*args, "--prompts", str(tmp_path / "bad.json")])
+
+
+def test_an_out_that_cannot_be_written_is_refused_before_any_work(setup: dict, tmp_path: Path, monkeypatch) -> None:
+    from blockdecode.bench import suite
+
+    def load(*args, **kwargs):
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr(suite, "load", load)
+    (tmp_path / "file").write_text("an earlier result")
+    for out in (tmp_path / "file", tmp_path / "file" / "bench"):
+        with pytest.raises(SystemExit, match=f"^error: --out {out} cannot be written: {tmp_path / 'file'} is not a"):
+            main(["bench", "--quick", "--model", str(setup["root"] / "model"), "--out", str(out)])
+    assert (tmp_path / "file").read_text() == "an earlier result"
+
+
+def test_the_tables_are_printed_before_they_are_written(
+    tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A folder that fails when the results are written (a full disk) loses the files, not the run."""
+    from blockdecode.bench import report
+
+    def full(*args, **kwargs):
+        raise OSError("No space left on device")
+
+    small = dict(system_model=dict(vocab=300, width=32, layers=1, heads=2), system_accuracies=[1.0], fwd_reps=1)
+    monkeypatch.setitem(PRESETS, "core", lambda **kw: BenchConfig.core(**{**small, "repeats": 1, **kw}))
+    monkeypatch.setattr(report, "saving_folder", full)
+    with pytest.raises(SystemExit, match="^error: No space left on device$"):
+        main(["bench", "--preset", "core", "--out", str(tmp_path / "out"), "--new-tokens", "6"])
+    assert "| scripted p=1 |" in capsys.readouterr().out
 
 
 def test_core_preset_measures_the_loop_with_both_caches(

@@ -140,6 +140,18 @@ def test_cli_writes_the_corpus(library: Path, tmp_path: Path, capsys: pytest.Cap
     assert "4 verse pairs" in capsys.readouterr().out
 
 
+def test_an_out_that_cannot_be_written_is_refused_before_reading(library: Path, tmp_path: Path, monkeypatch) -> None:
+    from blockdecode import bible
+
+    def read(*args, **kwargs):
+        raise AssertionError("the modules were read")
+
+    monkeypatch.setattr(bible, "read_pairs", read)
+    (tmp_path / "file").write_text("")
+    with pytest.raises(SystemExit, match=f"^error: --out {tmp_path / 'file'} cannot be written"):
+        main(["bible", "--modules", str(library), "--out", str(tmp_path / "file")])
+
+
 @pytest.mark.parametrize("damage", ["random index", "truncated text", "no DataPath", "no data"])
 def test_a_damaged_module_is_one_line_naming_its_file(tmp_path: Path, damage: str) -> None:
     """Whatever pysword raises on bad module data (or a KeyError for a .conf it cannot use) becomes

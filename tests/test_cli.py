@@ -6,6 +6,7 @@ import json
 import re
 import shutil
 import time
+import warnings
 from pathlib import Path
 
 import pytest
@@ -173,14 +174,28 @@ def test_generate_samples_reproducibly_with_a_seed(model_dir: Path, capsys: pyte
     [
         (["--temperature", "0.7", "--seed", "1"], "--temperature, --seed applies only when sampling: add --sample"),
         (["--sample", "--compare"], "--compare checks the output against greedy decoding"),
-        (["--sample", "--temperature", "0"], "temperature must be a number > 0"),
-        (["--sample", "--top-p", "1.5"], r"top_p must lie in \(0, 1\]"),
-        (["--sample", "--acceptance", "topk:2"], "no exact meaning under sampling"),
+        (["--sample", "--temperature", "0"], "argument --temperature: must be a number > 0, got 0 "),
+        (["--sample", "--top-k", "-1"], r"argument --top-k: must be an integer >= 0 \(0: off\), got -1"),
+        (["--sample", "--top-p", "1.5"], r"argument --top-p: must lie in \(0, 1\] \(1: off\)"),
+        (["--sample", "--acceptance", "topk:2"], "--acceptance topk:2 is approximate, which has no exact meaning"),
+        (
+            ["--sample", "--seed", str(2**70)],
+            rf"argument --seed: must be an integer from 0 to 2\*\*64 - 1, got {2**70}",
+        ),
+        (["--drafter", "heads+ngram", "--tree", "off"], r"--drafter heads\+ngram shares a tree among its drafters"),
+        (["--tree", "2000"], "argument --tree: must be off, auto or a budget from 1 to 1024, got 2000 "),
     ],
 )
-def test_generate_bad_sampling_flags_are_named(model_dir: Path, argv: list[str], message: str) -> None:
-    with pytest.raises(SystemExit, match=message):
-        main(["generate", "--model", str(model_dir), "--prompt", "x", *argv])
+def test_generate_bad_settings_are_named_in_its_flags_before_loading(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture
+) -> None:
+    """In the command's own flags (not the Python API's do_sample=, top_p= or tree=), before any model
+    folder is read."""
+    with pytest.raises(SystemExit) as stop:
+        main(["generate", "--model", "/nonexistent", "--prompt", "x", *argv])
+    said = f"{stop.value.code}\n{capsys.readouterr().err}"
+    assert re.search(message, said), said
+    assert "nonexistent" not in said and not re.search(r"\w=", said)  # no do_sample=False, top_p= or tree=N
 
 
 def test_generate_missing_model_dir(tmp_path: Path) -> None:
@@ -371,7 +386,7 @@ def test_settings_are_checked_before_the_model_loads(command: str, capsys: pytes
         with pytest.raises(SystemExit):
             main([*base, flag, "0"])
         err = capsys.readouterr().err
-        assert f"argument {flag}: must be at least 1, got 0" in err and "nonexistent" not in err
+        assert f"argument {flag}: must be an integer >= 1, got 0" in err and "nonexistent" not in err
     if command == "generate":
         with pytest.raises(SystemExit, match="topk:N needs an integer N >= 1"):
             main(["generate", "--model", "/nonexistent", "--prompt", "x", "--acceptance", "topk:0"])
@@ -498,3 +513,61 @@ def test_a_damaged_file_is_one_line_naming_it(model_dir: Path, tmp_path: Path, c
     damage(file, how)
     with pytest.raises(SystemExit, match=f"^error: {re.escape(str(file))}[: ][^\n]*$"):
         main(argv)
+
+
+TRAIN = ["train", "--data", "x", "--out", "o"]
+INT64 = "an integer from -2**63 to 2**63 - 1"
+SEED = "an integer from 0 to 2**64 - 1"
+
+
+@pytest.mark.parametrize(
+    ("argv", "error"),
+    [
+        ([*TRAIN, "--draft-vocab", "2.5"], f"argument --draft-vocab: must be {INT64}, got 2.5"),
+        ([*TRAIN, "--steps", str(2**63)], f"argument --steps: must be {INT64}, got {2**63}"),
+        ([*TRAIN, "--seed", str(2**64)], f"argument --seed: must be {SEED}, got {2**64}"),
+        (["pretrain", "--corpus", "c", "--out", "o", "--seed", "-1"], f"argument --seed: must be {SEED}, got -1"),
+        (["pretrain-translation", "--corpus", "c", "--out", "o", "--heads", "1e3"],
+         f"argument --heads: must be {INT64}, got 1e3"),
+        (["bench", "--batches", "4,x"], "argument --batches: must be an integer >= 1, got x"),
+        (["generate"], "the following arguments are required: --prompt"),
+    ],
+)  # fmt: skip
+def test_a_bad_flag_is_one_line_naming_it_and_the_help(argv: list[str], error: str, tmp_path, monkeypatch, capsys):
+    """Not the whole usage. An integer beyond what torch takes (a seed beyond 0..2**64 - 1) is refused
+    here, not by torch's "Overflow when unpacking long long" once the model has loaded."""
+    monkeypatch.chdir(tmp_path)  # were a flag taken, the run writes here
+    with pytest.raises(SystemExit) as stop:
+        main(argv)
+    command = f"blockdecode {argv[0]}"
+    assert stop.value.code == 2
+    assert capsys.readouterr().err == f"{command}: error: {error} (see {command} --help)\n"
+
+
+def test_a_seed_torch_takes_is_taken_whole(model_dir: Path, capsys: pytest.CaptureFixture) -> None:
+    main(["generate", "--model", str(model_dir), "--prompt", "def f(x):", "--max-new-tokens", "4", "--sample",
+          "--tree", "off", "--seed", str(2**64 - 1)])  # fmt: skip
+    assert f"--seed {2**64 - 1}): exact in distribution" in capsys.readouterr().err
+
+
+def test_a_tree_sampling_cannot_use_is_one_note_not_a_warning(model_dir: Path, capsys: pytest.CaptureFixture) -> None:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        main(["generate", "--model", str(model_dir), "--prompt", "def f(x):", "--max-new-tokens", "4", "--sample",
+              "--tree", "16"])  # fmt: skip
+    err = capsys.readouterr().err
+    assert not caught and "warning" not in err.lower()
+    assert err.count("sampling verifies one chain") == 1 and "note: sampling verifies one chain" in err
+
+
+def test_a_library_warning_is_one_line_of_the_command(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """Without Python's file, line number and source line."""
+    tokenizer = train_tokenizer(["a b c d e f g " * 50], vocab_size=270)
+    toy_model("llama", vocab=len(tokenizer), context=128).save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    edit_config(tmp_path, num_hidden_layers=1)  # the second layer's weights are left out, with a warning
+    main(["generate", "--model", str(tmp_path), "--prompt", "a b c", "--max-new-tokens", "4", "--tree", "off"])
+    lines = capsys.readouterr().err.splitlines()
+    warned = [line for line in lines if "tensor(s)" in line]
+    assert len(warned) == 1 and warned[0].startswith(f"warning: {tmp_path}: ")
+    assert not any("UserWarning" in line or ".py:" in line for line in lines)

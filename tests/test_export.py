@@ -185,6 +185,24 @@ def test_an_export_replaces_an_earlier_one_whole_or_not_at_all(tmp_path, monkeyp
     ]
 
 
+def test_an_export_over_one_with_its_own_base_leaves_no_base_of_the_earlier(tmp_path):
+    """The export's folder is replaced as a whole: out/base of an earlier export beside a
+    blockdecode.json naming another base would serve the old weights with the new heads."""
+    export_heads(trained_medusa(), tmp_path / "m")
+    assert (tmp_path / "m" / "base").is_dir()
+    tiny("llama").save_pretrained(tmp_path / "base")
+    model = BlockwiseLM.from_base(AutoModelForCausalLM.from_pretrained(tmp_path / "base"), k=3, head_type="medusa")
+    model.save_pretrained(tmp_path / "heads", save_base=False)
+    served = export_heads(BlockwiseLM.from_pretrained(tmp_path / "heads"), tmp_path / "m")
+    assert served == (tmp_path / "base").resolve()
+    assert sorted(p.name for p in (tmp_path / "m").iterdir()) == [
+        "blockdecode.json",
+        "config.json",
+        "model.safetensors",
+    ]
+    assert json.loads((tmp_path / "m" / "blockdecode.json").read_text())["export"]["base_model"] == str(served)
+
+
 def test_an_export_is_not_mistaken_for_a_blockwise_model(tmp_path):
     export_heads(trained_medusa(), tmp_path / "m")
     with pytest.raises(CheckpointError, match="is an export for serving engines"):
@@ -217,8 +235,33 @@ def test_cli_exports_a_saved_model_and_prints_how_to_serve_it(tmp_path, capsys):
     assert torch.equal(MedusaReader(tmp_path / "m").propose(hidden), blockdecode_proposals(reloaded, hidden))
 
 
-def test_cli_refuses_paper_heads_in_one_line(tmp_path, capsys):
-    BlockwiseLM.from_base(toy_model("llama"), k=3).save_pretrained(tmp_path / "saved")
-    with pytest.raises(SystemExit, match="error: paper heads have no serving-engine format"):
+def loads_nothing(monkeypatch):
+    """From now on, loading a saved model's weights fails the test."""
+
+    def load(*args, **kwargs):
+        raise AssertionError("weights were loaded")
+
+    monkeypatch.setattr(BlockwiseLM, "from_pretrained", load)
+
+
+@pytest.mark.parametrize("head_type", ["paper", "hydra"])
+def test_cli_refuses_heads_the_format_cannot_hold_in_one_line_before_loading(tmp_path, monkeypatch, head_type):
+    BlockwiseLM.from_base(toy_model("llama"), k=3, head_type=head_type).save_pretrained(tmp_path / "saved")
+    loads_nothing(monkeypatch)
+    with pytest.raises(SystemExit, match=f"^error: {head_type} heads have no serving-engine format[^\n]*$"):
         main(["export", "--model", str(tmp_path / "saved"), "--out", str(tmp_path / "m")])
     assert not (tmp_path / "m").exists()
+
+
+def test_cli_refuses_a_missing_model_or_an_unwritable_out_before_loading(tmp_path, monkeypatch):
+    trained_medusa().save_pretrained(tmp_path / "saved")
+    (tmp_path / "file").write_text("not a folder")
+    loads_nothing(monkeypatch)
+    with pytest.raises(SystemExit, match=f"^error: no such folder: {tmp_path / 'nosuch'}$"):
+        main(["export", "--model", str(tmp_path / "nosuch"), "--out", str(tmp_path / "m")])
+    with pytest.raises(SystemExit, match=f"^error: {tmp_path} holds no trained heads"):
+        main(["export", "--model", str(tmp_path), "--out", str(tmp_path / "m")])
+    for out in (tmp_path / "file", tmp_path / "file" / "m"):
+        with pytest.raises(SystemExit, match=f"^error: --out {out} cannot be written: {tmp_path / 'file'} is not a"):
+            main(["export", "--model", str(tmp_path / "saved"), "--out", str(out)])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file", "saved"]

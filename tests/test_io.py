@@ -12,7 +12,16 @@ import numpy as np
 import pytest
 import torch
 
-from blockdecode.io import append_jsonl, atomic_write, load_checkpoint, load_npy, read_jsonl, save_checkpoint
+from blockdecode.io import (
+    append_jsonl,
+    atomic_write,
+    load_checkpoint,
+    load_npy,
+    read_jsonl,
+    save_checkpoint,
+    saving_folder,
+    write_text,
+)
 
 
 def test_atomic_write_leaves_a_readable_file_and_no_temporary(tmp_path) -> None:
@@ -26,6 +35,33 @@ def test_atomic_write_leaves_a_readable_file_and_no_temporary(tmp_path) -> None:
         atomic_write(target, lambda p: (_ for _ in ()).throw(RuntimeError("disk full")))
     assert target.read_text() == "hello"
     assert [p.name for p in tmp_path.iterdir()] == ["out.txt"]
+
+
+def test_what_a_save_writes_has_the_mode_open_gives_it(tmp_path) -> None:
+    """The umask's mode (as `torch.save` has it), never mkstemp's, mkdtemp's or safetensors' private
+    0600: another account (a serving engine's) reads an export or a saved model."""
+    from safetensors.torch import save_file
+
+    weights = {"w": torch.zeros(2)}
+    umask = os.umask(0o027)
+    try:
+        atomic_write(tmp_path / "a.safetensors", lambda p: save_file(weights, p))
+        with saving_folder(tmp_path / "saved", "last.json") as staging:
+            save_file(weights, str(staging / "w.safetensors"))
+            (staging / "base").mkdir()
+            save_file(weights, str(staging / "base" / "w.safetensors"))
+            write_text(staging / "last.json", "{}")
+    finally:
+        os.umask(umask)
+    modes = {str(p.relative_to(tmp_path)): oct(stat.S_IMODE(p.stat().st_mode)) for p in tmp_path.rglob("*")}
+    assert modes == {
+        "a.safetensors": "0o640",
+        "saved": "0o750",
+        "saved/w.safetensors": "0o640",
+        "saved/base": "0o750",
+        "saved/base/w.safetensors": "0o640",
+        "saved/last.json": "0o640",
+    }
 
 
 def test_jsonl_appends_and_reads_back(tmp_path: Path) -> None:

@@ -170,6 +170,18 @@ def test_bad_pretrain_configs_fail_clearly(change: dict, message: str) -> None:
         PretrainConfig(corpus="c", out="o", **{**TINY, **change})
 
 
+def test_an_out_or_corpus_that_cannot_be_written_is_refused_before_the_corpus_is_read(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("")
+    args = ["--root", str(tmp_path / "no-sources")]  # reading it would fail: "no .py files under ..."
+    for corpus, out, flag in (
+        (tmp_path / "c", tmp_path / "file" / "o", "--out"),
+        (tmp_path / "file", tmp_path / "o", "--corpus"),
+    ):
+        with pytest.raises(SystemExit, match=f"^error: {flag} {tmp_path / 'file'}.* cannot be written"):
+            main(["pretrain", "--corpus", str(corpus), "--out", str(out), *args])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]
+
+
 def test_cli_pretrain_runs_the_recipe(tmp_path: Path) -> None:
     root = tmp_path / "src"
     root.mkdir()

@@ -112,6 +112,13 @@ def test_sampled_heads():
     assert draws == [sampled_heads(s, cfg) for s in range(200)]  # seeded by the step
 
 
+def test_every_seed_torch_takes_draws_batches_and_heads():
+    """--seed takes 0 to 2**64 - 1, as torch's generators do; what is derived from it stays in that range."""
+    cfg = TrainConfig(base="b", data=["d"], out="o", k=5, head_loss="random", seed=2**64 - 1)
+    assert len(batch_indices(5, 20, 8, cfg.seed)) == 8 and len(sampled_heads(5, cfg)) == 1
+    assert torch.equal(batch_indices(5, 20, 8, seed=3), batch_indices(5, 20, 8, seed=3 + 2**64))  # as before
+
+
 # ----------------------------------------------------------------------------- the objective works
 
 

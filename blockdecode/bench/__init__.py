@@ -10,8 +10,9 @@ from blockdecode.bench.report import (
     core_markdown,
     markdown,
     sampling_markdown,
+    write_report,
 )
-from blockdecode.bench.suite import PRESETS, BenchConfig, run_bench
+from blockdecode.bench.suite import PRESETS, BenchConfig, measure_bench, run_bench
 
 __all__ = [
     "PRESETS",
@@ -24,6 +25,8 @@ __all__ = [
     "core_markdown",
     "markdown",
     "measure",
+    "measure_bench",
     "run_bench",
     "sampling_markdown",
+    "write_report",
 ]

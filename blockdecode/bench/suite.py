@@ -45,7 +45,7 @@ from blockdecode.hf import (
     load_base,
     vocab_size,
 )
-from blockdecode.io import read_prompts
+from blockdecode.io import check_writable, read_prompts
 from blockdecode.model import BlockwiseLM, load
 from blockdecode.plan import make_plan
 from blockdecode.sampling import Sampling, sampling_settings
@@ -354,8 +354,10 @@ def system_ceiling(cfg: BenchConfig, show: bool) -> dict:
     }
 
 
-def run_bench(cfg: BenchConfig, show: bool = True) -> dict:
-    """Measure what cfg asks for; write bench.json, the plots and table.md to cfg.out; return the report."""
+def measure_bench(cfg: BenchConfig, show: bool = True) -> dict:
+    """Measure what cfg asks for and return the report, once cfg.out is known to be writable: a run
+    of minutes is not lost to a folder it could never have written."""
+    check_writable(Path(cfg.out))
     start = time.perf_counter()
     report: dict = {"config": asdict(cfg), "environment": environment(cfg.dtype, cfg.device), "methods": {}}
     if cfg.methods:
@@ -363,5 +365,11 @@ def run_bench(cfg: BenchConfig, show: bool = True) -> dict:
     if cfg.system:
         report["system_ceiling"] = system_ceiling(cfg, show)
     report["seconds"] = time.perf_counter() - start
+    return report
+
+
+def run_bench(cfg: BenchConfig, show: bool = True) -> dict:
+    """Measure what cfg asks for; write bench.json, the plots and table.md to cfg.out; return the report."""
+    report = measure_bench(cfg, show)
     write_report(report, Path(cfg.out))
     return report
