@@ -68,6 +68,21 @@ def test_distill_sequences_are_the_base_models_greedy_output(tiny_base, tmp_path
         distill_sequences(base, sequences, replace(cfg, distill_new_tokens=21), show=False)
 
 
+def crash_on_call(monkeypatch, n: int) -> list:
+    """From now on, the n-th batch distilled raises KeyboardInterrupt, a Ctrl-C in the middle of the
+    distillation; returns the list the calls are counted in."""
+    generate, calls = distill_module.blockwise_generate, []
+
+    def crashing(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == n:
+            raise KeyboardInterrupt
+        return generate(*args, **kwargs)
+
+    monkeypatch.setattr(distill_module, "blockwise_generate", crashing)
+    return calls
+
+
 @torch.inference_mode()
 def test_distillation_killed_mid_way_resumes_where_it_stopped(tiny_base, tmp_path, monkeypatch):
     """Each finished batch is saved at once: after a crash, a rerun generates only the batches still
@@ -78,15 +93,7 @@ def test_distillation_killed_mid_way_resumes_where_it_stopped(tiny_base, tmp_pat
     whole = distill_sequences(base, sequences, make_cfg(tiny_base, tmp_path / "whole", **kw), show=False)
 
     cfg = make_cfg(tiny_base, tmp_path / "killed", **kw)
-    generate, calls = distill_module.blockwise_generate, []
-
-    def crash_on_third(*args, **kwargs):
-        calls.append(1)
-        if len(calls) == 3:
-            raise KeyboardInterrupt
-        return generate(*args, **kwargs)
-
-    monkeypatch.setattr(distill_module, "blockwise_generate", crash_on_third)
+    generate, calls = distill_module.blockwise_generate, crash_on_call(monkeypatch, 3)
     with pytest.raises(KeyboardInterrupt):
         distill_sequences(base, sequences, cfg, show=False)
     calls.clear()
@@ -134,15 +141,7 @@ def test_distilled_batches_of_another_batch_size_are_not_taken_for_this_ones(tin
     base = varied_base(tiny_base.vocab)
     kw = dict(mode="distill", distill_prompts=10, distill_prompt_len=8, distill_new_tokens=12)
     whole = distill_sequences(base, tiny_base.sequences[:40], make_cfg(tiny_base, tmp_path / "whole", **kw), False)
-    generate, calls = distill_module.blockwise_generate, []
-
-    def crash_on_third(*args, **kwargs):
-        calls.append(1)
-        if len(calls) == 3:
-            raise KeyboardInterrupt
-        return generate(*args, **kwargs)
-
-    monkeypatch.setattr(distill_module, "blockwise_generate", crash_on_third)
+    crash_on_call(monkeypatch, 3)
     with pytest.raises(KeyboardInterrupt):
         distill_sequences(
             base, tiny_base.sequences[:40], make_cfg(tiny_base, tmp_path / "b", distill_batch_size=3, **kw)
