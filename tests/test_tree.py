@@ -195,9 +195,10 @@ def test_a_model_that_ignores_the_mask_falls_back_to_the_chain(monkeypatch: pyte
 
 
 def test_a_tree_past_what_a_forward_scores_is_refused_within_seconds_in_bounded_memory(tmp_path) -> None:
-    """--tree 100000 with k=8 heads, whose lattice holds that many nodes: one line naming the limit,
-    within seconds, in a process whose address space is capped at 6 GiB (the masks of such a tree
-    want more than 10 GB). The Python API refuses the same budget."""
+    """--tree 100000 with k=8 heads, whose lattice holds that many nodes, is refused by the parser (past
+    the 1,024 of any model), and --tree 1000 by the plan (past this model's context): one line naming the
+    limit each (the last line), within seconds, in a process whose address space is capped at 6 GiB (the masks of such a
+    tree want more than 10 GB). The Python API refuses the same budget."""
     import os
     import resource
     import subprocess
@@ -215,16 +216,20 @@ def test_a_tree_past_what_a_forward_scores_is_refused_within_seconds_in_bounded_
     def limit_memory() -> None:
         resource.setrlimit(resource.RLIMIT_AS, (6 << 30, 6 << 30))
 
-    argv = ["generate", "--model", str(tmp_path), "--prompt", "def f(x):", "--max-new-tokens", "16"]
-    argv += ["--drafter", "heads", "--tree", "100000", "--dtype", "fp32"]
-    start = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "blockdecode.cli", *argv], capture_output=True, text=True,
-                          timeout=300, preexec_fn=limit_memory, cwd=Path(__file__).parents[1],
-                          env={**os.environ, "OMP_NUM_THREADS": "1"})  # fmt: skip
-    assert time.perf_counter() - start < 120
-    assert proc.returncode == 1 and proc.stdout == "", proc.stderr[-2000:]
-    assert "Traceback" not in proc.stderr
-    assert proc.stderr.splitlines()[-1].startswith("error: tree=100000 exceeds the 256 candidate tokens")
+    for tree, code, refusal in (
+        ("100000", 2, "blockdecode generate: error: argument --tree: must be off, auto or a budget from 1 to 1024"),
+        ("1000", 1, "error: tree=1000 exceeds the 256 candidate tokens"),
+    ):
+        argv = ["generate", "--model", str(tmp_path), "--prompt", "def f(x):", "--max-new-tokens", "16"]
+        argv += ["--drafter", "heads", "--tree", tree, "--dtype", "fp32"]
+        start = time.perf_counter()
+        proc = subprocess.run([sys.executable, "-m", "blockdecode.cli", *argv], capture_output=True, text=True,
+                              timeout=300, preexec_fn=limit_memory, cwd=Path(__file__).parents[1],
+                              env={**os.environ, "OMP_NUM_THREADS": "1"})  # fmt: skip
+        assert time.perf_counter() - start < 120
+        assert proc.returncode == code and proc.stdout == "", proc.stderr[-2000:]
+        assert "Traceback" not in proc.stderr
+        assert proc.stderr.splitlines()[-1].startswith(refusal)
     lm = BlockwiseLM.from_base(base, k=8)
     with pytest.raises(ValueError, match="tree=257 exceeds the 256"):
         lm.generate(make_prompt(4, vocab_size(base)), 4, drafter="heads", tree=257)
