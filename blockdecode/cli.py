@@ -182,6 +182,7 @@ def add_train_parser(sub) -> None:
     p.add_argument("--holdout", type=float, default=d.holdout, help="fraction of sequences held out")
     p.add_argument("--eval-every", type=int, default=d.eval_every)
     p.add_argument("--eval-prompts", type=int, default=d.eval_prompts, help="held-out prompts decoded per eval")
+    p.add_argument("--eval-new-tokens", type=int, default=d.eval_new_tokens, help="tokens decoded per eval prompt")
     p.add_argument("--log-every", type=int, default=d.log_every)
     p.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every)
     p.add_argument("--resume", action="store_true", help="continue from the checkpoint in --out")
@@ -210,6 +211,12 @@ def add_train_parser(sub) -> None:
     p.add_argument("--patience", type=int, default=d.patience, help="stop after N evals with no longer block; 0: off")
     p.add_argument("--init-heads", default=None, help="a saved BlockwiseLM whose heads start this run")
     p.add_argument("--min-delta", type=float, default=d.min_delta, help="the block growth that counts (--patience)")
+    p.add_argument(
+        "--doubling-gain",
+        type=float,
+        default=d.doubling_gain,
+        help="stop once the held-out block grows less than this over a doubling of steps (tokens); 0: off",
+    )
     p.set_defaults(func=cmd_train)
 
 

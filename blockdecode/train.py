@@ -165,6 +165,12 @@ class HeadTraining(training.Task):
         cfg = self.config
         if cfg.patience and plateaued(records, cfg.patience, cfg.min_delta):
             return f"held-out block size has not grown for {cfg.patience} evaluations (--patience 0 trains on)"
+        if cfg.doubling_gain and (gain := doubling_gain(records, cfg.eval_every)) is not None:
+            if gain < cfg.doubling_gain:
+                return (
+                    f"held-out block size grew {gain:+.3f} over the last doubling of steps, less than "
+                    f"--doubling-gain {cfg.doubling_gain}"
+                )
         return None
 
     def state(self, model: Objective) -> dict:
@@ -287,6 +293,21 @@ def plateaued(records: list[dict], patience: int, min_delta: float) -> bool:
     for value in evals:
         best, since = (value, 0) if value > best + min_delta else (best, since + 1)
     return since >= patience
+
+
+def doubling_gain(records: list[dict], eval_every: int) -> float | None:
+    """How much the best held-out block so far grew between half the steps and now (the plateau rule
+    of a run trained until more data stops paying: a gain per doubling of tokens). None until half the
+    steps reach the second evaluation after step 0, so one noisy early evaluation cannot stop a run.
+    The best so far, not the last, so a dip does not count as a plateau, nor a spike as growth."""
+    evals = [(r["step"], r["eval_mean_block_size"]) for r in records if "eval_mean_block_size" in r]
+    if not evals:
+        return None
+    now = evals[-1][0]
+    half = [block for step, block in evals if step <= now / 2]
+    if now / 2 < 2 * eval_every or not half:
+        return None
+    return max(block for _, block in evals) - max(half)
 
 
 def run_record(

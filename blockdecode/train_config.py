@@ -37,8 +37,9 @@ POSITIVE_FIELDS = (
     "distill_beams",
     "distill_batch_size",
     "loss_chunk",
+    "eval_new_tokens",
 )
-NON_NEGATIVE_FIELDS = ("patience", "min_delta")
+NON_NEGATIVE_FIELDS = ("patience", "min_delta", "doubling_gain")
 
 
 @dataclass
@@ -90,6 +91,7 @@ class TrainConfig:
     patience: int = 0  # stop after this many evaluations without a longer held-out block; 0: never
     init_heads: str | None = None  # a saved BlockwiseLM whose heads start the run (its base is not used)
     min_delta: float = 0.01  # what counts as longer
+    doubling_gain: float = 0.0  # > 0: stop once the held-out block grew less than this over a doubling of steps
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:

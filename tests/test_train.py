@@ -40,7 +40,7 @@ from blockdecode.io import read_jsonl  # noqa: E402
 from blockdecode.model import HEADS_CONFIG, HEADS_WEIGHTS  # noqa: E402
 from blockdecode.objective import Objective  # noqa: E402
 from blockdecode.toy import toy_model  # noqa: E402
-from blockdecode.train import batch_indices, plateaued, sampled_heads, train  # noqa: E402
+from blockdecode.train import batch_indices, doubling_gain, plateaued, sampled_heads, train  # noqa: E402
 from blockdecode.train_config import TrainConfig  # noqa: E402
 
 # ----------------------------------------------------------------------------- fixtures and helpers
@@ -732,6 +732,26 @@ def test_plateaued_reads_the_held_out_block_sizes():
     assert plateaued(evals[:4], patience=2, min_delta=0.01)
     assert not plateaued(evals, patience=2, min_delta=0.01)  # 1.6 is
     assert not plateaued([{"step": 3, "loss": 1.0}], patience=1, min_delta=0.0)
+
+
+def test_doubling_gain_compares_the_best_block_at_half_the_steps():
+    evals = [{"step": s, "eval_mean_block_size": b} for s, b in [(0, 1.0), (10, 1.5), (20, 1.4), (30, 1.6), (40, 1.62)]]
+    assert doubling_gain(evals[:3], eval_every=10) is None  # half of 20 is the first evaluation after step 0
+    assert doubling_gain(evals[:4], eval_every=10) is None  # half of 30 is 15: still before the second
+    assert doubling_gain(evals, eval_every=10) == pytest.approx(1.62 - 1.5)  # best by step 20 was 1.5, not 1.4
+    dip = [*evals, {"step": 80, "eval_mean_block_size": 1.3}]
+    assert doubling_gain(dip, eval_every=10) == pytest.approx(0.0)  # the best by 40 (1.62) still stands
+    assert doubling_gain([{"step": 3, "loss": 1.0}], eval_every=1) is None
+
+
+def test_doubling_gain_stops_a_run_whose_block_stops_growing(tiny_base, tmp_path):
+    """With a zero learning rate the block never grows: the run stops at the first evaluation whose
+    half-way point is the second evaluation, and says why."""
+    out = tmp_path / "out"
+    train(make_cfg(tiny_base, out, lr=0.0, steps=40, eval_every=2, doubling_gain=0.05, checkpoint_every=100))
+    assert max(r["step"] for r in read_metrics(out)) == 8  # evals at 0..8: half of 8 is 4, the second after 0
+    with pytest.raises(ValueError, match="doubling_gain must be >= 0"):
+        make_cfg(tiny_base, out, doubling_gain=-1.0)
 
 
 def test_patience_stops_a_run_whose_block_stops_growing(tiny_base, tmp_path):
