@@ -31,7 +31,8 @@ def test_scores_count_anchors_whose_whole_block_lies_in_the_continuation(pilot):
 @pytest.mark.slow
 def test_a_tiny_pilot_compares_everyone_on_the_same_anchors_and_resumes(pilot, tmp_path):
     """The built-in model's distilled rows, two steps of masks, the shipped heads and paper heads for the
-    same CPU time, the verify calls' costs; then --resume with one step more continues the masks' run."""
+    same CPU time, the verify calls' costs, the layouts benchmark on the masks trained; then --resume
+    with one step more continues the masks' run."""
     args = ["--out", str(tmp_path), "--max-files", "60", "--train-rows", "8", "--eval-rows", "2", "--prompt-len", "8",
             "--new-tokens", "24", "--batch-size", "2", "--eval-every", "1", "--checkpoint-every", "1",
             "--cost-reps", "2"]  # fmt: skip
@@ -46,6 +47,10 @@ def test_a_tiny_pilot_compares_everyone_on_the_same_anchors_and_resumes(pilot, t
     )
     assert json.loads((tmp_path / "mask_pilot.json").read_text())["masks"]["heldout"] == found[0]
     assert (tmp_path / "mask_pilot.png").stat().st_size > 0
+    layouts = script("mask_layouts").main(["--pilot", str(tmp_path), "--out", str(tmp_path), "--reps", "2"])
+    assert set(layouts["tokens_per_one_token_call"]) == {"4", "6", "8"}  # the layouts of the masks just trained
+    assert layouts["call_cost"]["positions"]["k=8 groups after all"] == 64
+    assert (tmp_path / "mask_layouts.png").stat().st_size > 0
     again = pilot.main([*args, "--steps", "3", "--resume"])
     assert again["masks"]["steps"] == 3
     assert [r["step"] for r in read_jsonl(tmp_path / "masks" / "metrics.jsonl") if "loss" in r] == [
