@@ -403,7 +403,7 @@ def add_bench_parser(sub) -> None:
         "--trees",
         type=tree_budgets,
         default=None,
-        help="tree budgets to measure, comma-separated: N or auto (default), off",
+        help="tree budgets to measure, comma-separated: N, auto (default) or expected, off",
     )
     p.add_argument("--device", default=None, help="cpu (default) or cuda")
     p.add_argument("--no-system", action="store_true", help="skip the GPT-2-small-sized scripted-drafter study")
@@ -515,10 +515,11 @@ def check_drafter(drafter: str, tree: int | str | None) -> None:
 
 def tree_budget(text: str) -> int | str | None:
     """--tree N (a node budget, at most what a plan verifies; a short context may allow less), auto
-    (measured, see `blockdecode calibrate`) or off."""
-    if text in ("off", "auto"):
-        return {"off": None, "auto": "auto"}[text]
-    return integer_flag(text, 1, MAX_TREE, f"off, auto or a budget from 1 to {MAX_TREE}")
+    (measured, see `blockdecode calibrate`), expected (ranked each call by each candidate's chance to
+    stand, `blockdecode.expected`) or off."""
+    if text in ("off", "auto", "expected"):
+        return None if text == "off" else text
+    return integer_flag(text, 1, MAX_TREE, f"off, auto, expected or a budget from 1 to {MAX_TREE}")
 
 
 def tree_budgets(text: str) -> list[int | str | None]:
@@ -612,7 +613,12 @@ def main(argv: list[str] | None = None) -> None:
     gen.add_argument(
         "--drafter", choices=DRAFTER_CHOICES, default="auto", help="where proposals come from (auto: measured)"
     )
-    gen.add_argument("--tree", type=tree_budget, default="auto", help="N candidates a call, auto (measured) or off")
+    gen.add_argument(
+        "--tree",
+        type=tree_budget,
+        default="auto",
+        help="N candidates a call, auto (measured), expected (ranked), off",
+    )
     gen.add_argument("--head-type", choices=HEAD_TYPES, default="paper", help="for a model without heads")
     gen.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto", help="auto: bf16 where native, else fp32")
     gen.add_argument("--compare", action="store_true", help="also run transformers greedy and compare outputs")
@@ -701,7 +707,12 @@ def main(argv: list[str] | None = None) -> None:
     demo.add_argument(
         "--drafter", choices=DRAFTER_CHOICES, default="auto", help="where proposals come from (auto: measured)"
     )
-    demo.add_argument("--tree", type=tree_budget, default="auto", help="N candidates a call, auto (measured) or off")
+    demo.add_argument(
+        "--tree",
+        type=tree_budget,
+        default="auto",
+        help="N candidates a call, auto (measured), expected (ranked), off",
+    )
     demo.add_argument("--no-heal", dest="heal", action="store_false", help=NO_HEAL)
     demo.set_defaults(func=cmd_demo)
 

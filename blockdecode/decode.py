@@ -159,6 +159,8 @@ def decode(
             candidates = predict(plan, run, h_last, depth)
             scores, h = verify(base, run, newest, candidates, allowed)
             accepted = [accept(plan, c, s, generator) for c, s in zip(candidates, scores)]
+            if run.rankers:  # one row: what stood teaches its ranking
+                run.rankers[run.active[0]].observe(accepted[0][0])
             base.keep_paths([path for path, _, _ in accepted])  # each row: the newest token and its accepted path
             for row, c, (path, gained, _) in zip(run.active, candidates, accepted):
                 run.gain(row, gained, path, verified=len(c) + 1)
@@ -172,11 +174,15 @@ def decode(
 def plan_for_rows(plan: DecodePlan, rows: int) -> DecodePlan:
     """The plan a batch of `rows` decodes with: as it is for one row; for several, one chain a row, a
     tree asked for replaced by the first drafter's chain, with a warning and a note."""
-    if rows == 1 or plan.tree is None:
+    if rows == 1 or (plan.tree is None and plan.ranking is None):
         return plan
+    if plan.tree is None:  # a batch verifies one chain a row, each of the plan's length
+        return replace(plan, ranking=None)
     note = f"a batch verifies one chain a row, not a tree: decoding with one chain from {plan.drafters[0]!r}"
     warnings.warn(note, stacklevel=3)
-    return replace(plan, tree=None, drafters=plan.drafters[:1], note="; ".join(filter(None, [plan.note, note])))
+    return replace(
+        plan, tree=None, drafters=plan.drafters[:1], ranking=None, note="; ".join(filter(None, [plan.note, note]))
+    )
 
 
 def predict(plan: DecodePlan, run: Run, hidden: torch.Tensor, depth: int) -> list[Tree]:
@@ -187,6 +193,14 @@ def predict(plan: DecodePlan, run: Run, hidden: torch.Tensor, depth: int) -> lis
     trees = [Tree() for _ in tokens]
     if depth == 0:
         return trees
+    if run.rankers:  # one row: every candidate ranked by its chance to stand, the size chosen by cost
+        if plan.tree is None:
+            scored = [plan.drafters[0].chain_scored(tokens[0], hidden, depth)]
+        else:
+            scored = [s for d in plan.drafters for s in d.propose_scored(tokens[0], hidden, depth, plan.tree)]
+        for s in scored:
+            s.tokens, s.sources = check_ids(s.tokens[:depth], run.vocab), s.sources[:depth]
+        return [run.rankers[run.active[0]].tree(scored, plan.tree or depth)]
     if plan.tree is None:
         chains = check_proposal(plan.drafters[0].propose_rows(tokens, hidden, depth, run.active), depth, len(tokens))
         for tree, chain in zip(trees, chains):
@@ -271,6 +285,7 @@ class Run:
         self.begun = time.perf_counter()
         for drafter in plan.drafters:
             drafter.start(self.tokens)
+        self.rankers = [plan.ranking.start() for _ in rows] if plan.ranking is not None else []
 
     def length(self, row: int) -> int:  # the row's tokens decoded so far; the cache holds all but the newest
         return len(self.tokens[row])

@@ -183,7 +183,7 @@ def run_demo(
         + origin.get(model_dir, f" from {model_dir}, ")
         + " + ".join(DRAFTER_NAMES.get(d.name, d.name) for d in plan.drafters).format(head_type=model.config.head_type)
         + f", k={plan.k}, "
-        + (f"trees of {plan.tree} candidates, " if plan.tree else "")
+        + (f"{plan.setting} candidates, " if plan.tree else "")
         + f"{dtype_name(dtype)}, "
         f"{torch.get_num_threads()} threads, exact mode.\n"
         + ("Each colour is one accepted block: one call of the model.\n" if colour else "| ends each block.\n")

@@ -35,6 +35,7 @@ from blockdecode.builtin import DEFAULT_DRAFT_MODEL, DEFAULT_MODEL
 from blockdecode.calibrate import calibrate
 from blockdecode.decode import decode
 from blockdecode.drafters import CHOICES, ScriptedDrafter
+from blockdecode.expected import CAP, measured_ranking
 from blockdecode.hf import (
     CACHE_IMPLEMENTATIONS,
     DTYPES,
@@ -92,7 +93,7 @@ class BenchConfig:
             raise ValueError("ks must be block sizes >= 1, got none")
         self.ks = [at_least(k, 1, "ks must be block sizes >= 1") for k in self.ks]
         self.trees = [
-            t if isinstance(t, str) and t == "auto" else at_least(t, 1, "trees must be node budgets >= 1 or 'auto'")
+            t if t in ("auto", "expected") else at_least(t, 1, "trees must be node budgets >= 1, 'auto' or 'expected'")
             for t in self.trees
         ]
         self.batches = [at_least(b, 1, "batches must be batch sizes >= 1") for b in self.batches]
@@ -196,6 +197,11 @@ def methods_for(cfg: BenchConfig, lm: BlockwiseLM, draft, prompts: list[torch.Lo
         ms.append(Method(f"n-gram k={top} static", "ngram", blockwise("ngram", top, **static), k=top))
     k = max((k for k in cfg.ks if k <= lm.k), default=None)
     for budget in cfg.trees if k else []:
+        if budget == "expected":  # one ranked tree of every drafter, its size chosen each call
+            ranking = measured_ranking(lm.base, prompts[0])
+            ms.append(Method(f"expected tree k={k}", "expected tree",
+                             blockwise("heads+ngram", k, tree=CAP, ranking=ranking), k=k))  # fmt: skip
+            continue
         for family in CHOICES:
             nodes, name = budget, f"{family} tree {budget} k={k}"
             if budget == "auto":

@@ -1,0 +1,189 @@
+"""One tree by expected acceptance: every drafter's candidates ranked on one scale, their chance to
+stand, and the tree's size chosen each call (issue 38).
+
+Each candidate node carries a *source*: the drafter that proposed it, a key saying what kind of
+guess it is (the heads' confidence bin, an n-gram match's length, a depth) and a prior chance that it
+stands if its parent does. A node's chance p is its sources' best estimate, each the prior moved by
+this sequence's outcomes (a Beta posterior per drafter and key, `Estimates`). A node's path
+probability is the product of p down its path, so a child never outranks its parent and the N best
+nodes always form a tree. The tree keeps the n best, where n maximises the expected tokens per
+second of the call, (1 + the kept path probabilities' sum) / t(n + 1), t the machine's cost curve.
+After the call every kept node whose parent stood is one trial of its sources: a hit if it stood.
+
+Exactness never depends on any of this: it decides only which candidates are verified."""
+
+from __future__ import annotations
+
+import heapq
+import weakref
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from blockdecode.hf import weights_key
+from blockdecode.timing import forward_cost
+from blockdecode.tree import Tree
+
+CAP = 64  # the most candidates a ranked tree holds unless told fewer
+COST_POINTS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 65)  # t(q) is measured here and interpolated between
+DECAY = 0.93  # every call, past outcomes count this much less: a drafter dropped for a while is tried again
+PRIOR_WEIGHT = 4.0  # trials a prior counts for: a few dozen calls of outcomes outweigh it
+CONFIDENCE_BINS = 10  # the heads' probabilities, mapped to acceptance by a curve learnt per bin
+
+
+@dataclass(frozen=True)
+class Source:
+    """Who proposed a node and what kind of guess it is: estimates are kept per (drafter, key)."""
+
+    drafter: str
+    key: tuple
+    prior: float  # its chance to stand if its parent stands, before this sequence says otherwise
+
+
+@dataclass(frozen=True)
+class Ranking:
+    """How a decode ranks its candidates: the machine's cost curve, (token count, seconds) pairs of one
+    forward over a cached context. Each sequence ranks with its own `Ranker`, from the priors."""
+
+    cost: tuple[tuple[int, float], ...]
+
+    def start(self) -> Ranker:
+        return Ranker(dict(self.cost))
+
+
+_MEASURED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> (key, Ranking)
+
+
+def measured_ranking(
+    model: torch.nn.Module, context: torch.LongTensor, cache_implementation: str = "dynamic"
+) -> Ranking:
+    """The ranking for `model` on this machine: its cost curve over `context` (the prompt), measured
+    once per set of weights, dtype and thread count in a process (about half a second)."""
+    key = (weights_key(model.parameters()), torch.get_num_threads(), cache_implementation)
+    known = _MEASURED.get(model)
+    if known is None or known[0] != key:
+        cost = forward_cost(model, context[:1], COST_POINTS, reps=3, cache_implementation=cache_implementation)
+        _MEASURED[model] = known = (key, Ranking(tuple(sorted(cost.items()))))
+    return known[1]
+
+
+@dataclass
+class Scored:
+    """A drafter's candidate path from the newest token, with a source for each of its nodes."""
+
+    tokens: list[int]
+    sources: list[Source]
+
+
+def confidence_key(probability: float) -> tuple:
+    """The bin of a drafter's own probability for its guess: acceptance is learnt per bin."""
+    return ("confidence", min(CONFIDENCE_BINS - 1, int(probability * CONFIDENCE_BINS)))
+
+
+class Estimates:
+    """Per (drafter, key), hits and trials of this sequence on top of the prior (a Beta posterior
+    whose prior counts `PRIOR_WEIGHT` trials)."""
+
+    def __init__(self) -> None:
+        self.counts: dict[tuple[str, tuple], list[float]] = {}
+
+    def chance(self, source: Source) -> float:
+        hits, trials = self.counts.get((source.drafter, source.key), (0.0, 0.0))
+        return (source.prior * PRIOR_WEIGHT + hits) / (PRIOR_WEIGHT + trials)
+
+    def update(self, source: Source, stood: bool) -> None:
+        counts = self.counts.setdefault((source.drafter, source.key), [0.0, 0.0])
+        counts[0] += stood
+        counts[1] += 1
+
+    def forget(self) -> None:
+        """Every outcome so far counts DECAY as much: estimates follow a sequence whose text changes,
+        and one whose nodes were dropped drifts back to its prior, to be tried again."""
+        for counts in self.counts.values():
+            counts[0] *= DECAY
+            counts[1] *= DECAY
+
+
+@dataclass
+class Node:
+    token: int
+    parent: int  # index in the candidate trie; -1: the newest token
+    depth: int
+    sources: list[Source] = field(default_factory=list)
+
+
+class Ranker:
+    """One sequence's ranking: builds each call's tree from the drafters' scored paths, and learns
+    from what stood. `cost` maps a call's token count (the newest token included) to its seconds."""
+
+    def __init__(self, cost: Mapping[int, float]):
+        if not cost or any(q < 1 or not t > 0 for q, t in cost.items()):
+            raise ValueError("the cost curve needs positive seconds for token counts >= 1")
+        self.points = sorted(cost.items())
+        self.estimates = Estimates()
+        self._kept: list[tuple[int, list[Source]]] = []  # the last tree's nodes: (parent in the tree, sources)
+        self.sizes: list[int] = []  # each call's tree size
+
+    def seconds(self, q: int) -> float:
+        """t(q), linear between the measured points, flat past the ends."""
+        points = self.points
+        if q <= points[0][0]:
+            return points[0][1]
+        for (q0, t0), (q1, t1) in zip(points, points[1:]):
+            if q <= q1:
+                return t0 + (t1 - t0) * (q - q0) / (q1 - q0)
+        return points[-1][1] * q / points[-1][0]  # past the curve: as the last point, per token
+
+    def chance(self, node: Node) -> float:
+        return max(self.estimates.chance(s) for s in node.sources)
+
+    def tree(self, candidates: Sequence[Scored], cap: int) -> Tree:
+        """The tree of at most `cap` nodes whose expected tokens per second is the largest."""
+        trie: list[Node] = []
+        index: dict[tuple[int, int], int] = {}
+        for path in candidates:
+            parent = -1
+            for depth, (token, source) in enumerate(zip(path.tokens, path.sources), start=1):
+                at = index.get((parent, token))
+                if at is None:
+                    at = index[(parent, token)] = len(trie)
+                    trie.append(Node(token, parent, depth))
+                if source not in trie[at].sources:
+                    trie[at].sources.append(source)
+                parent = at
+        children: dict[int, list[int]] = {}
+        for i, node in enumerate(trie):
+            children.setdefault(node.parent, []).append(i)
+        heap = [(-self.chance(trie[i]), i) for i in children.get(-1, [])]
+        heapq.heapify(heap)
+        order: list[tuple[int, float]] = []  # (trie index, path probability), best first
+        while heap and len(order) < cap:
+            minus, i = heapq.heappop(heap)
+            order.append((i, -minus))
+            for child in children.get(i, []):
+                heapq.heappush(heap, (minus * self.chance(trie[child]), child))
+        best, total = 0, 0.0
+        rate = 1.0 / self.seconds(1)
+        for n, (_, probability) in enumerate(order, start=1):
+            total += probability
+            if (1.0 + total) / self.seconds(n + 1) > rate:
+                best, rate = n, (1.0 + total) / self.seconds(n + 1)
+        tree, placed = Tree(), {-1: 0}
+        self._kept = []
+        for i, _ in order[:best]:
+            node = trie[i]
+            placed[i] = tree.add(placed[node.parent], node.token)
+            self._kept.append((placed[node.parent], node.sources))
+        self.sizes.append(len(tree))
+        return tree
+
+    def observe(self, path: Sequence[int]) -> None:
+        """The last tree's outcome: `path`, the accepted node indices from the root (0)."""
+        stood = set(path)
+        self.estimates.forget()
+        for i, (parent, sources) in enumerate(self._kept, start=1):
+            if parent in stood:
+                for source in sources:
+                    self.estimates.update(source, i in stood)
+        self._kept = []  # a call that verifies no tree teaches nothing
