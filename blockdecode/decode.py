@@ -44,6 +44,7 @@ class DecodeStats:
     block_sizes: list[int] = field(default_factory=list)
     verified: list[int] = field(default_factory=list)
     accepted_nodes: list[list[int]] = field(default_factory=list)
+    supplied: dict[str, int] = field(default_factory=dict)  # accepted proposals, by the drafter that made them
     new_tokens: int = 0
     seconds: float = 0.0
     acceptance: str = "exact"  # anything else: the output is not the exact greedy output
@@ -60,6 +61,17 @@ class DecodeStats:
         return sum(self.block_sizes) / len(self.block_sizes) if self.block_sizes else 0.0
 
     @property
+    def mean_verified(self) -> float:
+        """Tokens a call scored, on average: the newest token and its candidates (a tree's size + 1)."""
+        return sum(self.verified) / len(self.verified) if self.verified else 0.0
+
+    def supplied_share(self) -> str:
+        """Which drafters supplied the accepted proposals, e.g. "ngram 62 %, heads 38 %"."""
+        total = sum(self.supplied.values())
+        ranked = sorted(self.supplied.items(), key=lambda item: -item[1])
+        return ", ".join(f"{name} {100 * n / total:.0f} %" for name, n in ranked) if total else "none"
+
+    @property
     def tokens_per_second(self) -> float:
         return self.new_tokens / self.seconds if self.seconds > 0 else 0.0
 
@@ -73,6 +85,8 @@ class DecodeStats:
             total.block_sizes += s.block_sizes
             total.verified += s.verified
             total.accepted_nodes += s.accepted_nodes
+            for name, n in s.supplied.items():
+                total.supplied[name] = total.supplied.get(name, 0) + n
             total.new_tokens += s.new_tokens
             total.seconds += s.seconds
             total.acceptance, total.sampling, total.note = s.acceptance, s.sampling, s.note
@@ -86,6 +100,8 @@ class DecodeStats:
             "mean_block_size": self.mean_block_size,
             "block_sizes": list(self.block_sizes),
             "verified": list(self.verified),
+            "mean_verified": self.mean_verified,
+            "supplied": dict(self.supplied),
             "seconds": self.seconds,
             "tokens_per_second": self.tokens_per_second,
             "acceptance": self.acceptance,
@@ -163,7 +179,7 @@ def decode(
                 run.rankers[run.active[0]].observe(accepted[0][0])
             base.keep_paths([path for path, _, _ in accepted])  # each row: the newest token and its accepted path
             for row, c, (path, gained, _) in zip(run.active, candidates, accepted):
-                run.gain(row, gained, path, verified=len(c) + 1)
+                run.gain(row, gained, path, verified=len(c) + 1, owners=[c.owners[i - 1] for i in path[1:]])
             last = [path[-1] for path, _, _ in accepted]
             newest = torch.stack([after[i] for (_, _, after), i in zip(accepted, last)]).view(-1, 1)
             h_last = h[torch.arange(len(last)), last]
@@ -204,7 +220,7 @@ def predict(plan: DecodePlan, run: Run, hidden: torch.Tensor, depth: int) -> lis
     if plan.tree is None:
         chains = check_proposal(plan.drafters[0].propose_rows(tokens, hidden, depth, run.active), depth, len(tokens))
         for tree, chain in zip(trees, chains):
-            tree.add_path(check_ids(chain, run.vocab), depth, depth)
+            tree.add_path(check_ids(chain, run.vocab), depth, depth, plan.drafters[0].name)
         return trees
     candidates = trees[0]
     for drafter in plan.drafters:
@@ -212,7 +228,7 @@ def predict(plan: DecodePlan, run: Run, hidden: torch.Tensor, depth: int) -> lis
             break
         paths = drafter.propose_paths(tokens[0], hidden, depth, plan.tree - len(candidates))
         for path in check_paths(paths, depth, run.vocab):
-            candidates.add_path(path, plan.tree, depth)
+            candidates.add_path(path, plan.tree, depth, drafter.name)
     return trees
 
 
@@ -304,8 +320,9 @@ class Run:
         """New tokens the row may still gain."""
         return self.max_new_tokens - self.new[row]
 
-    def gain(self, row: int, gained: list[int], path: list[int], verified: int = 0) -> None:
-        """Append what a call gained for `row`, up to and including an EOS (generate stops there)."""
+    def gain(self, row: int, gained: list[int], path: list[int], verified: int = 0, owners: Sequence[str] = ()) -> None:
+        """Append what a call gained for `row`, up to and including an EOS (generate stops there);
+        `owners`: the drafter that proposed each accepted node of `path`."""
         stop = next((i for i, t in enumerate(gained) if t in self.plan.eos), None)
         if stop is not None:
             gained, self.done[row] = gained[: stop + 1], True
@@ -319,6 +336,8 @@ class Run:
             stats.block_sizes.append(len(gained))
             stats.verified.append(verified)
             stats.accepted_nodes.append(path[1:])
+            for owner in owners[: len(gained)]:  # proposals kept before an EOS
+                stats.supplied[owner] = stats.supplied.get(owner, 0) + 1
         for drafter in self.plan.drafters:
             drafter.observe(row, gained)
         if self.on_block is not None:
@@ -360,6 +379,7 @@ class Run:
                 per_call(s.verified for s in self.stats),
             )
             total.new_tokens, total.seconds = sum(self.new), seconds
+            total.supplied = DecodeStats.pooled(self.stats).supplied
         total.calls, total.encoder_calls = base.calls, base.encoder_calls
         return BlockwiseOutput(sequences=sequences, stats=total, row_stats=self.stats)
 

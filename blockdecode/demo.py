@@ -197,8 +197,8 @@ def run_demo(
             ids, shown = healing.input_ids, tokenizer.decode(healing.input_ids[0], skip_special_tokens=True)
         sys.stdout.write(shown)
         printer = BlockPrinter(tokenizer, colour, skip_special_tokens=translate)
-        decode(model.base, ids, max_new_tokens, plan, on_block=printer, healing=healing)
-        print("\n")
+        stats = decode(model.base, ids, max_new_tokens, plan, on_block=printer, healing=healing).stats
+        print(f"\n[{stats.mean_verified - 1:.1f} candidates a call; accepted proposals: {stats.supplied_share()}]\n")
         rows.append(compare(model, prompt, ids, max_new_tokens, plan, repeats, reference, healing))
     print_table(rows)
     return rows

@@ -173,7 +173,7 @@ class Ranker:
         self._kept = []
         for i, _ in order[:best]:
             node = trie[i]
-            placed[i] = tree.add(placed[node.parent], node.token)
+            placed[i] = tree.add(placed[node.parent], node.token, node.sources[0].drafter)
             self._kept.append((placed[node.parent], node.sources))
         self.sizes.append(len(tree))
         return tree

@@ -183,7 +183,7 @@ def test_generate_samples_reproducibly_with_a_seed(model_dir: Path, capsys: pyte
             rf"argument --seed: must be an integer from 0 to 2\*\*64 - 1, got {2**70}",
         ),
         (["--drafter", "heads+ngram", "--tree", "off"], r"--drafter heads\+ngram shares a tree among its drafters"),
-        (["--tree", "2000"], "argument --tree: must be off, auto or a budget from 1 to 1024, got 2000 "),
+        (["--tree", "2000"], "argument --tree: must be off, auto, expected or a budget from 1 to 1024, got 2000 "),
     ],
 )
 def test_generate_bad_settings_are_named_in_its_flags_before_loading(
