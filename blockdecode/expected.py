@@ -15,13 +15,16 @@ Exactness never depends on any of this: it decides only which candidates are ver
 from __future__ import annotations
 
 import heapq
+import sys
 import weakref
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 import torch
 
-from blockdecode.hf import weights_key
+from blockdecode.hf import same_weights, weights_key, weights_signature
+from blockdecode.io import read_json, write_json
 from blockdecode.timing import forward_cost
 from blockdecode.tree import Tree
 
@@ -44,28 +47,94 @@ class Source:
 @dataclass(frozen=True)
 class Ranking:
     """How a decode ranks its candidates: the machine's cost curve, (token count, seconds) pairs of one
-    forward over a cached context. Each sequence ranks with its own `Ranker`, from the priors."""
+    forward over a cached context, and the acceptance rates shipped with the model (`PRIORS`, by
+    `source_name`), which replace the drafters' own priors where known. Each sequence ranks with its
+    own `Ranker`, from these."""
 
     cost: tuple[tuple[int, float], ...]
+    rates: tuple[tuple[str, float], ...] = ()
 
-    def start(self) -> Ranker:
-        return Ranker(dict(self.cost))
+    def start(self, decay: float | None = None) -> Ranker:
+        return Ranker(dict(self.cost), dict(self.rates), DECAY if decay is None else decay)
+
+
+def source_name(drafter: str, key: tuple) -> str:
+    """A source's name in a priors file: "heads confidence 3", "ngram match 2"."""
+    return " ".join(map(str, (drafter, *key)))
+
+
+PRIORS = "ranking.json"  # beside a saved model: its drafters' acceptance rates, by source
+
+
+def shipped_rates(folder: str | Path | None, signature: list[float]) -> dict[str, float]:
+    """The acceptance rates saved beside a model (`record_rates`) if they are for these weights
+    (`hf.weights_signature`); none otherwise. A damaged file is one line on stderr, then ignored: the
+    drafters' own priors serve, and the sequence teaches the rest."""
+    path = Path(folder) / PRIORS if folder else None
+    if path is None or not path.is_file():
+        return {}
+    try:
+        saved = read_json(path)
+        rates = saved.get("rates") if isinstance(saved, dict) else None
+        if not isinstance(rates, dict) or not all(isinstance(v, float) and 0 <= v <= 1 for v in rates.values()):
+            raise ValueError(f"{path} holds no acceptance rates between 0 and 1")
+    except ValueError as err:
+        print(f"blockdecode: {err}; ranking from the drafters' own priors", file=sys.stderr)
+        return {}
+    found = saved.get("signature")
+    return rates if isinstance(found, list) and same_weights(found, signature) else {}
+
+
+def record_rates(lm, prompts: Sequence[torch.LongTensor], folder: str | Path, new_tokens: int = 64) -> dict:
+    """Decode `prompts` with every drafter in one ranked tree whose calls cost the same up to `CAP`
+    tokens (so every candidate is verified, and every source tried), without forgetting, and save each
+    source's hit rate beside the model in `folder` (`PRIORS`): the prior a sequence starts from."""
+    from blockdecode.decode import decode  # the loop calls this module: imported when recording only
+    from blockdecode.plan import make_plan
+
+    flat = Ranking(((1, 1.0), (CAP + 1, 1.0)))
+    plan = make_plan(lm.base, "heads+ngram", lm.k, CAP, eos_token_id=[], lm=lm, ranking=flat)
+    seen = Estimates(decay=1.0)
+    for ids in prompts:
+        ranker = flat.start(decay=1.0)
+        decode(lm.base, ids, new_tokens, replace(plan, ranking=_Recording(flat.cost, ranker=ranker)))
+        for key, (hits, trials) in ranker.estimates.counts.items():
+            counts = seen.counts.setdefault(key, [0.0, 0.0])
+            counts[0] += hits
+            counts[1] += trials
+    rates = seen.rates_seen()
+    write_json(Path(folder) / PRIORS, {"signature": weights_signature(lm), "prompts": len(prompts), "rates": rates})
+    return rates
+
+
+@dataclass(frozen=True)
+class _Recording(Ranking):
+    """A ranking whose every sequence is `ranker` (one decode at a time), so its counts can be read after."""
+
+    ranker: Ranker | None = None
+
+    def start(self, decay: float | None = None) -> Ranker:
+        return self.ranker
 
 
 _MEASURED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> (key, Ranking)
 
 
 def measured_ranking(
-    model: torch.nn.Module, context: torch.LongTensor, cache_implementation: str = "dynamic"
+    model: torch.nn.Module,
+    context: torch.LongTensor,
+    cache_implementation: str = "dynamic",
+    rates: Mapping[str, float] | None = None,
 ) -> Ranking:
     """The ranking for `model` on this machine: its cost curve over `context` (the prompt), measured
-    once per set of weights, dtype and thread count in a process (about half a second)."""
+    once per set of weights, dtype and thread count in a process (about half a second), with `rates`
+    (`shipped_rates`) as the priors."""
     key = (weights_key(model.parameters()), torch.get_num_threads(), cache_implementation)
     known = _MEASURED.get(model)
     if known is None or known[0] != key:
         cost = forward_cost(model, context[:1], COST_POINTS, reps=3, cache_implementation=cache_implementation)
-        _MEASURED[model] = known = (key, Ranking(tuple(sorted(cost.items()))))
-    return known[1]
+        _MEASURED[model] = known = (key, tuple(sorted(cost.items())))
+    return Ranking(known[1], tuple(sorted((rates or {}).items())))
 
 
 @dataclass
@@ -83,14 +152,20 @@ def confidence_key(probability: float) -> tuple:
 
 class Estimates:
     """Per (drafter, key), hits and trials of this sequence on top of the prior (a Beta posterior
-    whose prior counts `PRIOR_WEIGHT` trials)."""
+    whose prior counts `PRIOR_WEIGHT` trials): the rate shipped with the model for that source if
+    `rates` holds it, else the drafter's own prior."""
 
-    def __init__(self) -> None:
+    def __init__(self, rates: Mapping[str, float] | None = None, decay: float = DECAY) -> None:
         self.counts: dict[tuple[str, tuple], list[float]] = {}
+        self.rates = dict(rates or {})
+        self.decay = decay
+
+    def prior(self, source: Source) -> float:
+        return self.rates.get(source_name(source.drafter, source.key), source.prior)
 
     def chance(self, source: Source) -> float:
         hits, trials = self.counts.get((source.drafter, source.key), (0.0, 0.0))
-        return (source.prior * PRIOR_WEIGHT + hits) / (PRIOR_WEIGHT + trials)
+        return (self.prior(source) * PRIOR_WEIGHT + hits) / (PRIOR_WEIGHT + trials)
 
     def update(self, source: Source, stood: bool) -> None:
         counts = self.counts.setdefault((source.drafter, source.key), [0.0, 0.0])
@@ -101,8 +176,12 @@ class Estimates:
         """Every outcome so far counts DECAY as much: estimates follow a sequence whose text changes,
         and one whose nodes were dropped drifts back to its prior, to be tried again."""
         for counts in self.counts.values():
-            counts[0] *= DECAY
-            counts[1] *= DECAY
+            counts[0] *= self.decay
+            counts[1] *= self.decay
+
+    def rates_seen(self, least: float = 5.0) -> dict[str, float]:
+        """The hit rate of every source with at least `least` trials, by `source_name`."""
+        return {source_name(*k): h / t for k, (h, t) in sorted(self.counts.items()) if t >= least}
 
 
 @dataclass
@@ -117,11 +196,11 @@ class Ranker:
     """One sequence's ranking: builds each call's tree from the drafters' scored paths, and learns
     from what stood. `cost` maps a call's token count (the newest token included) to its seconds."""
 
-    def __init__(self, cost: Mapping[int, float]):
+    def __init__(self, cost: Mapping[int, float], rates: Mapping[str, float] | None = None, decay: float = DECAY):
         if not cost or any(q < 1 or not t > 0 for q, t in cost.items()):
             raise ValueError("the cost curve needs positive seconds for token counts >= 1")
         self.points = sorted(cost.items())
-        self.estimates = Estimates()
+        self.estimates = Estimates(rates, decay)
         self._kept: list[tuple[int, list[Source]]] = []  # the last tree's nodes: (parent in the tree, sources)
         self.sizes: list[int] = []  # each call's tree size
 

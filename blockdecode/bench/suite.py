@@ -35,7 +35,7 @@ from blockdecode.builtin import DEFAULT_DRAFT_MODEL, DEFAULT_MODEL
 from blockdecode.calibrate import calibrate
 from blockdecode.decode import decode
 from blockdecode.drafters import CHOICES, ScriptedDrafter
-from blockdecode.expected import CAP, measured_ranking
+from blockdecode.expected import CAP, measured_ranking, shipped_rates
 from blockdecode.hf import (
     CACHE_IMPLEMENTATIONS,
     DTYPES,
@@ -45,6 +45,7 @@ from blockdecode.hf import (
     is_seq2seq,
     load_base,
     vocab_size,
+    weights_signature,
 )
 from blockdecode.io import check_writable, read_prompts
 from blockdecode.model import BlockwiseLM, load
@@ -198,7 +199,9 @@ def methods_for(cfg: BenchConfig, lm: BlockwiseLM, draft, prompts: list[torch.Lo
     k = max((k for k in cfg.ks if k <= lm.k), default=None)
     for budget in cfg.trees if k else []:
         if budget == "expected":  # one ranked tree of every drafter, its size chosen each call
-            ranking = measured_ranking(lm.base, prompts[0])
+            ranking = measured_ranking(
+                lm.base, prompts[0], rates=shipped_rates(lm.base_location, weights_signature(lm))
+            )
             ms.append(Method(f"expected tree k={k}", "expected tree",
                              blockwise("heads+ngram", k, tree=CAP, ranking=ranking), k=k))  # fmt: skip
             continue
