@@ -3,12 +3,25 @@ from the cost curve, estimates learnt from what stood, and decoding with them ex
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from conftest import NO_EOS, assert_greedy_equal, hf_greedy, make_prompt, perturb_heads, tiny, vocab_size
 
 from blockdecode import BlockwiseLM, NgramDrafter, ScriptedDrafter
-from blockdecode.expected import PRIOR_WEIGHT, Estimates, Ranker, Ranking, Scored, Source
+from blockdecode.expected import (
+    PRIOR_WEIGHT,
+    PRIORS,
+    Estimates,
+    Ranker,
+    Ranking,
+    Scored,
+    Source,
+    record_rates,
+    shipped_rates,
+)
+from blockdecode.hf import weights_signature
 from blockdecode.plan import make_plan
 from blockdecode.sampling import sampling_settings
 from blockdecode.toy import TOY_ARCHITECTURES, toy_model
@@ -138,3 +151,25 @@ def test_a_batch_or_sampling_with_tree_expected_verifies_chains():
     assert all(row.verified[0] == 4 for row in out.row_stats)  # each row a chain of k - 1 (the budget cuts later ones)
     out = lm.generate(ids, 8, eos_token_id=NO_EOS, tree="expected", do_sample=True)
     assert all(v <= 4 for v in out.stats.verified) and out.stats.sampling
+
+
+def test_rates_recorded_beside_a_model_are_its_priors_for_these_weights_only(tmp_path, capsys):
+    model = tiny("llama")
+    lm = perturb_heads(BlockwiseLM.from_base(model, k=4), seed=1, std=0.3)
+    prompts = [make_prompt(10, vocab_size(model), seed=s) for s in range(2)]
+    rates = record_rates(lm, prompts, tmp_path, new_tokens=16)
+    assert rates and all(0 <= r <= 1 for r in rates.values())
+    assert shipped_rates(tmp_path, weights_signature(lm)) == rates
+    other = copy.deepcopy(lm)
+    with torch.no_grad():
+        for p in other.parameters():
+            p.mul_(2)
+    assert shipped_rates(tmp_path, weights_signature(other)) == {}  # other weights' rates are not their priors
+    name, rate = next(iter(rates.items()))
+    drafter, *key = name.split(" ")
+    source = Source(drafter, tuple(int(x) if x.isdigit() else x for x in key), 0.5)
+    assert Ranking(((1, 1.0),), tuple(rates.items())).start().estimates.chance(source) == pytest.approx(rate)
+    (tmp_path / PRIORS).write_text('{"rates": {"heads confidence 1": 7}}')
+    assert shipped_rates(tmp_path, weights_signature(lm)) == {}
+    assert "holds no acceptance rates between 0 and 1" in capsys.readouterr().err
+    assert shipped_rates(tmp_path / "nowhere", weights_signature(lm)) == {}
