@@ -107,6 +107,22 @@ def record_rates(lm, prompts: Sequence[torch.LongTensor], folder: str | Path, ne
     return rates
 
 
+def explain(lm, plan, ids: torch.LongTensor, new_tokens: int) -> tuple[list[tuple[str, float, float, float]], float]:
+    """How one decode of `ids` under `plan` (a ranked plan of `lm`) moves the estimates: for every
+    source it tried, (name, prior, estimate after, trials since decayed), and the mean candidates a call."""
+    from blockdecode.decode import decode
+
+    ranker = plan.ranking.start()
+    decode(lm.base, ids, new_tokens, replace(plan, ranking=_Recording(plan.ranking.cost, ranker=ranker)))
+    rows = []
+    for (drafter, key), (_, trials) in sorted(ranker.estimates.counts.items()):
+        own = (key[1] + 0.5) / CONFIDENCE_BINS if key[0] == "confidence" else 0.1 if key[0] == "padding" else 0.5
+        source = Source(drafter, key, own)  # a confidence bin's own prior: its middle
+        prior = ranker.estimates.prior(source)
+        rows.append((source_name(drafter, key), prior, ranker.estimates.chance(source), trials))
+    return rows, sum(ranker.sizes) / max(1, len(ranker.sizes))
+
+
 @dataclass(frozen=True)
 class _Recording(Ranking):
     """A ranking whose every sequence is `ranker` (one decode at a time), so its counts can be read after."""
