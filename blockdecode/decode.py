@@ -21,6 +21,7 @@ from transformers import PreTrainedModel
 from blockdecode.acceptance import Acceptance
 from blockdecode.adapter import check_attention_mask, check_prompt, open_decoder, row_tokens, token_budget
 from blockdecode.drafters import Drafter, check_ids, check_paths, check_proposal
+from blockdecode.expected import OFFERED
 from blockdecode.healing import Healing, check_healing
 from blockdecode.hf import eval_mode, is_seq2seq, vocab_size
 from blockdecode.plan import DecodePlan, make_plan
@@ -213,7 +214,8 @@ def predict(plan: DecodePlan, run: Run, hidden: torch.Tensor, depth: int) -> lis
         if plan.tree is None:
             scored = [plan.drafters[0].chain_scored(tokens[0], hidden, depth)]
         else:
-            scored = [s for d in plan.drafters for s in d.propose_scored(tokens[0], hidden, depth, plan.tree)]
+            offered = min(plan.tree, OFFERED)
+            scored = [s for d in plan.drafters for s in d.propose_scored(tokens[0], hidden, depth, offered)]
         for s in scored:
             s.tokens, s.sources = check_ids(s.tokens[:depth], run.vocab), s.sources[:depth]
         return [run.rankers[run.active[0]].tree(scored, plan.tree or depth)]

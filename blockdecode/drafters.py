@@ -19,7 +19,7 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-from blockdecode.expected import Scored, Source, confidence_key
+from blockdecode.expected import Scored, Source, confidence_source
 from blockdecode.heads import short_projection
 from blockdecode.hf import as_integer, at_least, weights_key
 from blockdecode.tree import best_path, lattice_paths
@@ -287,7 +287,7 @@ class HeadsDrafter(BaseDrafter):
         return Scored(self._ids(index).tolist(), [self._source(p) for p in best.tolist()])
 
     def _source(self, probability: float) -> Source:
-        return Source(self.name, confidence_key(probability), min(0.95, max(0.02, probability)))
+        return confidence_source(self.name, probability)
 
     def _chain(self, last: torch.LongTensor, hidden: torch.Tensor, n: int) -> torch.LongTensor:
         """Sequential heads' chains [N, n] after each row's newest token `last` [N]: each head's

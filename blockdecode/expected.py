@@ -14,6 +14,7 @@ Exactness never depends on any of this: it decides only which candidates are ver
 
 from __future__ import annotations
 
+import functools
 import heapq
 import sys
 import weakref
@@ -29,6 +30,7 @@ from blockdecode.timing import forward_cost
 from blockdecode.tree import Tree
 
 CAP = 64  # the most candidates a ranked tree holds unless told fewer
+OFFERED = 24  # paths a drafter offers a ranked tree: more than a call keeps of one drafter, for less work
 COST_POINTS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 65)  # t(q) is measured here and interpolated between
 DECAY = 0.93  # every call, past outcomes count this much less: a drafter dropped for a while is tried again
 PRIOR_WEIGHT = 4.0  # trials a prior counts for: a few dozen calls of outcomes outweigh it
@@ -116,11 +118,18 @@ def explain(lm, plan, ids: torch.LongTensor, new_tokens: int) -> tuple[list[tupl
     decode(lm.base, ids, new_tokens, replace(plan, ranking=_Recording(plan.ranking.cost, ranker=ranker)))
     rows = []
     for (drafter, key), (_, trials) in sorted(ranker.estimates.counts.items()):
-        own = (key[1] + 0.5) / CONFIDENCE_BINS if key[0] == "confidence" else 0.1 if key[0] == "padding" else 0.5
-        source = Source(drafter, key, own)  # a confidence bin's own prior: its middle
+        source = Source(drafter, key, own_prior(drafter, key))
         prior = ranker.estimates.prior(source)
         rows.append((source_name(drafter, key), prior, ranker.estimates.chance(source), trials))
     return rows, sum(ranker.sizes) / max(1, len(ranker.sizes))
+
+
+def own_prior(drafter: str, key: tuple) -> float:
+    """The prior the drafters here give a source of this key: a confidence bin's middle, 0.1 for an
+    n-gram's padding, an even chance otherwise."""
+    if key[0] == "confidence":
+        return _confidence_source(drafter, key[1]).prior
+    return 0.1 if key[0] == "padding" else 0.5
 
 
 @dataclass(frozen=True)
@@ -161,9 +170,15 @@ class Scored:
     sources: list[Source]
 
 
-def confidence_key(probability: float) -> tuple:
-    """The bin of a drafter's own probability for its guess: acceptance is learnt per bin."""
-    return ("confidence", min(CONFIDENCE_BINS - 1, int(probability * CONFIDENCE_BINS)))
+def confidence_source(drafter: str, probability: float) -> Source:
+    """The source of a guess its drafter gave `probability`: its bin (acceptance is learnt per bin),
+    whose middle is the prior. One object a bin, so ranking compares sources by identity."""
+    return _confidence_source(drafter, min(CONFIDENCE_BINS - 1, int(probability * CONFIDENCE_BINS)))
+
+
+@functools.cache
+def _confidence_source(drafter: str, bin: int) -> Source:
+    return Source(drafter, ("confidence", bin), (bin + 0.5) / CONFIDENCE_BINS)
 
 
 class Estimates:
@@ -230,8 +245,16 @@ class Ranker:
                 return t0 + (t1 - t0) * (q - q0) / (q1 - q0)
         return points[-1][1] * q / points[-1][0]  # past the curve: as the last point, per token
 
-    def chance(self, node: Node) -> float:
-        return max(self.estimates.chance(s) for s in node.sources)
+    def chance(self, node: Node, memo: dict[Source, float]) -> float:
+        """The node's chance to stand if its parent does: its best source's estimate (`memo` holds this
+        call's, as many nodes share a source)."""
+        best = 0.0
+        for source in node.sources:
+            p = memo.get(source)
+            if p is None:
+                p = memo[source] = self.estimates.chance(source)
+            best = max(best, p)
+        return best
 
     def tree(self, candidates: Sequence[Scored], cap: int) -> Tree:
         """The tree of at most `cap` nodes whose expected tokens per second is the largest."""
@@ -250,14 +273,23 @@ class Ranker:
         children: dict[int, list[int]] = {}
         for i, node in enumerate(trie):
             children.setdefault(node.parent, []).append(i)
-        heap = [(-self.chance(trie[i]), i) for i in children.get(-1, [])]
+        memo: dict[Source, float] = {}
+
+        def siblings(parent: int) -> list[tuple[int, float]]:
+            """A node's children and their chances, scaled to sum to at most 1: at most one of them
+            stands (the parent's argmax), whatever each source says alone."""
+            found = [(i, self.chance(trie[i], memo)) for i in children.get(parent, [])]
+            total = max(1.0, sum(p for _, p in found))
+            return [(i, p / total) for i, p in found]
+
+        heap = [(-p, i) for i, p in siblings(-1)]
         heapq.heapify(heap)
         order: list[tuple[int, float]] = []  # (trie index, path probability), best first
         while heap and len(order) < cap:
             minus, i = heapq.heappop(heap)
             order.append((i, -minus))
-            for child in children.get(i, []):
-                heapq.heappush(heap, (minus * self.chance(trie[child]), child))
+            for child, p in siblings(i):
+                heapq.heappush(heap, (minus * p, child))
         best, total = 0, 0.0
         rate = 1.0 / self.seconds(1)
         for n, (_, probability) in enumerate(order, start=1):
