@@ -403,7 +403,7 @@ def add_bench_parser(sub) -> None:
         "--trees",
         type=tree_budgets,
         default=None,
-        help="tree budgets to measure, comma-separated: N or auto (default), off",
+        help="tree budgets to measure, comma-separated: N, auto (default) or expected, off",
     )
     p.add_argument("--device", default=None, help="cpu (default) or cuda")
     p.add_argument("--no-system", action="store_true", help="skip the GPT-2-small-sized scripted-drafter study")
@@ -436,6 +436,23 @@ def cmd_calibrate(args: argparse.Namespace) -> None:
     print(f"\n--tree auto decodes with {result.drafter}, {chosen}, for {result.key} (chosen in {result.seconds:.1f} s)")
     if not result.note:  # else calibrate has said why it is not cached
         print(f"cached in {cache_file()}", file=sys.stderr)
+    explain_ranking(model, prompts[0], args.drafter, args.k)
+
+
+def explain_ranking(model, ids: torch.LongTensor, drafter: str, k: int | None, new_tokens: int = 96) -> None:
+    """What --tree expected starts from, and how one decode of `ids` moves it."""
+    from blockdecode.expected import PRIORS, explain
+
+    plan = model.plan(drafter, k, "expected", prompts=[ids])
+    rows, mean_tree = explain(model, plan, ids, new_tokens)
+    print(
+        f"\n--tree expected ranks each call's candidates by their chance to stand, from the priors in {PRIORS} "
+        f"beside the model where it has one (else the drafters' own), moved by what stands. A decode of "
+        f"{new_tokens} tokens of the first prompt held {mean_tree:.1f} candidates a call and moved them:"
+    )
+    print(f"{'source':24} {'prior':>6} {'after':>6} {'trials':>7}")
+    for name, prior, after, trials in rows:
+        print(f"{name:24} {prior:6.2f} {after:6.2f} {trials:7.1f}")
 
 
 def cmd_export(args: argparse.Namespace) -> None:
@@ -515,10 +532,11 @@ def check_drafter(drafter: str, tree: int | str | None) -> None:
 
 def tree_budget(text: str) -> int | str | None:
     """--tree N (a node budget, at most what a plan verifies; a short context may allow less), auto
-    (measured, see `blockdecode calibrate`) or off."""
-    if text in ("off", "auto"):
-        return {"off": None, "auto": "auto"}[text]
-    return integer_flag(text, 1, MAX_TREE, f"off, auto or a budget from 1 to {MAX_TREE}")
+    (measured, see `blockdecode calibrate`), expected (ranked each call by each candidate's chance to
+    stand, `blockdecode.expected`) or off."""
+    if text in ("off", "auto", "expected"):
+        return None if text == "off" else text
+    return integer_flag(text, 1, MAX_TREE, f"off, auto, expected or a budget from 1 to {MAX_TREE}")
 
 
 def tree_budgets(text: str) -> list[int | str | None]:
@@ -612,7 +630,12 @@ def main(argv: list[str] | None = None) -> None:
     gen.add_argument(
         "--drafter", choices=DRAFTER_CHOICES, default="auto", help="where proposals come from (auto: measured)"
     )
-    gen.add_argument("--tree", type=tree_budget, default="auto", help="N candidates a call, auto (measured) or off")
+    gen.add_argument(
+        "--tree",
+        type=tree_budget,
+        default="auto",
+        help="N candidates a call, auto (measured), expected (ranked), off",
+    )
     gen.add_argument("--head-type", choices=HEAD_TYPES, default="paper", help="for a model without heads")
     gen.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto", help="auto: bf16 where native, else fp32")
     gen.add_argument("--compare", action="store_true", help="also run transformers greedy and compare outputs")
@@ -701,7 +724,12 @@ def main(argv: list[str] | None = None) -> None:
     demo.add_argument(
         "--drafter", choices=DRAFTER_CHOICES, default="auto", help="where proposals come from (auto: measured)"
     )
-    demo.add_argument("--tree", type=tree_budget, default="auto", help="N candidates a call, auto (measured) or off")
+    demo.add_argument(
+        "--tree",
+        type=tree_budget,
+        default="auto",
+        help="N candidates a call, auto (measured), expected (ranked), off",
+    )
     demo.add_argument("--no-heal", dest="heal", action="store_false", help=NO_HEAL)
     demo.set_defaults(func=cmd_demo)
 

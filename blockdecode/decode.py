@@ -21,6 +21,7 @@ from transformers import PreTrainedModel
 from blockdecode.acceptance import Acceptance
 from blockdecode.adapter import check_attention_mask, check_prompt, open_decoder, row_tokens, token_budget
 from blockdecode.drafters import Drafter, check_ids, check_paths, check_proposal
+from blockdecode.expected import OFFERED
 from blockdecode.healing import Healing, check_healing
 from blockdecode.hf import eval_mode, is_seq2seq, vocab_size
 from blockdecode.plan import DecodePlan, make_plan
@@ -44,6 +45,7 @@ class DecodeStats:
     block_sizes: list[int] = field(default_factory=list)
     verified: list[int] = field(default_factory=list)
     accepted_nodes: list[list[int]] = field(default_factory=list)
+    supplied: dict[str, int] = field(default_factory=dict)  # accepted proposals, by the drafter that made them
     new_tokens: int = 0
     seconds: float = 0.0
     acceptance: str = "exact"  # anything else: the output is not the exact greedy output
@@ -60,6 +62,17 @@ class DecodeStats:
         return sum(self.block_sizes) / len(self.block_sizes) if self.block_sizes else 0.0
 
     @property
+    def mean_verified(self) -> float:
+        """Tokens a call scored, on average: the newest token and its candidates (a tree's size + 1)."""
+        return sum(self.verified) / len(self.verified) if self.verified else 0.0
+
+    def supplied_share(self) -> str:
+        """Which drafters supplied the accepted proposals, e.g. "ngram 62 %, heads 38 %"."""
+        total = sum(self.supplied.values())
+        ranked = sorted(self.supplied.items(), key=lambda item: -item[1])
+        return ", ".join(f"{name} {100 * n / total:.0f} %" for name, n in ranked) if total else "none"
+
+    @property
     def tokens_per_second(self) -> float:
         return self.new_tokens / self.seconds if self.seconds > 0 else 0.0
 
@@ -73,6 +86,8 @@ class DecodeStats:
             total.block_sizes += s.block_sizes
             total.verified += s.verified
             total.accepted_nodes += s.accepted_nodes
+            for name, n in s.supplied.items():
+                total.supplied[name] = total.supplied.get(name, 0) + n
             total.new_tokens += s.new_tokens
             total.seconds += s.seconds
             total.acceptance, total.sampling, total.note = s.acceptance, s.sampling, s.note
@@ -86,6 +101,8 @@ class DecodeStats:
             "mean_block_size": self.mean_block_size,
             "block_sizes": list(self.block_sizes),
             "verified": list(self.verified),
+            "mean_verified": self.mean_verified,
+            "supplied": dict(self.supplied),
             "seconds": self.seconds,
             "tokens_per_second": self.tokens_per_second,
             "acceptance": self.acceptance,
@@ -159,9 +176,11 @@ def decode(
             candidates = predict(plan, run, h_last, depth)
             scores, h = verify(base, run, newest, candidates, allowed)
             accepted = [accept(plan, c, s, generator) for c, s in zip(candidates, scores)]
+            if run.rankers:  # one row: what stood teaches its ranking
+                run.rankers[run.active[0]].observe(accepted[0][0])
             base.keep_paths([path for path, _, _ in accepted])  # each row: the newest token and its accepted path
             for row, c, (path, gained, _) in zip(run.active, candidates, accepted):
-                run.gain(row, gained, path, verified=len(c) + 1)
+                run.gain(row, gained, path, verified=len(c) + 1, owners=[c.owners[i - 1] for i in path[1:]])
             last = [path[-1] for path, _, _ in accepted]
             newest = torch.stack([after[i] for (_, _, after), i in zip(accepted, last)]).view(-1, 1)
             h_last = h[torch.arange(len(last)), last]
@@ -172,11 +191,15 @@ def decode(
 def plan_for_rows(plan: DecodePlan, rows: int) -> DecodePlan:
     """The plan a batch of `rows` decodes with: as it is for one row; for several, one chain a row, a
     tree asked for replaced by the first drafter's chain, with a warning and a note."""
-    if rows == 1 or plan.tree is None:
+    if rows == 1 or (plan.tree is None and plan.ranking is None):
         return plan
+    if plan.tree is None:  # a batch verifies one chain a row, each of the plan's length
+        return replace(plan, ranking=None)
     note = f"a batch verifies one chain a row, not a tree: decoding with one chain from {plan.drafters[0]!r}"
     warnings.warn(note, stacklevel=3)
-    return replace(plan, tree=None, drafters=plan.drafters[:1], note="; ".join(filter(None, [plan.note, note])))
+    return replace(
+        plan, tree=None, drafters=plan.drafters[:1], ranking=None, note="; ".join(filter(None, [plan.note, note]))
+    )
 
 
 def predict(plan: DecodePlan, run: Run, hidden: torch.Tensor, depth: int) -> list[Tree]:
@@ -187,10 +210,19 @@ def predict(plan: DecodePlan, run: Run, hidden: torch.Tensor, depth: int) -> lis
     trees = [Tree() for _ in tokens]
     if depth == 0:
         return trees
+    if run.rankers:  # one row: every candidate ranked by its chance to stand, the size chosen by cost
+        if plan.tree is None:
+            scored = [plan.drafters[0].chain_scored(tokens[0], hidden, depth)]
+        else:
+            offered = min(plan.tree, OFFERED)
+            scored = [s for d in plan.drafters for s in d.propose_scored(tokens[0], hidden, depth, offered)]
+        for s in scored:
+            s.tokens, s.sources = check_ids(s.tokens[:depth], run.vocab), s.sources[:depth]
+        return [run.rankers[run.active[0]].tree(scored, plan.tree or depth)]
     if plan.tree is None:
         chains = check_proposal(plan.drafters[0].propose_rows(tokens, hidden, depth, run.active), depth, len(tokens))
         for tree, chain in zip(trees, chains):
-            tree.add_path(check_ids(chain, run.vocab), depth, depth)
+            tree.add_path(check_ids(chain, run.vocab), depth, depth, plan.drafters[0].name)
         return trees
     candidates = trees[0]
     for drafter in plan.drafters:
@@ -198,7 +230,7 @@ def predict(plan: DecodePlan, run: Run, hidden: torch.Tensor, depth: int) -> lis
             break
         paths = drafter.propose_paths(tokens[0], hidden, depth, plan.tree - len(candidates))
         for path in check_paths(paths, depth, run.vocab):
-            candidates.add_path(path, plan.tree, depth)
+            candidates.add_path(path, plan.tree, depth, drafter.name)
     return trees
 
 
@@ -271,6 +303,7 @@ class Run:
         self.begun = time.perf_counter()
         for drafter in plan.drafters:
             drafter.start(self.tokens)
+        self.rankers = [plan.ranking.start() for _ in rows] if plan.ranking is not None else []
 
     def length(self, row: int) -> int:  # the row's tokens decoded so far; the cache holds all but the newest
         return len(self.tokens[row])
@@ -289,8 +322,9 @@ class Run:
         """New tokens the row may still gain."""
         return self.max_new_tokens - self.new[row]
 
-    def gain(self, row: int, gained: list[int], path: list[int], verified: int = 0) -> None:
-        """Append what a call gained for `row`, up to and including an EOS (generate stops there)."""
+    def gain(self, row: int, gained: list[int], path: list[int], verified: int = 0, owners: Sequence[str] = ()) -> None:
+        """Append what a call gained for `row`, up to and including an EOS (generate stops there);
+        `owners`: the drafter that proposed each accepted node of `path`."""
         stop = next((i for i, t in enumerate(gained) if t in self.plan.eos), None)
         if stop is not None:
             gained, self.done[row] = gained[: stop + 1], True
@@ -304,6 +338,8 @@ class Run:
             stats.block_sizes.append(len(gained))
             stats.verified.append(verified)
             stats.accepted_nodes.append(path[1:])
+            for owner in owners[: len(gained)]:  # proposals kept before an EOS
+                stats.supplied[owner] = stats.supplied.get(owner, 0) + 1
         for drafter in self.plan.drafters:
             drafter.observe(row, gained)
         if self.on_block is not None:
@@ -345,6 +381,7 @@ class Run:
                 per_call(s.verified for s in self.stats),
             )
             total.new_tokens, total.seconds = sum(self.new), seconds
+            total.supplied = DecodeStats.pooled(self.stats).supplied
         total.calls, total.encoder_calls = base.calls, base.encoder_calls
         return BlockwiseOutput(sequences=sequences, stats=total, row_stats=self.stats)
 

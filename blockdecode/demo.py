@@ -183,7 +183,7 @@ def run_demo(
         + origin.get(model_dir, f" from {model_dir}, ")
         + " + ".join(DRAFTER_NAMES.get(d.name, d.name) for d in plan.drafters).format(head_type=model.config.head_type)
         + f", k={plan.k}, "
-        + (f"trees of {plan.tree} candidates, " if plan.tree else "")
+        + (f"{plan.setting} candidates, " if plan.tree else "")
         + f"{dtype_name(dtype)}, "
         f"{torch.get_num_threads()} threads, exact mode.\n"
         + ("Each colour is one accepted block: one call of the model.\n" if colour else "| ends each block.\n")
@@ -197,8 +197,8 @@ def run_demo(
             ids, shown = healing.input_ids, tokenizer.decode(healing.input_ids[0], skip_special_tokens=True)
         sys.stdout.write(shown)
         printer = BlockPrinter(tokenizer, colour, skip_special_tokens=translate)
-        decode(model.base, ids, max_new_tokens, plan, on_block=printer, healing=healing)
-        print("\n")
+        stats = decode(model.base, ids, max_new_tokens, plan, on_block=printer, healing=healing).stats
+        print(f"\n[{stats.mean_verified - 1:.1f} candidates a call; accepted proposals: {stats.supplied_share()}]\n")
         rows.append(compare(model, prompt, ids, max_new_tokens, plan, repeats, reference, healing))
     print_table(rows)
     return rows

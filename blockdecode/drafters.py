@@ -19,6 +19,7 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
+from blockdecode.expected import Scored, Source, confidence_source
 from blockdecode.heads import short_projection
 from blockdecode.hf import as_integer, at_least, weights_key
 from blockdecode.tree import best_path, lattice_paths
@@ -58,6 +59,18 @@ class BaseDrafter:
     def propose_paths(self, tokens: torch.LongTensor, hidden: torch.Tensor, depth: int, budget: int) -> list[list[int]]:
         """Candidate paths for a tree, best first: here the one chain."""
         return check_proposal(self.propose(tokens, hidden, depth), depth)
+
+    def propose_scored(self, tokens: torch.LongTensor, hidden: torch.Tensor, depth: int, budget: int) -> list[Scored]:
+        """`propose_paths`, each node with its source for ranking (`blockdecode.expected`): one key for
+        every node, its prior an even chance, so this sequence's hit rate decides; a node's chance given
+        its parent's, so the first nodes' outcomes speak for the deeper ones too."""
+        paths = check_paths(self.propose_paths(tokens, hidden, depth, budget), depth, None)
+        return [Scored(path, [Source(self.name, ("any",), 0.5)] * len(path)) for path in paths]
+
+    def chain_scored(self, tokens: torch.LongTensor, hidden: torch.Tensor, n: int) -> Scored:
+        """`propose`'s chain, each node with its source for ranking: as `propose_scored`'s."""
+        chain = check_proposal(self.propose(tokens, hidden, n), n)[0]
+        return Scored(chain, [Source(self.name, ("any",), 0.5)] * n)
 
     def start(self, prompts: list[list[int]]) -> None:
         """A decode begins from `prompts`, one a row (the sequences the decoder extends)."""
@@ -120,13 +133,15 @@ def check_proposal(draft: object, n: int, rows: int = 1) -> list[list[int]]:
     return draft.tolist()
 
 
-def check_paths(paths: object, depth: int, vocab_size: int) -> list[list[int]]:
+def check_paths(paths: object, depth: int, vocab_size: int | None) -> list[list[int]]:
     """A drafter's paths for a tree, each cut to `depth`, as lists of ids of the vocabulary; a clear
     error for anything else (a tensor [P, L] is P paths)."""
     if isinstance(paths, torch.Tensor) and paths.dim() == 2:
         paths = list(paths)
     if not isinstance(paths, Sequence) or isinstance(paths, str | bytes):
         raise TypeError(f"propose_paths returned {type(paths).__name__}; it must return a list of lists of token ids")
+    if vocab_size is None:  # the caller checks the ids
+        return [path_ids(path)[:depth] for path in paths]
     return [check_ids(path_ids(path)[:depth], vocab_size) for path in paths]
 
 
@@ -248,6 +263,31 @@ class HeadsDrafter(BaseDrafter):
         values, ids = values[0], ids[0]
         factor = self._factor(tokens, 0) if self.rescore else None
         return [path for path, _ in lattice_paths(values, ids, budget, factor)]
+
+    def propose_scored(self, tokens: torch.LongTensor, hidden: torch.Tensor, depth: int, budget: int) -> list[Scored]:
+        """The tree's paths, each node's source the heads' own probability for it (its prior, and the
+        bin its acceptance is learnt in). Sequential heads, whose beam keeps no per-node probability,
+        are ranked by depth."""
+        if self.sequential or self.rescore:
+            return super().propose_scored(tokens, hidden, depth, budget)
+        values, ids = self._top(hidden, depth, min(self.width, budget))
+        chance = {
+            (d, t): p for d, (row, tok) in enumerate(zip(values[0].tolist(), ids[0].tolist())) for p, t in zip(row, tok)
+        }
+        return [
+            Scored(path, [self._source(chance[(d, t)]) for d, t in enumerate(path)])
+            for path, _ in lattice_paths(values[0], ids[0], budget)
+        ]
+
+    def chain_scored(self, tokens: torch.LongTensor, hidden: torch.Tensor, n: int) -> Scored:
+        """The argmax chain, each node's source the heads' probability for it."""
+        if self.sequential or self.rescore:
+            return super().chain_scored(tokens, hidden, n)
+        best, index = self._logits(hidden, n).float().softmax(-1)[0].max(-1)
+        return Scored(self._ids(index).tolist(), [self._source(p) for p in best.tolist()])
+
+    def _source(self, probability: float) -> Source:
+        return confidence_source(self.name, probability)
 
     def _chain(self, last: torch.LongTensor, hidden: torch.Tensor, n: int) -> torch.LongTensor:
         """Sequential heads' chains [N, n] after each row's newest token `last` [N]: each head's
@@ -418,11 +458,27 @@ class NgramDrafter(BaseDrafter):
     def continuations(self, seq: list[int], depth: int) -> Iterator[list[int]]:
         """What followed each earlier occurrence of the sequence's suffix: longest suffix first,
         then newest occurrence first."""
+        for _, path in self.matches(seq, depth):
+            yield path
+
+    def matches(self, seq: list[int], depth: int) -> Iterator[tuple[int, list[int]]]:
+        """`continuations`, each with the length of the suffix it matched."""
         for size in range(min(self.max_ngram, len(seq) - 1), self.min_ngram - 1, -1):
             tail = seq[-size:]
             for start in range(len(seq) - size - 1, -1, -1):
                 if seq[start : start + size] == tail:
-                    yield seq[start + size : start + size + depth]
+                    yield size, seq[start + size : start + size + depth]
+
+    def propose_scored(self, tokens: torch.LongTensor, hidden: torch.Tensor, depth: int, budget: int) -> list[Scored]:
+        """`propose_paths`, each node's source keyed by its match's length: a longer match stands more
+        often, and this sequence's hit rate says how often."""
+        scored: list[Scored] = []
+        for size, path in self.matches(tokens[0].tolist(), depth):
+            if path and all(path != s.tokens for s in scored):
+                scored.append(Scored(path, [Source(self.name, ("match", size), 0.5)] * len(path)))
+                if len(scored) == self.max_paths:
+                    break
+        return scored
 
     def propose(self, tokens: torch.LongTensor, hidden: torch.Tensor, n: int) -> torch.LongTensor:
         seq = tokens[0].tolist()
@@ -430,6 +486,16 @@ class NgramDrafter(BaseDrafter):
         # Pad a short or missing match by repeating the newest token: any guess is safe to verify.
         guess += [guess[-1] if guess else seq[-1]] * (n - len(guess))
         return torch.tensor([guess], dtype=torch.long, device=tokens.device)
+
+    def chain_scored(self, tokens: torch.LongTensor, hidden: torch.Tensor, n: int) -> Scored:
+        """`propose`'s chain: the newest match's continuation, keyed by the match's length, then the
+        padding, which seldom stands."""
+        seq = tokens[0].tolist()
+        size, guess = next(self.matches(seq, n), (0, []))
+        sources = [Source(self.name, ("match", size), 0.5)] * len(guess)
+        pad = n - len(guess)
+        guess += [guess[-1] if guess else seq[-1]] * pad
+        return Scored(guess, sources + [Source(self.name, ("padding",), 0.1)] * pad)
 
     def propose_paths(self, tokens: torch.LongTensor, hidden: torch.Tensor, depth: int, budget: int) -> list[list[int]]:
         paths: list[list[int]] = []

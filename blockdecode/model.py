@@ -14,7 +14,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from blockdecode import builtin
+from blockdecode import builtin, expected
 from blockdecode.acceptance import Acceptance, parse_acceptance
 from blockdecode.adapter import check_attention_mask, check_prompt, row_tokens
 from blockdecode.calibrate import calibrate
@@ -223,8 +223,11 @@ class BlockwiseLM(nn.Module):
         sampling = sampling_settings(self.base, do_sample, temperature, top_k, top_p)
         if tree == "default":
             tree = "auto" if isinstance(drafter, str) else None
+        if tree == "expected":  # every drafter's candidates ranked by their chance to stand, the size chosen each call
+            settings = (acceptance, eos_token_id, cache_implementation)
+            return self._ranked_plan(drafter, k, *settings, prompts, sampling, rows)
         if isinstance(tree, str) and tree != "auto":
-            raise ValueError(f"tree must be a node budget >= 1, 'auto' or None, got {tree!r}")
+            raise ValueError(f"tree must be a node budget >= 1, 'auto', 'expected' or None, got {tree!r}")
         if tree == "auto" and parse_acceptance(acceptance).rule == "min-block":
             tree = None  # min-block forces a chain's first proposals
         if tree == "auto" or drafter == "auto":
@@ -244,6 +247,21 @@ class BlockwiseLM(nn.Module):
         return make_plan(
             self.base, drafter, k, tree, acceptance, eos_token_id, cache_implementation, lm=self, sampling=sampling
         )
+
+    def _ranked_plan(self, drafter, k, acceptance, eos_token_id, cache_implementation, prompts, sampling, rows):
+        """tree="expected": n-gram lookup and the heads ("auto") or the drafters given, in one tree of up to
+        `expected.CAP` nodes ranked by their chance to stand, its size chosen each call from the machine's
+        cost curve (measured on the first prompt). Sampling verifies a chain (the heads', for "auto"),
+        its length chosen so; a batch, one chain a row of the plan's length."""
+        if not prompts:
+            raise ValueError("tree='expected' needs a prompt to measure the cost curve on: pass prompts=[input_ids]")
+        chain = sampling is not None or rows > 1
+        drafter = ("heads" if chain else "heads+ngram") if drafter == "auto" else drafter
+        rates = expected.shipped_rates(self.base_location, weights_signature(self)) if rows == 1 else {}
+        ranking = expected.measured_ranking(self.base, prompts[0], cache_implementation, rates) if rows == 1 else None
+        tree = None if chain else expected.CAP
+        return make_plan(self.base, drafter, k, tree, acceptance, eos_token_id, cache_implementation, lm=self,
+                         sampling=sampling, ranking=ranking)  # fmt: skip
 
     def generate(
         self,

@@ -16,6 +16,7 @@ from transformers import PreTrainedModel
 from blockdecode.acceptance import Acceptance, parse_acceptance
 from blockdecode.adapter import takes_tree_masks
 from blockdecode.drafters import DRAFTERS, BaseDrafter, Drafter, HeadsDrafter, as_drafters, drafter_names
+from blockdecode.expected import Ranking
 from blockdecode.hf import (
     CACHE_IMPLEMENTATIONS,
     as_integer,
@@ -47,6 +48,7 @@ class DecodePlan:
     eos: frozenset[int] = frozenset()
     cache_implementation: str = "dynamic"
     sampling: Sampling | None = None  # None: greedy
+    ranking: Ranking | None = None  # set: each call's tree ranked by expected acceptance, up to `tree` nodes
     note: str = ""
 
     def __post_init__(self) -> None:
@@ -59,6 +61,8 @@ class DecodePlan:
                 raise ValueError(f"tree={self.tree} exceeds MAX_TREE={MAX_TREE}, the most candidates a plan verifies")
         elif len(self.drafters) != 1:
             raise ValueError(f"{len(self.drafters)} drafters need a tree to share: pass tree=N")
+        if self.ranking is not None and self.tree is not None and self.sampling is not None:
+            raise ValueError("sampling verifies one chain: a ranking under sampling chooses its length, not a tree")
         object.__setattr__(self, "acceptance", parse_acceptance(self.acceptance))
         object.__setattr__(self, "eos", frozenset(integer(t, "eos_token_id") for t in self.eos))
         check_cache(self.cache_implementation)
@@ -70,6 +74,8 @@ class DecodePlan:
 
     @property
     def setting(self) -> str:
+        if self.ranking is not None:
+            return f"ranked trees of up to {self.tree}" if self.tree else "ranked chain"
         return f"trees of {self.tree}" if self.tree else "chain"
 
 
@@ -133,6 +139,7 @@ def make_plan(
     cache_implementation: str = "dynamic",
     lm=None,
     sampling: Sampling | None = None,
+    ranking: Ranking | None = None,
 ) -> DecodePlan:
     """The plan for decoding `model` (a BlockwiseLM's base when `lm` is given): `drafter` a name
     ("heads", "ngram", "heads+ngram", "heads-rescored"; the heads need `lm`), a drafter or a list of
@@ -172,4 +179,6 @@ def make_plan(
     if note:
         warnings.warn(f"{note}: decoding with one chain from {drafters[0]!r} instead of a tree", stacklevel=2)
         tree, drafters = None, drafters[:1]
-    return DecodePlan(drafters, k, tree, rule, eos, cache_implementation, sampling, note)
+    if ranking is not None and rule.rule != "exact":
+        raise ValueError("a ranking learns what stands under exact acceptance: rank with acceptance='exact'")
+    return DecodePlan(drafters, k, tree, rule, eos, cache_implementation, sampling, ranking, note)

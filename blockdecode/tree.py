@@ -24,29 +24,32 @@ class Tree:
     tokens: list[int] = field(default_factory=list)
     parents: list[int] = field(default_factory=list)  # each < its own index; 0 is the root
     depths: list[int] = field(default_factory=list)  # the root's children have depth 1
+    owners: list[str] = field(default_factory=list)  # the drafter that proposed each node first
     _children: dict[tuple[int, int], int] = field(default_factory=dict, repr=False)
 
     def __len__(self) -> int:
         return len(self.tokens)
 
-    def add(self, parent: int, token: int) -> int:
-        """The node for `token` after `parent` (0: the root), made if new; its index (1-based)."""
+    def add(self, parent: int, token: int, owner: str = "") -> int:
+        """The node for `token` after `parent` (0: the root), made if new (proposed by `owner`); its
+        index (1-based)."""
         key = (parent, token)
         if key not in self._children:
             self.tokens.append(token)
             self.parents.append(parent)
+            self.owners.append(owner)
             self.depths.append(1 if parent == 0 else self.depths[parent - 1] + 1)
             self._children[key] = len(self.tokens)
         return self._children[key]
 
-    def add_path(self, path: Sequence[int], budget: int, max_depth: int) -> None:
-        """Insert a chain of tokens from the root, sharing what is already there, until the tree
-        holds `budget` nodes or the chain is `max_depth` deep."""
+    def add_path(self, path: Sequence[int], budget: int, max_depth: int, owner: str = "") -> None:
+        """Insert a chain of tokens from the root (proposed by `owner`), sharing what is already
+        there, until the tree holds `budget` nodes or the chain is `max_depth` deep."""
         node = 0
         for token in path[:max_depth]:
             if len(self) >= budget and (node, token) not in self._children:
                 return
-            node = self.add(node, int(token))
+            node = self.add(node, int(token), owner)
 
     def is_chain(self) -> bool:
         """Whether the nodes form one path from the root, each the child of the one before."""

@@ -57,6 +57,16 @@ tok = AutoTokenizer.from_pretrained(DEFAULT_MODEL)
 texts = json.load(open(f"{DEFAULT_MODEL}/prompts.json"))[:4]
 calibrate.record_statistics(lm, [tok(t, return_tensors="pt").input_ids for t in texts], DEFAULT_MODEL)
 PY
+  # and each drafter's acceptance rates by source, the prior of tree="expected", on 16 held-out windows
+  RUNS="$RUNS" .venv/bin/python - <<'PY'
+import os, numpy as np, torch
+from blockdecode import DEFAULT_MODEL, BlockwiseLM
+from blockdecode.expected import record_rates
+lm = BlockwiseLM.from_pretrained(DEFAULT_MODEL, dtype=torch.float32).eval()
+held = np.load(f"{os.environ['RUNS']}/corpus/heldout.npy", mmap_mode="r")
+starts = np.linspace(0, len(held) - 200, 16).astype(np.int64)
+record_rates(lm, [torch.tensor(held[s : s + 64].astype(np.int64))[None] for s in starts], DEFAULT_MODEL, 96)
+PY
 fi
 
 # 4. The draft model for `blockdecode bench`'s assisted-generation baseline: one layer of 256 on the same corpus

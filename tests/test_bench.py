@@ -143,9 +143,10 @@ def test_cli_bench_quick_and_bad_input(setup: dict, tmp_path: Path, capsys: pyte
     assert saved["config"]["ks"] == [2, 4, 8]  # --quick's own k list
     assert "assisted" not in saved["methods"]  # no draft model given
     assert [r["batch"] for r in saved["batches"]] == [4, 4, 4]
-    main([*args, "--batches", "off", "--temperatures", "off", "--out", str(tmp_path / "off")])
+    main([*args, "--batches", "off", "--temperatures", "off", "--acceptance", "exact", "--out", str(tmp_path / "off")])
     saved = json.loads((tmp_path / "off" / "bench.json").read_text())
     assert saved["batches"] == [] and saved["sampling"] == {}
+    assert saved["config"]["acceptance"] == [] and {r["acceptance"] for r in saved["methods"].values()} == {"exact"}
     assert not (tmp_path / "off" / "batches.png").exists()
     with pytest.raises(SystemExit, match="topk:N needs an integer N >= 1"):
         main([*args, "--acceptance", "topk:0"])

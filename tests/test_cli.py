@@ -183,7 +183,7 @@ def test_generate_samples_reproducibly_with_a_seed(model_dir: Path, capsys: pyte
             rf"argument --seed: must be an integer from 0 to 2\*\*64 - 1, got {2**70}",
         ),
         (["--drafter", "heads+ngram", "--tree", "off"], r"--drafter heads\+ngram shares a tree among its drafters"),
-        (["--tree", "2000"], "argument --tree: must be off, auto or a budget from 1 to 1024, got 2000 "),
+        (["--tree", "2000"], "argument --tree: must be off, auto, expected or a budget from 1 to 1024, got 2000 "),
     ],
 )
 def test_generate_bad_settings_are_named_in_its_flags_before_loading(
@@ -301,6 +301,8 @@ def test_calibrate_prints_the_budgets_and_caches_the_choice(
     assert re.search(r"^ *heads: chain: \d+", out, re.M) and re.search(r"^ *ngram: chain: \d+", out, re.M), out
     assert not re.search(r"^ *heads\+ngram: chain", out, re.M)  # shared drafters have no chain
     assert out.count("*") == 3 and "--tree auto decodes with" in out  # each drafter's best marked
+    assert "--tree expected ranks each call's candidates" in out  # and what a ranked tree starts from
+    assert re.search(r"^ngram match \d +\d\.\d\d +\d\.\d\d +\d+\.\d$", out, re.M), out
     assert (tmp_path / "blockdecode" / "calibration.json").is_file()
     main(["generate", "--model", str(model_dir), "--prompt", "def f(x):", "--max-new-tokens", "8", "--tree", "auto",
           "--dtype", "fp32",

@@ -35,6 +35,7 @@ class Run:
     block_sizes: list[int] = field(default_factory=list)
     forward_seconds: float = 0.0
     verified: list[int] = field(default_factory=list)  # tokens each call scored
+    supplied: dict[str, int] = field(default_factory=dict)  # accepted proposals by the drafter that made them
 
 
 @dataclass
@@ -84,7 +85,9 @@ def blockwise_run(
         seconds = time.perf_counter() - start
     sequence = new_part(model, ids, out.sequences)
     stats = out.stats
-    return Run(sequence, seconds, meters[0].calls, 0, stats.block_sizes, meters[0].seconds, stats.verified)
+    return Run(
+        sequence, seconds, meters[0].calls, 0, stats.block_sizes, meters[0].seconds, stats.verified, stats.supplied
+    )
 
 
 def measure(
@@ -149,7 +152,13 @@ def block_stats(runs: list[Run], k: int) -> dict:
     # Head i's own rate: accepted when heads 2..i-1 were.
     own = [reached[i] / reached[i - 1] if i and reached[i - 1] else reached[i] for i in range(len(reached))]
     verified = [q for r in runs for q in r.verified]
+    supplied: dict[str, int] = {}
+    for r in runs:
+        for name, n in r.supplied.items():
+            supplied[name] = supplied.get(name, 0) + n
+    total = sum(supplied.values())
     return {
+        "supplied_share": {name: n / total for name, n in supplied.items()} if total else {},
         "mean_block_size": statistics.mean(blocks) if blocks else 0.0,
         "mean_verified": statistics.mean(verified) if verified else float(k),
         "block_histogram": hist,

@@ -35,6 +35,7 @@ from blockdecode.builtin import DEFAULT_DRAFT_MODEL, DEFAULT_MODEL
 from blockdecode.calibrate import calibrate
 from blockdecode.decode import decode
 from blockdecode.drafters import CHOICES, ScriptedDrafter
+from blockdecode.expected import CAP, measured_ranking, shipped_rates
 from blockdecode.hf import (
     CACHE_IMPLEMENTATIONS,
     DTYPES,
@@ -44,6 +45,7 @@ from blockdecode.hf import (
     is_seq2seq,
     load_base,
     vocab_size,
+    weights_signature,
 )
 from blockdecode.io import check_writable, read_prompts
 from blockdecode.model import BlockwiseLM, load
@@ -92,14 +94,14 @@ class BenchConfig:
             raise ValueError("ks must be block sizes >= 1, got none")
         self.ks = [at_least(k, 1, "ks must be block sizes >= 1") for k in self.ks]
         self.trees = [
-            t if isinstance(t, str) and t == "auto" else at_least(t, 1, "trees must be node budgets >= 1 or 'auto'")
+            t if t in ("auto", "expected") else at_least(t, 1, "trees must be node budgets >= 1, 'auto' or 'expected'")
             for t in self.trees
         ]
         self.batches = [at_least(b, 1, "batches must be batch sizes >= 1") for b in self.batches]
         for name in ("new_tokens", "n_prompts", "repeats", "max_q", "fwd_reps", "batch_k"):
             setattr(self, name, at_least(getattr(self, name), 1, f"{name} must be a positive integer"))
-        for spec in self.acceptance:
-            parse_acceptance(spec)  # a bad rule fails before anything runs
+        # a bad rule fails before anything runs; exact is measured anyway, so it is no relaxed rule to add
+        self.acceptance = [spec for spec in self.acceptance if parse_acceptance(spec).rule != "exact"]
         for t in self.temperatures:
             Sampling(temperature=t)  # so does a bad temperature
         unknown = set(self.system_caches) - set(CACHE_IMPLEMENTATIONS)
@@ -196,6 +198,13 @@ def methods_for(cfg: BenchConfig, lm: BlockwiseLM, draft, prompts: list[torch.Lo
         ms.append(Method(f"n-gram k={top} static", "ngram", blockwise("ngram", top, **static), k=top))
     k = max((k for k in cfg.ks if k <= lm.k), default=None)
     for budget in cfg.trees if k else []:
+        if budget == "expected":  # one ranked tree of every drafter, its size chosen each call
+            ranking = measured_ranking(
+                lm.base, prompts[0], rates=shipped_rates(lm.base_location, weights_signature(lm))
+            )
+            ms.append(Method(f"expected tree k={k}", "expected tree",
+                             blockwise("heads+ngram", k, tree=CAP, ranking=ranking), k=k))  # fmt: skip
+            continue
         for family in CHOICES:
             nodes, name = budget, f"{family} tree {budget} k={k}"
             if budget == "auto":

@@ -1,0 +1,175 @@
+"""Ranked trees (blockdecode/expected.py): candidates ranked by their chance to stand, the size chosen
+from the cost curve, estimates learnt from what stood, and decoding with them exactly greedy's output."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from conftest import NO_EOS, assert_greedy_equal, hf_greedy, make_prompt, perturb_heads, tiny, vocab_size
+
+from blockdecode import BlockwiseLM, NgramDrafter, ScriptedDrafter
+from blockdecode.expected import (
+    PRIOR_WEIGHT,
+    PRIORS,
+    Estimates,
+    Ranker,
+    Ranking,
+    Scored,
+    Source,
+    record_rates,
+    shipped_rates,
+)
+from blockdecode.hf import weights_signature
+from blockdecode.plan import make_plan
+from blockdecode.sampling import sampling_settings
+from blockdecode.toy import TOY_ARCHITECTURES, toy_model
+
+FLAT = {1: 1.0, 8: 1.0, 16: 2.0, 64: 8.0}  # a call of up to 8 tokens costs what one does, then more
+
+
+def scored(tokens: list[int], drafter: str, prior: float) -> Scored:
+    return Scored(tokens, [Source(drafter, ("any",), prior)] * len(tokens))
+
+
+def test_the_tree_keeps_the_most_probable_nodes_and_stops_where_a_node_costs_more_than_it_gains():
+    ranker = Ranker(FLAT)
+    good, poor = scored([1, 2, 3], "a", 0.9), scored([4, 5], "b", 0.1)
+    tree = ranker.tree([poor, good], cap=64)
+    # 7 nodes fit in the flat part: all five are kept, best first (the 0.9 path, then the 0.1 one)
+    assert tree.tokens == [1, 2, 3, 4, 5] and tree.parents == [0, 1, 2, 0, 4]
+    assert ranker.tree([poor, good], cap=2).tokens == [1, 2]  # the cap holds the best two
+    steep = Ranker({1: 1.0, 2: 1.2, 64: 13.4})  # every node costs a fifth of a call
+    assert steep.tree([poor, good], cap=64).tokens == [1, 2, 3]  # 0.9, 0.81, 0.73 gain more than they cost
+    assert steep.tree([poor], cap=64).tokens == []  # 0.1 does not: no tree at all
+
+
+def test_shared_prefixes_are_one_node_with_both_sources():
+    ranker = Ranker(FLAT)
+    tree = ranker.tree([scored([1, 2], "a", 0.9), scored([1, 7], "b", 0.2)], cap=64)
+    assert tree.tokens == [1, 2, 7] and tree.parents == [0, 1, 1]
+    ranker.observe([0, 1, 2])  # node 1 (a's and b's) and its child 2 (a's) stood, 7 (b's) did not
+    chance = ranker.estimates.chance
+    assert chance(Source("a", ("any",), 0.9)) == pytest.approx((0.9 * PRIOR_WEIGHT + 2) / (PRIOR_WEIGHT + 2))
+    assert chance(Source("b", ("any",), 0.2)) == pytest.approx((0.2 * PRIOR_WEIGHT + 1) / (PRIOR_WEIGHT + 2))
+
+
+def test_estimates_converge_to_a_drafters_true_acceptance_within_a_few_dozen_calls():
+    gen = torch.Generator().manual_seed(0)
+    for truth in (0.1, 0.5, 0.9):
+        ranker = Ranker(FLAT)
+        source = Source("s", ("any",), 0.5)
+        estimates = []
+        for _ in range(80):
+            ranker.tree([Scored([1], [source])], cap=64)
+            ranker.observe([0, 1] if torch.rand((), generator=gen) < truth else [0])
+            estimates.append(ranker.estimates.chance(source))
+        assert sum(estimates[20:]) / 60 == pytest.approx(truth, abs=0.1)  # from the 20th call on
+
+
+def test_a_drafter_that_turns_wrong_loses_its_nodes_and_is_tried_again_later():
+    ranker = Ranker({1: 1.0, 2: 1.2, 64: 20.0})  # a node costs a fifth of a call more than the last
+    path = scored([1, 2, 3, 4], "s", 0.5)
+    sizes = []
+    for call in range(120):
+        tree = ranker.tree([path], cap=64)
+        sizes.append(len(tree))
+        right = call < 30  # always right, then always wrong
+        ranker.observe(list(range(len(tree) + 1)) if right else [0])
+    assert sizes[:8] == sorted(sizes[:8]) and sizes[29] == 4  # grown to the whole path
+    assert sizes[30:50] == sorted(sizes[30:50], reverse=True) and sizes[49] <= 1  # shrunk within 20 calls
+    assert 0 in sizes[80:] and 1 in sizes[80:]  # dropped, and tried again as the past fades
+
+
+def test_untried_estimates_start_at_the_prior_and_a_prior_counts_a_few_trials():
+    estimates = Estimates()
+    source = Source("s", ("k",), 0.3)
+    assert estimates.chance(source) == pytest.approx(0.3)
+    estimates.update(source, True)
+    assert estimates.chance(source) == pytest.approx((0.3 * PRIOR_WEIGHT + 1) / (PRIOR_WEIGHT + 1))
+
+
+def test_a_cost_curve_must_be_positive():
+    with pytest.raises(ValueError, match="cost curve"):
+        Ranker({})
+    with pytest.raises(ValueError, match="cost curve"):
+        Ranker({0: 1.0})
+
+
+def test_a_ranking_needs_exact_acceptance_and_ranks_a_chain_under_sampling():
+    model = toy_model("llama")
+    ranking = Ranking(((1, 1.0), (8, 1.0)))
+    with pytest.raises(ValueError, match="acceptance='exact'"):
+        make_plan(model, NgramDrafter(), 4, 8, acceptance="topk:2", ranking=ranking)
+    with pytest.warns(UserWarning, match="sampling verifies one chain"):
+        plan = make_plan(model, NgramDrafter(), 4, 8, ranking=ranking, sampling=sampling_settings(model, True))
+    assert plan.tree is None and plan.ranking is ranking and plan.setting == "ranked chain"
+
+
+@pytest.mark.parametrize("arch", TOY_ARCHITECTURES)
+def test_ranked_trees_match_transformers_generate(arch: str):
+    """Heads and n-gram lookup ranked into one tree, and scripted drafters of any accuracy beside
+    n-gram lookup, with the measured cost curve or a flat one: greedy's own output."""
+    model = tiny(arch)
+    ids = make_prompt(12, vocab_size(model), seed=5)
+    ref = hf_greedy(model, ids, 32)
+    lm = perturb_heads(BlockwiseLM.from_base(model, k=6), seed=3, std=0.3)
+    out = lm.generate(ids, 32, eos_token_id=NO_EOS, tree="expected")
+    assert_greedy_equal(model, ids, out.sequences, ref, what="expected tree of heads and n-gram")
+    for accuracy in (0.0, 0.6, 1.0):
+        drafters = [ScriptedDrafter(ref, vocab_size(model), accuracy, seed=4), NgramDrafter()]
+        plan = make_plan(model, drafters, 6, 16, eos_token_id=NO_EOS, ranking=Ranking(tuple(FLAT.items())))
+        out = lm.generate(ids, 32, plan=plan)
+        assert_greedy_equal(model, ids, out.sequences, ref, what=f"scripted {accuracy} + n-gram, ranked")
+        assert all(v <= 17 for v in out.stats.verified)
+
+
+def test_a_ranked_chain_takes_a_prefix_of_the_drafters_chain_and_stays_greedy():
+    """A chain plan with a ranking verifies a prefix of the chain whose length the estimates choose: all
+    of it for a drafter that is always right, none of it for one that is always wrong."""
+    model = tiny("llama")
+    ids = make_prompt(8, vocab_size(model), seed=2)
+    ref = hf_greedy(model, ids, 40)
+    lm = BlockwiseLM.from_base(model, k=6)
+    steep = Ranking(((1, 1.0), (2, 1.2), (64, 13.6)))  # a token costs a fifth of a call
+    for accuracy, longest in ((1.0, 6), (0.0, 1)):
+        plan = make_plan(model, ScriptedDrafter(ref, vocab_size(model), accuracy), 6, eos_token_id=NO_EOS,
+                         ranking=steep)  # fmt: skip
+        out = lm.generate(ids, 40, plan=plan)
+        assert_greedy_equal(model, ids, out.sequences, ref, what=f"ranked chain, scripted {accuracy}")
+        middle = out.stats.verified[len(out.stats.verified) // 2]  # away from the budget's end, which cuts chains
+        assert middle == longest  # the whole chain and the newest token, or the newest token alone
+
+
+def test_a_batch_or_sampling_with_tree_expected_verifies_chains():
+    model = tiny("llama")
+    lm = BlockwiseLM.from_base(model, k=4)
+    ids = make_prompt(8, vocab_size(model), seed=1)
+    batch = torch.cat([ids, ids])
+    out = lm.generate(batch, 8, eos_token_id=NO_EOS, tree="expected", attention_mask=torch.ones_like(batch))
+    assert all(row.verified[0] == 4 for row in out.row_stats)  # each row a chain of k - 1 (the budget cuts later ones)
+    out = lm.generate(ids, 8, eos_token_id=NO_EOS, tree="expected", do_sample=True)
+    assert all(v <= 4 for v in out.stats.verified) and out.stats.sampling
+
+
+def test_rates_recorded_beside_a_model_are_its_priors_for_these_weights_only(tmp_path, capsys):
+    model = tiny("llama")
+    lm = perturb_heads(BlockwiseLM.from_base(model, k=4), seed=1, std=0.3)
+    prompts = [make_prompt(10, vocab_size(model), seed=s) for s in range(2)]
+    rates = record_rates(lm, prompts, tmp_path, new_tokens=16)
+    assert rates and all(0 <= r <= 1 for r in rates.values())
+    assert shipped_rates(tmp_path, weights_signature(lm)) == rates
+    other = copy.deepcopy(lm)
+    with torch.no_grad():
+        for p in other.parameters():
+            p.mul_(2)
+    assert shipped_rates(tmp_path, weights_signature(other)) == {}  # other weights' rates are not their priors
+    name, rate = next(iter(rates.items()))
+    drafter, *key = name.split(" ")
+    source = Source(drafter, tuple(int(x) if x.isdigit() else x for x in key), 0.5)
+    assert Ranking(((1, 1.0),), tuple(rates.items())).start().estimates.chance(source) == pytest.approx(rate)
+    (tmp_path / PRIORS).write_text('{"rates": {"heads confidence 1": 7}}')
+    assert shipped_rates(tmp_path, weights_signature(lm)) == {}
+    assert "holds no acceptance rates between 0 and 1" in capsys.readouterr().err
+    assert shipped_rates(tmp_path / "nowhere", weights_signature(lm)) == {}
