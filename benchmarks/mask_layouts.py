@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -28,6 +27,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 sys.path.insert(0, str(Path(__file__).parent))
 
+import mask_pilot  # noqa: E402  (beside this script)
 import torch  # noqa: E402
 from transformers.utils import logging as hf_logging  # noqa: E402
 
@@ -116,24 +116,24 @@ def call_costs(base, masks: MaskDrafts, context: torch.LongTensor, ks: list[int]
             positions, allowed = layout(k, groups)
             ids = torch.cat([tokens(k), (vocab + torch.arange(k - 1)).repeat(len(groups))[None]], dim=1)
             kinds[f"k={k} {name}"] = (ids, positions + length, allowed if groups else None, k)
-    samples: dict[str, list[float]] = {name: [] for name in kinds}
-    names = list(kinds)
+
+    def timed(ids: torch.LongTensor, positions, allowed, real: int):
+        def call() -> float:
+            start = time.perf_counter()
+            if allowed is None:
+                adapter.score(ids)
+            else:
+                mask = adapter._attention_mask(allowed[None])
+                _, h = adapter._forward(ids, position_ids=positions[None], attention_mask=mask, logits_to_keep=0)
+                project(h[:, real:]).argmax(-1)  # the masks' drafts, through the draft vocabulary
+            elapsed = time.perf_counter() - start
+            adapter.keep(range(length))
+            return elapsed
+
+        return call
+
     with attached(base, masks.to(base.device)):
-        for rep in range(reps + 1):  # the first round warms up
-            for name in names[rep % len(names) :] + names[: rep % len(names)]:
-                ids, positions, allowed, real = kinds[name]
-                start = time.perf_counter()
-                if allowed is None:
-                    adapter.score(ids)
-                else:
-                    mask = adapter._attention_mask(allowed[None])
-                    _, h = adapter._forward(ids, position_ids=positions[None], attention_mask=mask, logits_to_keep=0)
-                    project(h[:, real:]).argmax(-1)  # the masks' drafts, through the draft vocabulary
-                elapsed = time.perf_counter() - start
-                adapter.keep(range(length))
-                if rep:
-                    samples[name].append(elapsed)
-    seconds = {name: statistics.median(s) for name, s in samples.items()}
+        seconds = mask_pilot.medians_in_turns({name: timed(*kind) for name, kind in kinds.items()}, reps)
     return {
         "positions": {name: int(kinds[name][0].shape[1]) for name in kinds},
         "ms": {name: 1e3 * s for name, s in seconds.items()},
@@ -145,7 +145,6 @@ def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     hf_logging.set_verbosity_error()
     torch.set_num_threads(args.threads)
-    import mask_pilot
 
     pilot = Path(args.pilot)
     lm, _ = load(args.model)

@@ -32,6 +32,7 @@ import os
 import shutil
 import statistics
 import time
+from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -325,19 +326,19 @@ def call_cost(base, masks: MaskDrafts, context: torch.LongTensor, ks: list[int],
         group = torch.cat([tokens(k), torch.arange(vocab, vocab + k - 1)[None]], dim=1)
         calls |= {f"chain {k} + masks ({name} LoRA)": (group, drafts) for name, drafts in lora.items()}
         calls[f"plain {2 * k - 1}"] = (tokens(2 * k - 1), None)
-    names = list(calls)
-    samples: dict[str, list[float]] = {name: [] for name in names}
-    for rep in range(reps + 1):  # the first round warms up
-        for name in names[rep % len(names) :] + names[: rep % len(names)]:
-            ids, drafts = calls[name]
+
+    def timed(ids: torch.LongTensor, drafts: MaskDrafts | None) -> Callable[[], float]:
+        def call() -> float:
             with attached(base, drafts) if drafts is not None else nullcontext():
                 start = time.perf_counter()
                 adapter.score(ids)
                 elapsed = time.perf_counter() - start
             adapter.keep(range(length))
-            if rep:
-                samples[name].append(elapsed)
-    seconds = {name: statistics.median(s) for name, s in samples.items()}
+            return elapsed
+
+        return call
+
+    seconds = medians_in_turns({name: timed(*kind) for name, kind in calls.items()}, reps)
     return {
         "dtype": dtype_name(base.dtype),
         "native_bf16": native_bf16(),
@@ -346,6 +347,20 @@ def call_cost(base, masks: MaskDrafts, context: torch.LongTensor, ks: list[int],
         "ms": {name: 1e3 * s for name, s in seconds.items()},
         "over_one_token": {name: s / seconds["1"] for name, s in seconds.items()},
     }
+
+
+def medians_in_turns(calls: dict[str, Callable[[], float]], reps: int) -> dict[str, float]:
+    """The median of `reps` rounds of each call's own timing (it times what it should, and returns the
+    seconds), every round running all of them in a rotated order after a round that warms up: drift on a
+    shared machine spreads over all of them alike."""
+    names = list(calls)
+    samples: dict[str, list[float]] = {name: [] for name in names}
+    for rep in range(reps + 1):
+        for name in names[rep % len(names) :] + names[: rep % len(names)]:
+            elapsed = calls[name]()
+            if rep:
+                samples[name].append(elapsed)
+    return {name: statistics.median(s) for name, s in samples.items()}
 
 
 def distilled(base, cfg: TrainConfig, corpus: Path, eval_rows: int) -> tuple[torch.LongTensor, torch.LongTensor]:
