@@ -32,7 +32,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -40,6 +40,7 @@ import torch
 from blockdecode.adapter import takes_tree_masks
 from blockdecode.decode import decode
 from blockdecode.drafters import CHOICES, drafter_names
+from blockdecode.expected import CAP, PRIORS, Estimates, Ranker, Ranking, Source, own_prior, source_name
 from blockdecode.hf import (
     check_loaded,
     check_model,
@@ -417,3 +418,50 @@ def calibrate(
         _UNWRITABLE.add(str(cache_file()))
         print(f"blockdecode: {result.note}; decoding with this choice anyway", file=sys.stderr)
     return result
+
+
+# What tree="expected" starts from (blockdecode.expected): recorded beside a model, and explained.
+
+
+def record_rates(lm, prompts: Sequence[torch.LongTensor], folder: str | Path, new_tokens: int = 64) -> dict:
+    """Decode `prompts` with every drafter in one ranked tree whose calls cost the same up to `CAP`
+    tokens (so every candidate is verified, and every source tried), without forgetting, and save each
+    source's hit rate beside the model in `folder` (`PRIORS`): the prior a sequence starts from."""
+    flat = Ranking(((1, 1.0), (CAP + 1, 1.0)))
+    plan = make_plan(lm.base, "heads+ngram", lm.k, CAP, eos_token_id=[], lm=lm, ranking=flat)
+    seen = Estimates(decay=1.0)
+    for ids in prompts:
+        ranker = flat.start(decay=1.0)
+        decode(lm.base, ids, new_tokens, replace(plan, ranking=_Recording(flat.cost, ranker=ranker)))
+        for key, (hits, trials) in ranker.estimates.counts.items():
+            counts = seen.counts.setdefault(key, [0.0, 0.0])
+            counts[0] += hits
+            counts[1] += trials
+    rates = seen.rates_seen()
+    write_json(Path(folder) / PRIORS, {"signature": weights_signature(lm), "prompts": len(prompts), "rates": rates})
+    return rates
+
+
+def explain_ranking(
+    lm, plan, ids: torch.LongTensor, new_tokens: int
+) -> tuple[list[tuple[str, float, float, float]], float]:
+    """How one decode of `ids` under `plan` (a ranked plan of `lm`) moves the estimates: for every
+    source it tried, (name, prior, estimate after, trials since decayed), and the mean candidates a call."""
+    ranker = plan.ranking.start()
+    decode(lm.base, ids, new_tokens, replace(plan, ranking=_Recording(plan.ranking.cost, ranker=ranker)))
+    rows = []
+    for (drafter, key), (_, trials) in sorted(ranker.estimates.counts.items()):
+        source = Source(drafter, key, own_prior(drafter, key))
+        prior = ranker.estimates.prior(source)
+        rows.append((source_name(drafter, key), prior, ranker.estimates.chance(source), trials))
+    return rows, sum(ranker.sizes) / max(1, len(ranker.sizes))
+
+
+@dataclass(frozen=True)
+class _Recording(Ranking):
+    """A ranking whose every sequence is `ranker` (one decode at a time), so its counts can be read after."""
+
+    ranker: Ranker | None = None
+
+    def start(self, decay: float | None = None) -> Ranker:
+        return self.ranker

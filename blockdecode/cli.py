@@ -436,15 +436,16 @@ def cmd_calibrate(args: argparse.Namespace) -> None:
     print(f"\n--tree auto decodes with {result.drafter}, {chosen}, for {result.key} (chosen in {result.seconds:.1f} s)")
     if not result.note:  # else calibrate has said why it is not cached
         print(f"cached in {cache_file()}", file=sys.stderr)
-    explain_ranking(model, prompts[0], args.drafter, args.k)
+    print_ranking(model, prompts[0], args.drafter, args.k)
 
 
-def explain_ranking(model, ids: torch.LongTensor, drafter: str, k: int | None, new_tokens: int = 96) -> None:
+def print_ranking(model, ids: torch.LongTensor, drafter: str, k: int | None, new_tokens: int = 96) -> None:
     """What --tree expected starts from, and how one decode of `ids` moves it."""
-    from blockdecode.expected import PRIORS, explain
+    from blockdecode.calibrate import explain_ranking
+    from blockdecode.expected import PRIORS
 
     plan = model.plan(drafter, k, "expected", prompts=[ids])
-    rows, mean_tree = explain(model, plan, ids, new_tokens)
+    rows, mean_tree = explain_ranking(model, plan, ids, new_tokens)
     print(
         f"\n--tree expected ranks each call's candidates by their chance to stand, from the priors in {PRIORS} "
         f"beside the model where it has one (else the drafters' own), moved by what stands. A decode of "

@@ -19,13 +19,13 @@ import heapq
 import sys
 import weakref
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
-from blockdecode.hf import same_weights, weights_key, weights_signature
-from blockdecode.io import read_json, write_json
+from blockdecode.hf import same_weights, weights_key
+from blockdecode.io import read_json
 from blockdecode.timing import forward_cost
 from blockdecode.tree import Tree
 
@@ -69,7 +69,7 @@ PRIORS = "ranking.json"  # beside a saved model: its drafters' acceptance rates,
 
 
 def shipped_rates(folder: str | Path | None, signature: list[float]) -> dict[str, float]:
-    """The acceptance rates saved beside a model (`record_rates`) if they are for these weights
+    """The acceptance rates saved beside a model (`calibrate.record_rates`) if they are for these weights
     (`hf.weights_signature`); none otherwise. A damaged file is one line on stderr, then ignored: the
     drafters' own priors serve, and the sequence teaches the rest."""
     path = Path(folder) / PRIORS if folder else None
@@ -87,59 +87,12 @@ def shipped_rates(folder: str | Path | None, signature: list[float]) -> dict[str
     return rates if isinstance(found, list) and same_weights(found, signature) else {}
 
 
-def record_rates(lm, prompts: Sequence[torch.LongTensor], folder: str | Path, new_tokens: int = 64) -> dict:
-    """Decode `prompts` with every drafter in one ranked tree whose calls cost the same up to `CAP`
-    tokens (so every candidate is verified, and every source tried), without forgetting, and save each
-    source's hit rate beside the model in `folder` (`PRIORS`): the prior a sequence starts from."""
-    from blockdecode.decode import decode  # the loop calls this module: imported when recording only
-    from blockdecode.plan import make_plan
-
-    flat = Ranking(((1, 1.0), (CAP + 1, 1.0)))
-    plan = make_plan(lm.base, "heads+ngram", lm.k, CAP, eos_token_id=[], lm=lm, ranking=flat)
-    seen = Estimates(decay=1.0)
-    for ids in prompts:
-        ranker = flat.start(decay=1.0)
-        decode(lm.base, ids, new_tokens, replace(plan, ranking=_Recording(flat.cost, ranker=ranker)))
-        for key, (hits, trials) in ranker.estimates.counts.items():
-            counts = seen.counts.setdefault(key, [0.0, 0.0])
-            counts[0] += hits
-            counts[1] += trials
-    rates = seen.rates_seen()
-    write_json(Path(folder) / PRIORS, {"signature": weights_signature(lm), "prompts": len(prompts), "rates": rates})
-    return rates
-
-
-def explain(lm, plan, ids: torch.LongTensor, new_tokens: int) -> tuple[list[tuple[str, float, float, float]], float]:
-    """How one decode of `ids` under `plan` (a ranked plan of `lm`) moves the estimates: for every
-    source it tried, (name, prior, estimate after, trials since decayed), and the mean candidates a call."""
-    from blockdecode.decode import decode
-
-    ranker = plan.ranking.start()
-    decode(lm.base, ids, new_tokens, replace(plan, ranking=_Recording(plan.ranking.cost, ranker=ranker)))
-    rows = []
-    for (drafter, key), (_, trials) in sorted(ranker.estimates.counts.items()):
-        source = Source(drafter, key, own_prior(drafter, key))
-        prior = ranker.estimates.prior(source)
-        rows.append((source_name(drafter, key), prior, ranker.estimates.chance(source), trials))
-    return rows, sum(ranker.sizes) / max(1, len(ranker.sizes))
-
-
 def own_prior(drafter: str, key: tuple) -> float:
     """The prior the drafters here give a source of this key: a confidence bin's middle, 0.1 for an
     n-gram's padding, an even chance otherwise."""
     if key[0] == "confidence":
         return _confidence_source(drafter, key[1]).prior
     return 0.1 if key[0] == "padding" else 0.5
-
-
-@dataclass(frozen=True)
-class _Recording(Ranking):
-    """A ranking whose every sequence is `ranker` (one decode at a time), so its counts can be read after."""
-
-    ranker: Ranker | None = None
-
-    def start(self, decay: float | None = None) -> Ranker:
-        return self.ranker
 
 
 _MEASURED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> (key, Ranking)

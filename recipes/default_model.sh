@@ -61,7 +61,7 @@ PY
   RUNS="$RUNS" .venv/bin/python - <<'PY'
 import os, numpy as np, torch
 from blockdecode import DEFAULT_MODEL, BlockwiseLM
-from blockdecode.expected import record_rates
+from blockdecode.calibrate import record_rates
 lm = BlockwiseLM.from_pretrained(DEFAULT_MODEL, dtype=torch.float32).eval()
 held = np.load(f"{os.environ['RUNS']}/corpus/heldout.npy", mmap_mode="r")
 starts = np.linspace(0, len(held) - 200, 16).astype(np.int64)

@@ -10,6 +10,7 @@ import torch
 from conftest import NO_EOS, assert_greedy_equal, hf_greedy, make_prompt, perturb_heads, tiny, vocab_size
 
 from blockdecode import BlockwiseLM, NgramDrafter, ScriptedDrafter
+from blockdecode.calibrate import record_rates
 from blockdecode.expected import (
     PRIOR_WEIGHT,
     PRIORS,
@@ -18,7 +19,6 @@ from blockdecode.expected import (
     Ranking,
     Scored,
     Source,
-    record_rates,
     shipped_rates,
 )
 from blockdecode.hf import weights_signature
