@@ -93,7 +93,7 @@ def test_the_chain_can_win_and_auto_stays_exact(cache: Path, monkeypatch: pytest
     out = lm.generate(ids, 24, eos_token_id=NO_EOS, drafter="heads", tree="auto")
     assert_greedy_equal(model, ids, out.sequences, hf_greedy(model, ids, 24, eos_token_id=NO_EOS))
     assert max(out.stats.verified) <= 4  # the chain was chosen
-    with pytest.raises(ValueError, match="tree must be a node budget >= 1, 'auto' or None"):
+    with pytest.raises(ValueError, match="tree must be a node budget >= 1, 'auto', 'expected' or None"):
         lm.generate(ids, 4, tree="automatic")
 
 
