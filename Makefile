@@ -12,7 +12,8 @@ $(STAMP): pyproject.toml
 	python3 -m venv .venv
 	# Pin torch on its own first: an unpinned resolve would pull a multi-GB CUDA build.
 	.venv/bin/pip install -q "torch==2.13.0"
-	.venv/bin/pip install -q "torch==2.13.0" -e ".[dev]"
+	# transformers as tested: its cache and generation internals change between minor releases.
+	.venv/bin/pip install -q "torch==2.13.0" "transformers==5.24.0" -e ".[dev]"
 	touch $(STAMP)
 
 demo: $(STAMP)
