@@ -474,22 +474,19 @@ class NgramDrafter(BaseDrafter):
         often, and this sequence's hit rate says how often."""
         scored: list[Scored] = []
         for size, path in self.matches(tokens[0].tolist(), depth):
-            if path and all(path != s.tokens for s in scored):
+            if all(path != s.tokens for s in scored):
                 scored.append(Scored(path, [Source(self.name, ("match", size), 0.5)] * len(path)))
                 if len(scored) == self.max_paths:
                     break
         return scored
 
     def propose(self, tokens: torch.LongTensor, hidden: torch.Tensor, n: int) -> torch.LongTensor:
-        seq = tokens[0].tolist()
-        guess = next(self.continuations(seq, n), [])
-        # Pad a short or missing match by repeating the newest token: any guess is safe to verify.
-        guess += [guess[-1] if guess else seq[-1]] * (n - len(guess))
-        return torch.tensor([guess], dtype=torch.long, device=tokens.device)
+        return torch.tensor([self.chain_scored(tokens, hidden, n).tokens], dtype=torch.long, device=tokens.device)
 
     def chain_scored(self, tokens: torch.LongTensor, hidden: torch.Tensor, n: int) -> Scored:
-        """`propose`'s chain: the newest match's continuation, keyed by the match's length, then the
-        padding, which seldom stands."""
+        """The newest match's continuation, keyed by the match's length, then padding, which seldom
+        stands: a short or missing match is padded by repeating the newest token (any guess is safe to
+        verify)."""
         seq = tokens[0].tolist()
         size, guess = next(self.matches(seq, n), (0, []))
         sources = [Source(self.name, ("match", size), 0.5)] * len(guess)
@@ -498,13 +495,7 @@ class NgramDrafter(BaseDrafter):
         return Scored(guess, sources + [Source(self.name, ("padding",), 0.1)] * pad)
 
     def propose_paths(self, tokens: torch.LongTensor, hidden: torch.Tensor, depth: int, budget: int) -> list[list[int]]:
-        paths: list[list[int]] = []
-        for path in self.continuations(tokens[0].tolist(), depth):
-            if path not in paths:
-                paths.append(path)
-                if len(paths) == self.max_paths:
-                    break
-        return paths
+        return [scored.tokens for scored in self.propose_scored(tokens, hidden, depth, budget)]
 
 
 class ScriptedDrafter(BaseDrafter):

@@ -2,7 +2,8 @@
 stand, and the tree's size chosen each call (issue 38).
 
 Each candidate node carries a *source*: the drafter that proposed it, a key saying what kind of
-guess it is (the heads' confidence bin, an n-gram match's length, a depth) and a prior chance that it
+guess it is (the heads' confidence bin, an n-gram match's length, one key for any other drafter) and a
+prior chance that it
 stands if its parent does. A node's chance p is its sources' best estimate, each the prior moved by
 this sequence's outcomes (a Beta posterior per drafter and key, `Estimates`). A node's path
 probability is the product of p down its path, so a child never outranks its parent and the N best
@@ -24,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from blockdecode.hf import same_weights, weights_key
+from blockdecode.hf import same_weights, weights_key, weights_signature
 from blockdecode.io import read_json
 from blockdecode.timing import forward_cost
 from blockdecode.tree import Tree
@@ -95,24 +96,20 @@ def own_prior(drafter: str, key: tuple) -> float:
     return 0.1 if key[0] == "padding" else 0.5
 
 
-_MEASURED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> (key, Ranking)
+_MEASURED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # BlockwiseLM -> (key, Ranking)
 
 
-def measured_ranking(
-    model: torch.nn.Module,
-    context: torch.LongTensor,
-    cache_implementation: str = "dynamic",
-    rates: Mapping[str, float] | None = None,
-) -> Ranking:
-    """The ranking for `model` on this machine: its cost curve over `context` (the prompt), measured
-    once per set of weights, dtype and thread count in a process (about half a second), with `rates`
-    (`shipped_rates`) as the priors."""
-    key = (weights_key(model.parameters()), torch.get_num_threads(), cache_implementation)
-    known = _MEASURED.get(model)
+def model_ranking(lm, context: torch.LongTensor, cache_implementation: str = "dynamic") -> Ranking:
+    """The ranking for BlockwiseLM `lm` on this machine: its base's cost curve over `context` (the prompt)
+    and the rates shipped beside it (`shipped_rates`), found once per set of weights, thread count and
+    cache kind in a process (about half a second), not at every `generate`."""
+    key = (weights_key(lm.parameters()), torch.get_num_threads(), cache_implementation)
+    known = _MEASURED.get(lm)
     if known is None or known[0] != key:
-        cost = forward_cost(model, context[:1], COST_POINTS, reps=3, cache_implementation=cache_implementation)
-        _MEASURED[model] = known = (key, tuple(sorted(cost.items())))
-    return Ranking(known[1], tuple(sorted((rates or {}).items())))
+        cost = forward_cost(lm.base, context[:1], COST_POINTS, reps=3, cache_implementation=cache_implementation)
+        rates = shipped_rates(lm.base_location, weights_signature(lm))
+        _MEASURED[lm] = known = (key, Ranking(tuple(sorted(cost.items())), tuple(sorted(rates.items()))))
+    return known[1]
 
 
 @dataclass
@@ -172,7 +169,6 @@ class Estimates:
 class Node:
     token: int
     parent: int  # index in the candidate trie; -1: the newest token
-    depth: int
     sources: list[Source] = field(default_factory=list)
 
 
@@ -189,7 +185,7 @@ class Ranker:
         self.sizes: list[int] = []  # each call's tree size
 
     def seconds(self, q: int) -> float:
-        """t(q), linear between the measured points, flat past the ends."""
+        """t(q), linear between the measured points: the first point's below them, proportional to q past them."""
         points = self.points
         if q <= points[0][0]:
             return points[0][1]
@@ -215,11 +211,11 @@ class Ranker:
         index: dict[tuple[int, int], int] = {}
         for path in candidates:
             parent = -1
-            for depth, (token, source) in enumerate(zip(path.tokens, path.sources), start=1):
+            for token, source in zip(path.tokens, path.sources):
                 at = index.get((parent, token))
                 if at is None:
                     at = index[(parent, token)] = len(trie)
-                    trie.append(Node(token, parent, depth))
+                    trie.append(Node(token, parent))
                 if source not in trie[at].sources:
                     trie[at].sources.append(source)
                 parent = at

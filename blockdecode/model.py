@@ -257,8 +257,7 @@ class BlockwiseLM(nn.Module):
             raise ValueError("tree='expected' needs a prompt to measure the cost curve on: pass prompts=[input_ids]")
         chain = sampling is not None or rows > 1
         drafter = ("heads" if chain else "heads+ngram") if drafter == "auto" else drafter
-        rates = expected.shipped_rates(self.base_location, weights_signature(self)) if rows == 1 else {}
-        ranking = expected.measured_ranking(self.base, prompts[0], cache_implementation, rates) if rows == 1 else None
+        ranking = expected.model_ranking(self, prompts[0], cache_implementation) if rows == 1 else None
         tree = None if chain else expected.CAP
         return make_plan(self.base, drafter, k, tree, acceptance, eos_token_id, cache_implementation, lm=self,
                          sampling=sampling, ranking=ranking)  # fmt: skip

@@ -35,7 +35,6 @@ from blockdecode.builtin import DEFAULT_DRAFT_MODEL, DEFAULT_MODEL
 from blockdecode.calibrate import calibrate
 from blockdecode.decode import decode
 from blockdecode.drafters import CHOICES, ScriptedDrafter
-from blockdecode.expected import CAP, measured_ranking, shipped_rates
 from blockdecode.hf import (
     CACHE_IMPLEMENTATIONS,
     DTYPES,
@@ -45,7 +44,6 @@ from blockdecode.hf import (
     is_seq2seq,
     load_base,
     vocab_size,
-    weights_signature,
 )
 from blockdecode.io import check_writable, read_prompts
 from blockdecode.model import BlockwiseLM, load
@@ -160,10 +158,12 @@ def methods_for(cfg: BenchConfig, lm: BlockwiseLM, draft, prompts: list[torch.Lo
     def transformers(ids: torch.LongTensor, **kwargs) -> Run:
         return transformers_run(lm.base, ids, n, stop_at_eos=eos, **kwargs)
 
-    def blockwise(drafter, k: int, **settings):
-        """A method's run: its plan made once, every prompt decoded through it."""
-        plan = make_plan(lm.base, drafter, k, eos_token_id=None if eos else [], lm=lm, **settings)
+    def planned(plan):
+        """A method's run: every prompt decoded through one plan."""
         return lambda ids: blockwise_run(lm.base, ids, n, plan)
+
+    def blockwise(drafter, k: int, **settings):
+        return planned(make_plan(lm.base, drafter, k, eos_token_id=None if eos else [], lm=lm, **settings))
 
     ms = [
         Method("greedy", "greedy", transformers),
@@ -199,11 +199,8 @@ def methods_for(cfg: BenchConfig, lm: BlockwiseLM, draft, prompts: list[torch.Lo
     k = max((k for k in cfg.ks if k <= lm.k), default=None)
     for budget in cfg.trees if k else []:
         if budget == "expected":  # one ranked tree of every drafter, its size chosen each call
-            ranking = measured_ranking(
-                lm.base, prompts[0], rates=shipped_rates(lm.base_location, weights_signature(lm))
-            )
-            ms.append(Method(f"expected tree k={k}", "expected tree",
-                             blockwise("heads+ngram", k, tree=CAP, ranking=ranking), k=k))  # fmt: skip
+            plan = lm.plan("heads+ngram", k, "expected", eos_token_id=None if eos else [], prompts=prompts[:1])
+            ms.append(Method(f"expected tree k={k}", "expected tree", planned(plan), k=k))
             continue
         for family in CHOICES:
             nodes, name = budget, f"{family} tree {budget} k={k}"
