@@ -21,7 +21,7 @@ from transformers import PreTrainedModel
 from blockdecode.acceptance import Acceptance
 from blockdecode.adapter import check_attention_mask, check_prompt, open_decoder, row_tokens, token_budget
 from blockdecode.drafters import Drafter, check_ids, check_paths, check_proposal
-from blockdecode.expected import OFFERED
+from blockdecode.expected import OFFERED, Lattice, Scored
 from blockdecode.healing import Healing, check_healing
 from blockdecode.hf import eval_mode, is_seq2seq, vocab_size
 from blockdecode.plan import DecodePlan, make_plan
@@ -211,14 +211,20 @@ def predict(plan: DecodePlan, run: Run, hidden: torch.Tensor, depth: int) -> lis
     if depth == 0:
         return trees
     if run.rankers:  # one row: every candidate ranked by its chance to stand, the size chosen by cost
+        ranker = run.rankers[run.active[0]]
         if plan.tree is None:
-            scored = [plan.drafters[0].chain_scored(tokens[0], hidden, depth)]
-        else:
-            offered = min(plan.tree, OFFERED)
-            scored = [s for d in plan.drafters for s in d.propose_scored(tokens[0], hidden, depth, offered)]
-        for s in scored:
-            s.tokens, s.sources = check_ids(s.tokens[:depth], run.vocab), s.sources[:depth]
-        return [run.rankers[run.active[0]].tree(scored, plan.tree or depth)]
+            return [
+                ranker.tree([clip(plan.drafters[0].chain_scored(tokens[0], hidden, depth), depth, run.vocab)], depth)
+            ]
+        scored = []
+        for drafter in plan.drafters:  # cheapest first; a costly one only where its guesses pay for its time
+            if scored and not ranker.worth_asking(drafter.name, scored, depth, plan.tree):
+                continue
+            start = time.perf_counter()
+            found = drafter.propose_scored(tokens[0], hidden, depth, min(plan.tree, OFFERED))
+            ranker.timed(drafter.name, time.perf_counter() - start)
+            scored += [clip(s, depth, run.vocab) for s in found]
+        return [ranker.tree(scored, plan.tree)]
     if plan.tree is None:
         chains = check_proposal(plan.drafters[0].propose_rows(tokens, hidden, depth, run.active), depth, len(tokens))
         for tree, chain in zip(trees, chains):
@@ -232,6 +238,17 @@ def predict(plan: DecodePlan, run: Run, hidden: torch.Tensor, depth: int) -> lis
         for path in check_paths(paths, depth, run.vocab):
             candidates.add_path(path, plan.tree, depth, drafter.name)
     return trees
+
+
+def clip(scored: Scored | Lattice, depth: int, vocab: int) -> Scored | Lattice:
+    """A drafter's path, or lattice, no deeper than this call's `depth`, its ids checked."""
+    scored.sources = scored.sources[:depth]
+    if isinstance(scored, Lattice):
+        scored.aside = scored.aside[:depth]
+        scored.tokens = [check_ids(t, vocab) for t in scored.tokens[:depth]]
+    else:
+        scored.tokens = check_ids(scored.tokens[:depth], vocab)
+    return scored
 
 
 def verify(

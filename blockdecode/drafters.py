@@ -19,7 +19,7 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-from blockdecode.expected import Scored, Source, confidence_source
+from blockdecode.expected import CONFIDENCE_BINS, Lattice, Scored, Source, confidence_source
 from blockdecode.heads import short_projection
 from blockdecode.hf import as_integer, at_least, weights_key
 from blockdecode.tree import best_path, lattice_paths
@@ -264,19 +264,23 @@ class HeadsDrafter(BaseDrafter):
         factor = self._factor(tokens, 0) if self.rescore else None
         return [path for path, _ in lattice_paths(values, ids, budget, factor)]
 
-    def propose_scored(self, tokens: torch.LongTensor, hidden: torch.Tensor, depth: int, budget: int) -> list[Scored]:
-        """The tree's paths, each node's source the heads' own probability for it (its prior, and the
-        bin its acceptance is learnt in). Sequential heads, whose beam keeps no per-node probability,
-        are ranked by depth."""
+    def propose_scored(
+        self, tokens: torch.LongTensor, hidden: torch.Tensor, depth: int, budget: int
+    ) -> list[Scored | Lattice]:
+        """The heads' lattice, each guess's source its own probability (its prior, and the bin its
+        acceptance is learnt in): a head's guess does not hang on the path before it, so a ranked tree
+        may hang it under any node one depth above. Sequential heads, whose guesses do hang on the path,
+        and rescored heads, propose paths."""
         if self.sequential or self.rescore:
             return super().propose_scored(tokens, hidden, depth, budget)
         values, ids = self._top(hidden, depth, min(self.width, budget))
-        chance = {
-            (d, t): p for d, (row, tok) in enumerate(zip(values[0].tolist(), ids[0].tolist())) for p, t in zip(row, tok)
-        }
+        bins = (values[0] * CONFIDENCE_BINS).int().clamp(max=CONFIDENCE_BINS - 1).tolist()
+        on, aside = (
+            [confidence_source(self.name, (b + 0.5) / CONFIDENCE_BINS, a) for b in range(CONFIDENCE_BINS)]
+            for a in (False, True)
+        )
         return [
-            Scored(path, [self._source(chance[(d, t)]) for d, t in enumerate(path)])
-            for path, _ in lattice_paths(values[0], ids[0], budget)
+            Lattice(ids[0].tolist(), [[on[b] for b in row] for row in bins], [[aside[b] for b in row] for row in bins])
         ]
 
     def chain_scored(self, tokens: torch.LongTensor, hidden: torch.Tensor, n: int) -> Scored:
@@ -470,15 +474,25 @@ class NgramDrafter(BaseDrafter):
                     yield size, seq[start + size : start + size + depth]
 
     def propose_scored(self, tokens: torch.LongTensor, hidden: torch.Tensor, depth: int, budget: int) -> list[Scored]:
-        """`propose_paths`, each node's source keyed by its match's length: a longer match stands more
-        often, and this sequence's hit rate says how often."""
-        scored: list[Scored] = []
+        """`propose_paths`, each node's source keyed by its match's length and its place: the match's
+        first token, a fork (earlier occurrences went on differently from here: each branch stands
+        less often), or the copied text going on, which often does; this sequence's hit rates say how
+        often."""
+        paths: list[tuple[int, list[int]]] = []
         for size, path in self.matches(tokens[0].tolist(), depth):
-            if all(path != s.tokens for s in scored):
-                scored.append(Scored(path, [Source(self.name, ("match", size), 0.5)] * len(path)))
-                if len(scored) == self.max_paths:
+            if all(path != p for _, p in paths):
+                paths.append((size, path))
+                if len(paths) == self.max_paths:
                     break
-        return scored
+        following: dict[tuple[int, ...], list[int]] = {}  # after each prefix, the tokens offered, the first first
+        for _, path in paths:
+            for at in range(len(path)):
+                offered = following.setdefault(tuple(path[:at]), [])
+                offered += [path[at]] if path[at] not in offered else []
+        return [
+            Scored(path, [self._source(size, at, following[tuple(path[:at])], t) for at, t in enumerate(path)])
+            for size, path in paths
+        ]
 
     def propose(self, tokens: torch.LongTensor, hidden: torch.Tensor, n: int) -> torch.LongTensor:
         return torch.tensor([self.chain_scored(tokens, hidden, n).tokens], dtype=torch.long, device=tokens.device)
@@ -489,10 +503,18 @@ class NgramDrafter(BaseDrafter):
         verify)."""
         seq = tokens[0].tolist()
         size, guess = next(self.matches(seq, n), (0, []))
-        sources = [Source(self.name, ("match", size), 0.5)] * len(guess)
+        sources = [self._source(size, at) for at in range(len(guess))]
         pad = n - len(guess)
         guess += [guess[-1] if guess else seq[-1]] * pad
         return Scored(guess, sources + [Source(self.name, ("padding",), 0.1)] * pad)
+
+    def _source(self, size: int, at: int, offered: list[int] = (), token: int = -1) -> Source:
+        """The source of index `at` of a `size`-token match's continuation, `token`. At a fork, where the
+        occurrences `offered` different tokens (the newest occurrence's first), the newest branch ("fork")
+        and the older ones ("fork", "older") learn their own rates."""
+        if len(offered) > 1:
+            return Source(self.name, ("match", size, "fork") + (() if offered[0] == token else ("older",)), 0.5)
+        return Source(self.name, ("match", size, "then" if at else "first"), 0.5)
 
     def propose_paths(self, tokens: torch.LongTensor, hidden: torch.Tensor, depth: int, budget: int) -> list[list[int]]:
         return [scored.tokens for scored in self.propose_scored(tokens, hidden, depth, budget)]
@@ -501,13 +523,18 @@ class NgramDrafter(BaseDrafter):
 class ScriptedDrafter(BaseDrafter):
     """Proposes a known continuation (e.g. the greedy reference), each token right with
     probability `accuracy` and replaced by another id otherwise: every acceptance length
-    can be exercised, and accuracy=1 gives the ceiling a perfect drafter reaches."""
+    can be exercised, and accuracy=1 gives the ceiling a perfect drafter reaches. A sequence of
+    accuracies gives each depth its own (the last for any deeper): a real drafter's profile, whose
+    deeper guesses stand less often."""
 
-    def __init__(self, reference: torch.LongTensor, vocab_size: int, accuracy: float = 1.0, seed: int = 0):
-        if not 0.0 <= accuracy <= 1.0:
-            raise ValueError(f"accuracy must lie in [0, 1], got {accuracy}")
+    def __init__(
+        self, reference: torch.LongTensor, vocab_size: int, accuracy: float | Sequence[float] = 1.0, seed: int = 0
+    ):
+        rates = [accuracy] if isinstance(accuracy, (int, float)) else list(accuracy)
+        if not rates or not all(isinstance(a, (int, float)) and 0.0 <= a <= 1.0 for a in rates):
+            raise ValueError(f"accuracy must lie in [0, 1] (or be a list of such, one a depth), got {accuracy}")
         self.reference = reference.reshape(-1).tolist()
-        self.accuracy = accuracy
+        self.rates = rates
         self.vocab_size = at_least(vocab_size, 1, "vocab_size must be an integer >= 1")
         self.rng = torch.Generator().manual_seed(seed)
 
@@ -515,8 +542,9 @@ class ScriptedDrafter(BaseDrafter):
         start = tokens.shape[1]
         truth = self.reference[start : start + n]
         truth += [0] * (n - len(truth))
-        wrong = torch.rand(n, generator=self.rng) >= self.accuracy
-        guess = [(t + 1) % self.vocab_size if bad else t for t, bad in zip(truth, wrong.tolist())]
+        draws = torch.rand(n, generator=self.rng).tolist()
+        wrong = [draw >= self.rates[min(d, len(self.rates) - 1)] for d, draw in enumerate(draws)]
+        guess = [(t + 1) % self.vocab_size if bad else t for t, bad in zip(truth, wrong)]
         return torch.tensor([guess], dtype=torch.long, device=tokens.device)
 
 

@@ -1,15 +1,19 @@
 """One tree by expected acceptance: every drafter's candidates ranked on one scale, their chance to
 stand, and the tree's size chosen each call (issue 38).
 
-Each candidate node carries a *source*: the drafter that proposed it, a key saying what kind of
-guess it is (the heads' confidence bin, an n-gram match's length, one key for any other drafter) and a
-prior chance that it
-stands if its parent does. A node's chance p is its sources' best estimate, each the prior moved by
-this sequence's outcomes (a Beta posterior per drafter and key, `Estimates`). A node's path
-probability is the product of p down its path, so a child never outranks its parent and the N best
-nodes always form a tree. The tree keeps the n best, where n maximises the expected tokens per
-second of the call, (1 + the kept path probabilities' sum) / t(n + 1), t the machine's cost curve.
-After the call every kept node whose parent stood is one trial of its sources: a hit if it stood.
+Each candidate node carries a *source*: the drafter that proposed it, a key saying what kind of guess
+it is (the heads' confidence bin, an n-gram match's length and whether it is the match's first token,
+one key for any other drafter) and a prior chance that it stands if its parent does. Drafters offer
+paths (`Scored`), or a lattice (`Lattice`: the heads' guesses at each depth, which do not hang on the
+path before them, so they may follow any node one depth above, another drafter's too).
+
+A node's chance p is its sources' best estimate, each the prior moved by this sequence's outcomes (a
+Beta posterior per drafter and key, `Estimates`), capped by what its likelier siblings leave (at most
+one of them stands). A node's path probability is the product of p down its path, so a child never
+outranks its parent and the N best nodes always form a tree. The tree keeps the n best, where n
+maximises the expected tokens per second of the call, (1 + the kept path probabilities' sum) / t(n + 1),
+t the machine's cost curve. After the call every kept node whose parent stood is one trial of the
+source whose estimate placed it: a hit if it stood.
 
 Exactness never depends on any of this: it decides only which candidates are verified."""
 
@@ -17,6 +21,7 @@ from __future__ import annotations
 
 import functools
 import heapq
+import itertools
 import sys
 import weakref
 from collections.abc import Mapping, Sequence
@@ -35,6 +40,7 @@ OFFERED = 24  # paths a drafter offers a ranked tree: more than a call keeps of 
 COST_POINTS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 65)  # t(q) is measured here and interpolated between
 DECAY = 0.93  # every call, past outcomes count this much less: a drafter dropped for a while is tried again
 PRIOR_WEIGHT = 4.0  # trials a prior counts for: a few dozen calls of outcomes outweigh it
+_LEARN = 0.2  # how fast a drafter's measured time and yield follow the sequence
 CONFIDENCE_BINS = 10  # the heads' probabilities, mapped to acceptance by a curve learnt per bin
 
 
@@ -89,10 +95,10 @@ def shipped_rates(folder: str | Path | None, signature: list[float]) -> dict[str
 
 
 def own_prior(drafter: str, key: tuple) -> float:
-    """The prior the drafters here give a source of this key: a confidence bin's middle, 0.1 for an
+    """The prior the drafters here give a source of this key: a confidence bin's middle (half that aside), 0.1
     n-gram's padding, an even chance otherwise."""
     if key[0] == "confidence":
-        return _confidence_source(drafter, key[1]).prior
+        return _confidence_source(drafter, key[1], len(key) > 2).prior
     return 0.1 if key[0] == "padding" else 0.5
 
 
@@ -102,11 +108,11 @@ _MEASURED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # BlockwiseL
 def model_ranking(lm, context: torch.LongTensor, cache_implementation: str = "dynamic") -> Ranking:
     """The ranking for BlockwiseLM `lm` on this machine: its base's cost curve over `context` (the prompt)
     and the rates shipped beside it (`shipped_rates`), found once per set of weights, thread count and
-    cache kind in a process (about half a second), not at every `generate`."""
+    cache kind in a process (under a second), not at every `generate`."""
     key = (weights_key(lm.parameters()), torch.get_num_threads(), cache_implementation)
     known = _MEASURED.get(lm)
     if known is None or known[0] != key:
-        cost = forward_cost(lm.base, context[:1], COST_POINTS, reps=3, cache_implementation=cache_implementation)
+        cost = forward_cost(lm.base, context[:1], COST_POINTS, reps=5, cache_implementation=cache_implementation)
         rates = shipped_rates(lm.base_location, weights_signature(lm))
         _MEASURED[lm] = known = (key, Ranking(tuple(sorted(cost.items())), tuple(sorted(rates.items()))))
     return known[1]
@@ -120,15 +126,17 @@ class Scored:
     sources: list[Source]
 
 
-def confidence_source(drafter: str, probability: float) -> Source:
-    """The source of a guess its drafter gave `probability`: its bin (acceptance is learnt per bin),
-    whose middle is the prior. One object a bin, so ranking compares sources by identity."""
-    return _confidence_source(drafter, min(CONFIDENCE_BINS - 1, int(probability * CONFIDENCE_BINS)))
+def confidence_source(drafter: str, probability: float, aside: bool = False) -> Source:
+    """The source of a guess its drafter gave `probability` (`aside`: after a node off the drafter's own
+    best chain): its bin (acceptance is learnt per bin), whose middle is the prior. One object a bin, so
+    ranking compares sources by identity."""
+    return _confidence_source(drafter, min(CONFIDENCE_BINS - 1, int(probability * CONFIDENCE_BINS)), aside)
 
 
 @functools.cache
-def _confidence_source(drafter: str, bin: int) -> Source:
-    return Source(drafter, ("confidence", bin), (bin + 0.5) / CONFIDENCE_BINS)
+def _confidence_source(drafter: str, bin: int, aside: bool = False) -> Source:
+    key = ("confidence", bin, "aside") if aside else ("confidence", bin)
+    return Source(drafter, key, (bin + 0.5) / CONFIDENCE_BINS / (2 if aside else 1))
 
 
 class Estimates:
@@ -166,23 +174,47 @@ class Estimates:
 
 
 @dataclass
+class Lattice:
+    """Guesses at each depth that do not hang on the path before them (the heads' top tokens at each
+    offset, from one hidden state): so they may follow any node one depth above, another drafter's too,
+    though they stand less often after a node off the lattice (a token it did not guess there).
+    tokens[d], sources[d] and aside[d]: the guesses for depth d + 1."""
+
+    tokens: list[list[int]]  # each depth's guesses, the lattice's best first
+    sources: list[list[Source]]
+    aside: list[list[Source]]  # the same guesses' sources after a node off the lattice
+
+
+@dataclass
 class Node:
     token: int
     parent: int  # index in the candidate trie; -1: the newest token
     sources: list[Source] = field(default_factory=list)
 
 
+def _by_chance(entry: tuple) -> float:
+    """Sort key: the likeliest first."""
+    return -entry[0]
+
+
 class Ranker:
-    """One sequence's ranking: builds each call's tree from the drafters' scored paths, and learns
-    from what stood. `cost` maps a call's token count (the newest token included) to its seconds."""
+    """One sequence's ranking: builds each call's tree from the drafters' scored paths and lattices,
+    and learns from what stood. `cost` maps a call's token count (the newest token included) to its
+    seconds; a measured curve is made non-decreasing (a call of more tokens never costs less)."""
 
     def __init__(self, cost: Mapping[int, float], rates: Mapping[str, float] | None = None, decay: float = DECAY):
         if not cost or any(q < 1 or not t > 0 for q, t in cost.items()):
             raise ValueError("the cost curve needs positive seconds for token counts >= 1")
-        self.points = sorted(cost.items())
+        points = sorted(cost.items())
+        floor = [min(t for _, t in points[i:]) for i in range(len(points))]  # timing noise never makes more cheaper
+        self.points = [(q, t) for (q, _), t in zip(points, floor)]
         self.estimates = Estimates(rates, decay)
-        self._kept: list[tuple[int, list[Source]]] = []  # the last tree's nodes: (parent in the tree, sources)
+        self._kept: list[tuple[int, Source]] = []  # the last tree's nodes: (parent in the tree, deciding source)
+        self._rates: list[float] = [0.0]  # _rates[n]: 1 / t(n), filled as far as a tree has needed
         self.sizes: list[int] = []  # each call's tree size
+        self.seconds_of: dict[str, float] = {}  # each drafter's time to propose, lately
+        self.yields: dict[str, float] = {}  # each drafter's share, lately, of the tokens the others left
+        self._asked: tuple[str, float, float] | None = None  # (drafter, expected tokens without it, most)
 
     def seconds(self, q: int) -> float:
         """t(q), linear between the measured points: the first point's below them, proportional to q past them."""
@@ -194,24 +226,80 @@ class Ranker:
                 return t0 + (t1 - t0) * (q - q0) / (q1 - q0)
         return points[-1][1] * q / points[-1][0]  # past the curve: as the last point, per token
 
-    def chance(self, node: Node, memo: dict[Source, float]) -> float:
-        """The node's chance to stand if its parent does: its best source's estimate (`memo` holds this
+    def rates(self, most: int) -> list[float]:
+        """[0, 1 / t(1), ..., 1 / t(most)]: calls per second by token count, kept as far as asked."""
+        while len(self._rates) <= most:
+            self._rates.append(1.0 / self.seconds(len(self._rates)))
+        return self._rates
+
+    def chance(self, sources: Sequence[Source], memo: dict[Source, float]) -> float:
+        """A node's chance to stand if its parent does: its best source's estimate (`memo` holds this
         call's, as many nodes share a source)."""
         best = 0.0
-        for source in node.sources:
+        for source in sources:
             p = memo.get(source)
             if p is None:
                 p = memo[source] = self.estimates.chance(source)
             best = max(best, p)
         return best
 
-    def tree(self, candidates: Sequence[Scored], cap: int) -> Tree:
-        """The tree of at most `cap` nodes whose expected tokens per second is the largest."""
+    def tree(self, candidates: Sequence[Scored | Lattice], cap: int) -> Tree:
+        """The tree of at most `cap` nodes whose expected tokens per second is the largest: nodes taken
+        best path probability first, each a path's next token or a lattice's guess one depth down."""
+        order, best, expected, memo = self._rank(candidates, cap)
+        if self._asked is not None:  # what the drafter last asked added: its yield, for the next call's choice
+            drafter, before, most = self._asked
+            added = (expected - before) / max(most - before, 1e-9)
+            self.yields[drafter] = (1 - _LEARN) * self.yields.get(drafter, added) + _LEARN * added
+            self._asked = None
+        tree, self._kept = Tree(), []
+        for parent, token, sources, _ in order[:best]:
+            decisive = max(sources, key=lambda source: memo.get(source, 0.0))  # whose estimate placed it
+            tree.add(parent, token, decisive.drafter)
+            self._kept.append((parent, decisive))
+        self.sizes.append(len(tree))
+        return tree
+
+    def worth_asking(self, drafter: str, candidates: Sequence[Scored | Lattice], depth: int, cap: int) -> bool:
+        """Whether asking `drafter` for candidates besides `candidates` is expected to pay for its time
+        this call: the tokens it would add, its yield (the share it added before of what the others
+        left: depth + 1 tokens at most) times what they leave now, against its seconds (`timed`) as a
+        share of the call. A drafter never timed is asked."""
+        seconds = self.seconds_of.get(drafter)
+        if seconds is None:
+            return True
+        order, best, expected, _ = self._rank(candidates, cap) if candidates else ([], 0, 1.0, {})
+        self._asked = (drafter, expected, depth + 1.0)
+        worth = self.yields.get(drafter, 1.0) * (depth + 1.0 - expected) / expected > seconds / self.seconds(best + 1)
+        if not worth:
+            self._asked = None
+        return worth
+
+    def timed(self, drafter: str, seconds: float) -> None:
+        """How long `drafter` took to propose this call: its cost in `worth_asking`."""
+        self.seconds_of[drafter] = (1 - _LEARN) * self.seconds_of.get(drafter, seconds) + _LEARN * seconds
+
+    def _rank(self, candidates: Sequence[Scored | Lattice], cap: int) -> tuple[list, int, float, dict]:
+        """The candidate nodes best first, as (parent in the tree, token, sources, path probability); how
+        many of them the tree keeps; the tokens it is expected to gain (1 + their path probabilities);
+        and each source's chance this call."""
         trie: list[Node] = []
         index: dict[tuple[int, int], int] = {}
-        for path in candidates:
+        guesses: tuple[list[dict], list[dict]] = ([], [])  # per depth, each lattice token's sources: aside, on
+        tops: list[set[int]] = []  # per depth, the lattices' guesses
+        for found in candidates:
+            if isinstance(found, Lattice):
+                for table, variant in zip(guesses, (found.aside, found.sources)):
+                    table += [{} for _ in range(len(found.tokens) - len(table))]
+                    for at, (tokens, sources) in enumerate(zip(found.tokens, variant)):
+                        for token, source in zip(tokens, sources):
+                            table[at].setdefault(token, []).append(source)
+                tops += [set() for _ in range(len(found.tokens) - len(tops))]
+                for at, tokens in enumerate(found.tokens):
+                    tops[at].update(tokens)
+                continue
             parent = -1
-            for token, source in zip(path.tokens, path.sources):
+            for token, source in zip(found.tokens, found.sources):
                 at = index.get((parent, token))
                 if at is None:
                     at = index[(parent, token)] = len(trie)
@@ -219,47 +307,82 @@ class Ranker:
                 if source not in trie[at].sources:
                     trie[at].sources.append(source)
                 parent = at
-        children: dict[int, list[int]] = {}
+        explicit: dict[int, list[int]] = {}
         for i, node in enumerate(trie):
-            children.setdefault(node.parent, []).append(i)
+            explicit.setdefault(node.parent, []).append(i)
         memo: dict[Source, float] = {}
+        ranked = [  # aside and on the lattices, per depth, their guesses best first: (chance, token, sources)
+            [sorted(((self.chance(s, memo), t, s) for t, s in g.items()), key=_by_chance) for g in table]
+            for table in guesses
+        ]
+        by_token = [[{entry[1]: entry for entry in entries} for entries in table] for table in ranked]
+        shared: dict[tuple[int, bool], list] = {}  # the children of a node no path goes on from, by (depth, on)
 
-        def siblings(parent: int) -> list[tuple[int, float]]:
-            """A node's children and their chances, scaled to sum to at most 1: at most one of them
-            stands (the parent's argmax), whatever each source says alone."""
-            found = [(i, self.chance(trie[i], memo)) for i in children.get(parent, [])]
-            total = max(1.0, sum(p for _, p in found))
-            return [(i, p / total) for i, p in found]
+        def children(at: int | None, depth: int, on: bool) -> list[tuple[float, int, list[Source], int | None, bool]]:
+            """A node's children, best first, as (chance, token, sources, trie index, on the lattices):
+            its paths' next tokens and its depth's lattice guesses, a token offered by both merged. A
+            lattice's guesses after a node off it (another drafter's token, or one after such a node)
+            stand less often: they have their own sources (`Lattice.aside`). At most one child stands
+            (the parent's argmax), so each keeps its chance only up to what the better ones leave: a
+            confident match is not diluted by the many long shots beside it."""
+            own = explicit.get(at, []) if at is not None else []
+            if not own and (depth, on) in shared:
+                return shared[(depth, on)]
+            lattice = ranked[on][depth] if depth < len(tops) else []
+            found = [(p, t, s, None) for p, t, s in lattice]
+            if own:
+                tokens = {trie[i].token for i in own}
+                found = [entry for entry in found if entry[1] not in tokens]
+                for i in own:
+                    node, guess = trie[i], by_token[on][depth].get(trie[i].token) if depth < len(tops) else None
+                    sources = node.sources + [s for s in guess[2] if s not in node.sources] if guess else node.sources
+                    found.append(
+                        (max(self.chance(node.sources, memo), guess[0] if guess else 0.0), node.token, sources, i)
+                    )
+                found.sort(key=_by_chance)
+            left, capped = 1.0, []
+            for p, token, sources, i in found:
+                capped.append((min(p, left), token, sources, i, on and depth < len(tops) and token in tops[depth]))
+                left -= capped[-1][0]
+            if not own:
+                shared[(depth, on)] = capped
+            return capped
 
-        heap = [(-p, i) for i, p in siblings(-1)]
-        heapq.heapify(heap)
-        order: list[tuple[int, float]] = []  # (trie index, path probability), best first
+        # best first: each heap entry is the next unplaced child of a placed node (its siblings follow lazily)
+        heap: list[tuple[float, int, int, float, list, int]] = []  # (-path prob., tie, parent, its prob., children, i)
+        order: list[tuple[int, int, list[Source], float]] = []  # (parent in the tree, token, sources, path prob.)
+        depths, ties = [0], itertools.count()
+
+        def offer(parent: int, probability: float, kids: list, i: int) -> None:
+            if i < len(kids):
+                heapq.heappush(heap, (-probability * kids[i][0], next(ties), parent, probability, kids, i))
+
+        rates = self.rates(cap + 1)
+        ends = [q - 1 for q, _ in self.points if 1 < q <= cap + 1] + [cap]  # where t(n + 1)'s slope changes
+        best, total, rate = 0, 0.0, rates[1]
+        offer(0, 1.0, children(-1, 0, True), 0)
         while heap and len(order) < cap:
-            minus, i = heapq.heappop(heap)
-            order.append((i, -minus))
-            for child, p in siblings(i):
-                heapq.heappush(heap, (minus * p, child))
-        best, total = 0, 0.0
-        rate = 1.0 / self.seconds(1)
-        for n, (_, probability) in enumerate(order, start=1):
-            total += probability
-            if (1.0 + total) / self.seconds(n + 1) > rate:
-                best, rate = n, (1.0 + total) / self.seconds(n + 1)
-        tree, placed = Tree(), {-1: 0}
-        self._kept = []
-        for i, _ in order[:best]:
-            node = trie[i]
-            placed[i] = tree.add(placed[node.parent], node.token, node.sources[0].drafter)
-            self._kept.append((placed[node.parent], node.sources))
-        self.sizes.append(len(tree))
-        return tree
+            # Stop once no larger tree can pay: the next nodes are no likelier than the best left, and on
+            # each straight piece of the cost curve the ratio is largest at one of its ends.
+            n, next_best = len(order), -heap[0][0]
+            if all((1.0 + total + (m - n) * next_best) * rates[m + 1] <= rate for m in ends if m > n):
+                break
+            minus, _, parent, above, kids, i = heapq.heappop(heap)
+            _, token, sources, at, on = kids[i]
+            order.append((parent, token, sources, -minus))
+            depths.append(depths[parent] + 1)
+            offer(parent, above, kids, i + 1)
+            offer(len(order), -minus, children(at, depths[-1], on), 0)
+            total += -minus
+            if (1.0 + total) * rates[n + 2] > rate:
+                best, rate = n + 1, (1.0 + total) * rates[n + 2]
+        return order, best, rate / rates[best + 1], memo
 
     def observe(self, path: Sequence[int]) -> None:
         """The last tree's outcome: `path`, the accepted node indices from the root (0)."""
         stood = set(path)
         self.estimates.forget()
-        for i, (parent, sources) in enumerate(self._kept, start=1):
-            if parent in stood:
-                for source in sources:
-                    self.estimates.update(source, i in stood)
+        for i, (parent, source) in enumerate(self._kept, start=1):
+            if parent in stood:  # one trial of the source whose estimate placed it: a long shot merged with
+                self.estimates.update(source, i in stood)  # a sure match does not learn the match's rate
         self._kept = []  # a call that verifies no tree teaches nothing

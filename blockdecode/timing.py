@@ -68,24 +68,22 @@ def forward_cost(
 ) -> dict[int, float]:
     """t(q): median seconds of one forward pass of q new tokens over `context` already cached,
     for each q in `qs` (an int: 1..qs), the cache cropped back after each pass so every pass sees
-    the same context."""
+    the same context; the q's taken in turn, `reps` rounds."""
     qs = range(1, as_integer(qs) + 1) if as_integer(qs) is not None else sorted(qs)
     # An encoder-decoder encodes `context` and its decoder holds as many tokens of cache.
     base = adapter_for(model, context if is_seq2seq(model) else None, cache_implementation, context.shape[1] + max(qs))
     base.prefill(context)
     gen = torch.Generator().manual_seed(0)
-    times: dict[int, float] = {}
-    for q in qs:
-        ids = torch.randint(0, vocab_size(model), (1, q), generator=gen).to(context.device)
-        samples = []
-        for rep in range(reps + 1):  # the first pass of each q warms up
-            sync(ids.device)
+    ids = {q: torch.randint(0, vocab_size(model), (1, q), generator=gen).to(context.device) for q in qs}
+    samples: dict[int, list[float]] = {q: [] for q in qs}
+    for rep in range(reps + 1):  # every q once a round, so a burst of other work slows them alike; round 0 warms up
+        for q in qs:
+            sync(context.device)
             start = time.perf_counter()
-            base.score(ids)
-            sync(ids.device)
+            base.score(ids[q])
+            sync(context.device)
             elapsed = time.perf_counter() - start
             base.keep(range(context.shape[1]))
             if rep:
-                samples.append(elapsed)
-        times[q] = statistics.median(samples)
-    return times
+                samples[q].append(elapsed)
+    return {q: statistics.median(samples[q]) for q in qs}

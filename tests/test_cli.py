@@ -302,7 +302,7 @@ def test_calibrate_prints_the_budgets_and_caches_the_choice(
     assert not re.search(r"^ *heads\+ngram: chain", out, re.M)  # shared drafters have no chain
     assert out.count("*") == 3 and "--tree auto decodes with" in out  # each drafter's best marked
     assert "--tree expected ranks each call's candidates" in out  # and what a ranked tree starts from
-    assert re.search(r"^ngram match \d +\d\.\d\d +\d\.\d\d +\d+\.\d$", out, re.M), out
+    assert re.search(r"^ngram match \d [a-z ]+ +\d\.\d\d +\d\.\d\d +\d+\.\d$", out, re.M), out
     assert (tmp_path / "blockdecode" / "calibration.json").is_file()
     main(["generate", "--model", str(model_dir), "--prompt", "def f(x):", "--max-new-tokens", "8", "--tree", "auto",
           "--dtype", "fp32",

@@ -87,7 +87,15 @@ def test_scripted_errors_are_seeded_and_at_the_requested_rate() -> None:
     assert 0.6 < sum(hits(1)) / 800 < 0.8
 
 
-@pytest.mark.parametrize("accuracy", [-0.1, 1.5])
+def test_scripted_accuracy_per_depth_follows_its_profile() -> None:
+    drafter = ScriptedDrafter(REFERENCE, vocab_size=512, accuracy=[1.0, 0.5, 0.0], seed=3)
+    prefix = REFERENCE.reshape(1, -1)[:, :2]
+    guesses = torch.cat([drafter.propose(prefix, torch.zeros(1, 4), 4) for _ in range(400)])
+    right = (guesses == REFERENCE.reshape(-1)[2:6]).float().mean(0).tolist()
+    assert right[0] == 1.0 and 0.4 < right[1] < 0.6 and right[2] == right[3] == 0.0  # the last rate goes on
+
+
+@pytest.mark.parametrize("accuracy", [-0.1, 1.5, [0.5, 2.0], []])
 def test_scripted_rejects_bad_accuracy(accuracy: float) -> None:
     with pytest.raises(ValueError, match="accuracy must lie in \\[0, 1\\]"):
         ScriptedDrafter(REFERENCE, vocab_size=512, accuracy=accuracy)

@@ -15,6 +15,7 @@ from blockdecode.expected import (
     PRIOR_WEIGHT,
     PRIORS,
     Estimates,
+    Lattice,
     Ranker,
     Ranking,
     Scored,
@@ -45,14 +46,14 @@ def test_the_tree_keeps_the_most_probable_nodes_and_stops_where_a_node_costs_mor
     assert steep.tree([poor], cap=64).tokens == []  # 0.1 does not: no tree at all
 
 
-def test_shared_prefixes_are_one_node_with_both_sources():
+def test_shared_prefixes_are_one_node_that_teaches_the_source_that_placed_it():
     ranker = Ranker(FLAT)
     tree = ranker.tree([scored([1, 2], "a", 0.9), scored([1, 7], "b", 0.2)], cap=64)
     assert tree.tokens == [1, 2, 7] and tree.parents == [0, 1, 1]
-    ranker.observe([0, 1, 2])  # node 1 (a's and b's) and its child 2 (a's) stood, 7 (b's) did not
+    ranker.observe([0, 1, 2])  # node 1 (a's and b's, placed by a's 0.9) and its child 2 (a's) stood, 7 (b's) did not
     chance = ranker.estimates.chance
     assert chance(Source("a", ("any",), 0.9)) == pytest.approx((0.9 * PRIOR_WEIGHT + 2) / (PRIOR_WEIGHT + 2))
-    assert chance(Source("b", ("any",), 0.2)) == pytest.approx((0.2 * PRIOR_WEIGHT + 1) / (PRIOR_WEIGHT + 2))
+    assert chance(Source("b", ("any",), 0.2)) == pytest.approx((0.2 * PRIOR_WEIGHT + 0) / (PRIOR_WEIGHT + 1))
 
 
 def test_estimates_converge_to_a_drafters_true_acceptance_within_a_few_dozen_calls():
@@ -173,3 +174,49 @@ def test_rates_recorded_beside_a_model_are_its_priors_for_these_weights_only(tmp
     assert shipped_rates(tmp_path, weights_signature(lm)) == {}
     assert "holds no acceptance rates between 0 and 1" in capsys.readouterr().err
     assert shipped_rates(tmp_path / "nowhere", weights_signature(lm)) == {}
+
+
+def test_a_noisy_cost_curve_is_made_non_decreasing():
+    assert Ranker({1: 1.0, 2: 1.5, 4: 1.0, 8: 1.2}).points == [(1, 1.0), (2, 1.0), (4, 1.0), (8, 1.2)]
+
+
+def test_a_lattice_hangs_its_guesses_under_any_node_and_learns_apart_what_follows_another_drafters_node():
+    """The heads guess each depth alone, so their depth-2 guesses may follow n-gram lookup's first token
+    too; there they stand less often, and learn under their own ("aside") source."""
+    on, aside = Source("heads", ("confidence", 9), 0.9), Source("heads", ("confidence", 9, "aside"), 0.45)
+    lattice = Lattice([[1], [3]], [[on], [on]], [[aside], [aside]])
+    ranker = Ranker(FLAT)
+    tree = ranker.tree([scored([5], "ngram", 0.6), lattice], cap=64)
+    nodes = set(zip(tree.parents, tree.tokens, tree.owners))
+    assert {(0, 5, "ngram"), (0, 1, "heads")} <= nodes  # both first tokens (1's chance capped to what 5 leaves)
+    under = {tree.tokens[p - 1]: t for p, t in zip(tree.parents, tree.tokens) if p}
+    assert under == {5: 3, 1: 3}  # the heads' depth-2 guess after each
+    after_ngram = 1 + next(
+        i for i, (p, t) in enumerate(zip(tree.parents, tree.tokens)) if p and tree.tokens[p - 1] == 5
+    )
+    ranker.observe([0, tree.tokens.index(5) + 1, after_ngram])
+    assert ranker.estimates.chance(aside) > 0.45  # 3 after 5 stood: a hit of its own source
+    assert ranker.estimates.chance(on) < 0.9  # 1 did not: a miss of the heads' first guess
+
+
+def test_ngram_candidates_at_a_fork_say_whose_branch_they_are():
+    """Where earlier occurrences went on differently, the newest occurrence's branch and the older ones
+    are sources of their own: the newest is the likelier in code."""
+    seq = torch.tensor([[1, 2, 3, 7, 1, 2, 4, 9, 1, 2]])
+    paths = NgramDrafter(max_ngram=2, min_ngram=2).propose_scored(seq, torch.zeros(1, 4), 3, 8)
+    assert [p.tokens for p in paths] == [[4, 9, 1], [3, 7, 1]]
+    assert [s.key for s in paths[0].sources] == [("match", 2, "fork"), ("match", 2, "then"), ("match", 2, "then")]
+    assert paths[1].sources[0].key == ("match", 2, "fork", "older")
+
+
+def test_a_costly_drafter_is_asked_only_where_its_guesses_would_pay_for_its_time():
+    ranker = Ranker(FLAT)
+    assert ranker.worth_asking("heads", [scored([1, 2, 3, 4], "ngram", 0.99)], 4, 64)  # never timed: asked
+    ranker.timed("heads", 0.5)  # half a call
+    assert not ranker.worth_asking("heads", [scored([1, 2, 3, 4], "ngram", 0.99)], 4, 64)  # little left to add
+    assert ranker.worth_asking("heads", [], 4, 64)  # nothing else to verify
+    weak = [scored([1, 2, 3, 4], "ngram", 0.3)]
+    assert ranker.worth_asking("heads", weak, 4, 64)
+    ranker.tree(weak, cap=64)  # what the heads proposed added nothing
+    assert ranker.yields["heads"] == pytest.approx(0.0)
+    assert not ranker.worth_asking("heads", weak, 4, 64)

@@ -275,9 +275,11 @@ def sampling_methods(
     sampling = sampling_settings(lm.base, True, temperature=temperature)
     settings = dict(do_sample=True, temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p)
 
-    def blockwise(drafter: str, k: int):
-        plan = make_plan(lm.base, drafter, k, eos_token_id=None if eos else [], lm=lm, sampling=sampling)
+    def run(plan):
         return lambda ids: blockwise_run(lm.base, ids, n, plan)
+
+    def blockwise(drafter: str, k: int):
+        return run(make_plan(lm.base, drafter, k, eos_token_id=None if eos else [], lm=lm, sampling=sampling))
 
     ms = [
         Method(
@@ -290,6 +292,9 @@ def sampling_methods(
         chosen = lm.plan("auto", k, prompts=prompts[:2], **settings).drafter_name
         name = f"auto ({chosen}) k={k} sampling"
         ms.append(Method(name, chosen, blockwise(chosen, k), k=k, acceptance=sampling.spec))
+        if "expected" in cfg.trees:  # the heads' chain, its length chosen each call by the ranking
+            ranked = lm.plan("auto", k, "expected", eos_token_id=None if eos else [], prompts=prompts[:1], **settings)
+            ms.append(Method(f"ranked chain k={k} sampling", "heads", run(ranked), k=k, acceptance=sampling.spec))
     top = max(cfg.ks)
     ms.append(Method(f"n-gram k={top} sampling", "ngram", blockwise("ngram", top), k=top, acceptance=sampling.spec))
     results = measure(ms, prompts, cfg.repeats, show)
