@@ -193,8 +193,8 @@ def plan_for_rows(plan: DecodePlan, rows: int) -> DecodePlan:
     tree asked for replaced by the first drafter's chain, with a warning and a note."""
     if rows == 1 or (plan.tree is None and plan.ranking is None):
         return plan
-    if plan.tree is None:  # a batch verifies one chain a row, each of the plan's length
-        return replace(plan, ranking=None)
+    if plan.tree is None:  # a batch verifies one chain a row, each of the plan's length, from its first drafter
+        return replace(plan, ranking=None, drafters=plan.drafters[:1])
     note = f"a batch verifies one chain a row, not a tree: decoding with one chain from {plan.drafters[0]!r}"
     warnings.warn(note, stacklevel=3)
     return replace(
@@ -212,10 +212,15 @@ def predict(plan: DecodePlan, run: Run, hidden: torch.Tensor, depth: int) -> lis
         return trees
     if run.rankers:  # one row: every candidate ranked by its chance to stand, the size chosen by cost
         ranker = run.rankers[run.active[0]]
-        if plan.tree is None:
-            return [
-                ranker.tree([clip(plan.drafters[0].chain_scored(tokens[0], hidden, depth), depth, run.vocab)], depth)
-            ]
+        if plan.tree is None:  # a chain: of its drafters' chains, the one expected to gain the most a second
+            chains = []
+            for drafter in plan.drafters:  # cheapest first, as for a tree
+                if chains and not ranker.worth_asking(drafter.name, [ranker.best_chain(chains, depth)], depth, depth):
+                    continue
+                start = time.perf_counter()
+                chains.append(clip(drafter.chain_scored(tokens[0], hidden, depth), depth, run.vocab))
+                ranker.timed(drafter.name, time.perf_counter() - start)
+            return [ranker.tree([ranker.best_chain(chains, depth)], depth)]
         scored = []
         for drafter in plan.drafters:  # cheapest first; a costly one only where its guesses pay for its time
             if scored and not ranker.worth_asking(drafter.name, scored, depth, plan.tree):

@@ -275,6 +275,17 @@ class Ranker:
             self._asked = None
         return worth
 
+    def best_chain(self, chains: Sequence[Scored], cap: int) -> Scored:
+        """Of several drafters' chains, the one whose best prefix is expected to gain the most tokens a second."""
+        if len(chains) == 1:
+            return chains[0]
+
+        def rate(chain: Scored) -> float:
+            _, best, expected, _ = self._rank([chain], cap)
+            return expected / self.seconds(best + 1)
+
+        return max(chains, key=rate)
+
     def timed(self, drafter: str, seconds: float) -> None:
         """How long `drafter` took to propose this call: its cost in `worth_asking`."""
         self.seconds_of[drafter] = (1 - _LEARN) * self.seconds_of.get(drafter, seconds) + _LEARN * seconds

@@ -251,14 +251,14 @@ class BlockwiseLM(nn.Module):
     def _ranked_plan(self, drafter, k, acceptance, eos_token_id, cache_implementation, prompts, sampling, rows):
         """tree="expected": n-gram lookup and the heads ("auto") or the drafters given, in one tree of up to
         `expected.CAP` nodes ranked by their chance to stand, its size chosen each call from the machine's
-        cost curve (measured on the first prompt). Sampling verifies a chain (the heads', for "auto"),
-        its length chosen so; a batch, one chain a row of the plan's length."""
+        cost curve (measured on the first prompt). Sampling verifies a chain, each call's from the drafter
+        whose chain is expected to gain the most, its length chosen so; a batch, one chain a row of the
+        plan's length (the heads', for "auto")."""
         if not prompts:
             raise ValueError("tree='expected' needs a prompt to measure the cost curve on: pass prompts=[input_ids]")
-        chain = sampling is not None or rows > 1
-        drafter = ("heads" if chain else "heads+ngram") if drafter == "auto" else drafter
+        drafter = ("heads" if rows > 1 else "heads+ngram") if drafter == "auto" else drafter
         ranking = expected.model_ranking(self, prompts[0], cache_implementation) if rows == 1 else None
-        tree = None if chain else expected.CAP
+        tree = None if sampling is not None or rows > 1 else expected.CAP
         return make_plan(self.base, drafter, k, tree, acceptance, eos_token_id, cache_implementation, lm=self,
                          sampling=sampling, ranking=ranking)  # fmt: skip
 

@@ -59,7 +59,7 @@ class DecodePlan:
             object.__setattr__(self, "tree", at_least(self.tree, 1, TREE))
             if self.tree > MAX_TREE:
                 raise ValueError(f"tree={self.tree} exceeds MAX_TREE={MAX_TREE}, the most candidates a plan verifies")
-        elif len(self.drafters) != 1:
+        elif len(self.drafters) != 1 and self.ranking is None:  # a ranked chain picks one drafter's a call
             raise ValueError(f"{len(self.drafters)} drafters need a tree to share: pass tree=N")
         if self.ranking is not None and self.tree is not None and self.sampling is not None:
             raise ValueError("sampling verifies one chain: a ranking under sampling chooses its length, not a tree")
@@ -162,7 +162,7 @@ def make_plan(
             f"acceptance {rule.spec} is approximate and has no exact meaning under sampling: sample with exact "
             "acceptance (the default), or decode greedily"
         )
-    if tree is None and len(drafters) != 1:
+    if tree is None and len(drafters) != 1 and ranking is None:  # a ranked chain picks one drafter's a call
         if sampling is not None:
             raise ValueError(
                 f"{len(drafters)} drafters share a tree, and sampling verifies one chain: pass one drafter"
@@ -176,7 +176,10 @@ def make_plan(
             f"{type(model).__name__} does not score a tree as given (custom attention mask and position ids, checked "
             "on its logits)"
         )
-    if note:
+    if note and ranking is not None:
+        warnings.warn(f"{note}: decoding with a ranked chain, each call's from the likeliest drafter", stacklevel=2)
+        tree = None
+    elif note:
         warnings.warn(f"{note}: decoding with one chain from {drafters[0]!r} instead of a tree", stacklevel=2)
         tree, drafters = None, drafters[:1]
     if ranking is not None and rule.rule != "exact":
