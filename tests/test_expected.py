@@ -220,3 +220,17 @@ def test_a_costly_drafter_is_asked_only_where_its_guesses_would_pay_for_its_time
     ranker.tree(weak, cap=64)  # what the heads proposed added nothing
     assert ranker.yields["heads"] == pytest.approx(0.0)
     assert not ranker.worth_asking("heads", weak, 4, 64)
+
+
+def test_a_ranked_chain_of_two_drafters_takes_each_call_the_one_expected_to_stand():
+    """n-gram lookup's chain and a perfect drafter's, on a prompt n-gram lookup cannot continue: the
+    ranked chain learns to verify the perfect one, and stays greedy's output."""
+    model = tiny("llama")
+    ids = make_prompt(8, vocab_size(model), seed=2)
+    ref = hf_greedy(model, ids, 40)
+    lm = BlockwiseLM.from_base(model, k=6)
+    drafters = [NgramDrafter(), ScriptedDrafter(ref, vocab_size(model), 1.0)]
+    plan = make_plan(model, drafters, 6, eos_token_id=NO_EOS, ranking=Ranking(tuple(FLAT.items())))
+    out = lm.generate(ids, 40, plan=plan)
+    assert_greedy_equal(model, ids, out.sequences, ref, what="ranked chain of n-gram lookup and a perfect drafter")
+    assert out.stats.supplied.get("ScriptedDrafter", 0) > 0.8 * sum(out.stats.supplied.values())
