@@ -213,7 +213,7 @@ class Ranker:
         self._rates: list[float] = [0.0]  # _rates[n]: 1 / t(n), filled as far as a tree has needed
         self.sizes: list[int] = []  # each call's tree size
         self.seconds_of: dict[str, float] = {}  # each drafter's time to propose, lately
-        self.yields: dict[str, float] = {}  # each drafter's share, lately, of the tokens the others left
+        self.yields: dict[str, float] = {}  # each drafter's accepted proposals, lately, per token the others left
         self._asked: tuple[str, float, float] | None = None  # (drafter, expected tokens without it, most)
 
     def seconds(self, q: int) -> float:
@@ -247,11 +247,6 @@ class Ranker:
         """The tree of at most `cap` nodes whose expected tokens per second is the largest: nodes taken
         best path probability first, each a path's next token or a lattice's guess one depth down."""
         order, best, expected, memo = self._rank(candidates, cap)
-        if self._asked is not None:  # what the drafter last asked added: its yield, for the next call's choice
-            drafter, before, most = self._asked
-            added = (expected - before) / max(most - before, 1e-9)
-            self.yields[drafter] = (1 - _LEARN) * self.yields.get(drafter, added) + _LEARN * added
-            self._asked = None
         tree, self._kept = Tree(), []
         for parent, token, sources, _ in order[:best]:
             decisive = max(sources, key=lambda source: memo.get(source, 0.0))  # whose estimate placed it
@@ -392,6 +387,11 @@ class Ranker:
     def observe(self, path: Sequence[int]) -> None:
         """The last tree's outcome: `path`, the accepted node indices from the root (0)."""
         stood = set(path)
+        if self._asked is not None:  # what the drafter last asked added, of what the others left: its yield
+            drafter, before, most = self._asked
+            added = sum(self._kept[i - 1][1].drafter == drafter for i in path[1:]) / max(most - before, 1e-9)
+            self.yields[drafter] = (1 - _LEARN) * self.yields.get(drafter, added) + _LEARN * added
+            self._asked = None
         self.estimates.forget()
         for i, (parent, source) in enumerate(self._kept, start=1):
             if parent in stood:  # one trial of the source whose estimate placed it: a long shot merged with

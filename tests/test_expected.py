@@ -209,6 +209,18 @@ def test_ngram_candidates_at_a_fork_say_whose_branch_they_are():
     assert paths[1].sources[0].key == ("match", 2, "fork", "older")
 
 
+def test_a_drafter_whose_proposals_stand_keeps_being_asked():
+    ranker = Ranker(FLAT)
+    ranker.timed("heads", 0.05)
+    guess = Source("heads", ("confidence", 2), 0.25)
+    weak = [scored([1, 2, 3, 4], "ngram", 0.3)]
+    for _ in range(10):  # each call the heads' guess, not n-gram lookup's, is greedy's next token
+        assert ranker.worth_asking("heads", weak, 4, 64)
+        tree = ranker.tree([*weak, Lattice([[9]], [[guess]], [[guess]])], cap=64)
+        ranker.observe([0, tree.tokens.index(9) + 1])
+    assert ranker.yields["heads"] > 0.2
+
+
 def test_a_costly_drafter_is_asked_only_where_its_guesses_would_pay_for_its_time():
     ranker = Ranker(FLAT)
     assert ranker.worth_asking("heads", [scored([1, 2, 3, 4], "ngram", 0.99)], 4, 64)  # never timed: asked
@@ -217,7 +229,8 @@ def test_a_costly_drafter_is_asked_only_where_its_guesses_would_pay_for_its_time
     assert ranker.worth_asking("heads", [], 4, 64)  # nothing else to verify
     weak = [scored([1, 2, 3, 4], "ngram", 0.3)]
     assert ranker.worth_asking("heads", weak, 4, 64)
-    ranker.tree(weak, cap=64)  # what the heads proposed added nothing
+    ranker.tree(weak, cap=64)  # the heads proposed nothing the tree kept
+    ranker.observe([0, 1])  # n-gram lookup's first token stood, nothing of the heads'
     assert ranker.yields["heads"] == pytest.approx(0.0)
     assert not ranker.worth_asking("heads", weak, 4, 64)
 
