@@ -212,24 +212,20 @@ def predict(plan: DecodePlan, run: Run, hidden: torch.Tensor, depth: int) -> lis
         return trees
     if run.rankers:  # one row: every candidate ranked by its chance to stand, the size chosen by cost
         ranker = run.rankers[run.active[0]]
-        if plan.tree is None:  # a chain: of its drafters' chains, the one expected to gain the most a second
-            chains = []
-            for drafter in plan.drafters:  # cheapest first, as for a tree
-                if chains and not ranker.worth_asking(drafter.name, [ranker.best_chain(chains, depth)], depth, depth):
-                    continue
-                start = time.perf_counter()
-                chains.append(clip(drafter.chain_scored(tokens[0], hidden, depth), depth, run.vocab))
-                ranker.timed(drafter.name, time.perf_counter() - start)
-            return [ranker.tree([ranker.best_chain(chains, depth)], depth)]
-        scored = []
+        chain, cap = plan.tree is None, plan.tree or depth  # a chain: the drafter's expected to gain the most
+        found: list[Scored | Lattice] = []
         for drafter in plan.drafters:  # cheapest first; a costly one only where its guesses pay for its time
-            if scored and not ranker.worth_asking(drafter.name, scored, depth, plan.tree):
+            have = [ranker.best_chain(found, cap)] if chain and found else found
+            if found and not ranker.worth_asking(drafter.name, have, depth, cap):
                 continue
             start = time.perf_counter()
-            found = drafter.propose_scored(tokens[0], hidden, depth, min(plan.tree, OFFERED))
+            if chain:
+                made = [drafter.chain_scored(tokens[0], hidden, depth)]
+            else:
+                made = drafter.propose_scored(tokens[0], hidden, depth, min(plan.tree, OFFERED))
             ranker.timed(drafter.name, time.perf_counter() - start)
-            scored += [clip(s, depth, run.vocab) for s in found]
-        return [ranker.tree(scored, plan.tree)]
+            found += [clip(s, depth, run.vocab) for s in made]
+        return [ranker.tree([ranker.best_chain(found, cap)] if chain else found, cap)]
     if plan.tree is None:
         chains = check_proposal(plan.drafters[0].propose_rows(tokens, hidden, depth, run.active), depth, len(tokens))
         for tree, chain in zip(trees, chains):

@@ -95,8 +95,8 @@ def shipped_rates(folder: str | Path | None, signature: list[float]) -> dict[str
 
 
 def own_prior(drafter: str, key: tuple) -> float:
-    """The prior the drafters here give a source of this key: a confidence bin's middle (half that aside), 0.1
-    n-gram's padding, an even chance otherwise."""
+    """The prior the drafters here give a source of this key: a confidence bin's middle (half that
+    aside), 0.1 for an n-gram's padding, an even chance otherwise."""
     if key[0] == "confidence":
         return _confidence_source(drafter, key[1], len(key) > 2).prior
     return 0.1 if key[0] == "padding" else 0.5
@@ -127,8 +127,8 @@ class Scored:
 
 
 def confidence_source(drafter: str, probability: float, aside: bool = False) -> Source:
-    """The source of a guess its drafter gave `probability` (`aside`: after a node off the drafter's own
-    best chain): its bin (acceptance is learnt per bin), whose middle is the prior. One object a bin, so
+    """The source of a guess its drafter gave `probability` (`aside`: after a node off the drafter's
+    lattice): its bin (acceptance is learnt per bin), whose middle is the prior. One object a bin, so
     ranking compares sources by identity."""
     return _confidence_source(drafter, min(CONFIDENCE_BINS - 1, int(probability * CONFIDENCE_BINS)), aside)
 
@@ -257,13 +257,13 @@ class Ranker:
 
     def worth_asking(self, drafter: str, candidates: Sequence[Scored | Lattice], depth: int, cap: int) -> bool:
         """Whether asking `drafter` for candidates besides `candidates` is expected to pay for its time
-        this call: the tokens it would add, its yield (the share it added before of what the others
-        left: depth + 1 tokens at most) times what they leave now, against its seconds (`timed`) as a
-        share of the call. A drafter never timed is asked."""
+        this call: the tokens it would add, its yield (how many of its proposals stood lately, per token
+        the others left: depth + 1 at most) times what they leave now, against its seconds (`timed`) as
+        a share of the call. A drafter never timed is asked."""
         seconds = self.seconds_of.get(drafter)
         if seconds is None:
             return True
-        order, best, expected, _ = self._rank(candidates, cap) if candidates else ([], 0, 1.0, {})
+        _, best, expected, _ = self._rank(candidates, cap) if candidates else ([], 0, 1.0, {})
         self._asked = (drafter, expected, depth + 1.0)
         worth = self.yields.get(drafter, 1.0) * (depth + 1.0 - expected) / expected > seconds / self.seconds(best + 1)
         if not worth:

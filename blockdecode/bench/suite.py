@@ -292,7 +292,7 @@ def sampling_methods(
         chosen = lm.plan("auto", k, prompts=prompts[:2], **settings).drafter_name
         name = f"auto ({chosen}) k={k} sampling"
         ms.append(Method(name, chosen, blockwise(chosen, k), k=k, acceptance=sampling.spec))
-        if "expected" in cfg.trees:  # the heads' chain, its length chosen each call by the ranking
+        if "expected" in cfg.trees:  # each call's chain n-gram lookup's or the heads', its length chosen
             ranked = lm.plan("auto", k, "expected", eos_token_id=None if eos else [], prompts=prompts[:1], **settings)
             ms.append(Method(f"ranked chain k={k} sampling", "heads", run(ranked), k=k, acceptance=sampling.spec))
     top = max(cfg.ks)
