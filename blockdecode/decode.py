@@ -21,7 +21,7 @@ from transformers import PreTrainedModel
 from blockdecode.acceptance import Acceptance
 from blockdecode.adapter import check_attention_mask, check_prompt, open_decoder, row_tokens, token_budget
 from blockdecode.drafters import Drafter, check_ids, check_paths, check_proposal
-from blockdecode.expected import OFFERED, Lattice, Scored
+from blockdecode.expected import OFFERED, Lattice, Scored, batch_width
 from blockdecode.healing import Healing, check_healing
 from blockdecode.hf import eval_mode, is_seq2seq, vocab_size
 from blockdecode.plan import DecodePlan, make_plan
@@ -176,8 +176,9 @@ def decode(
             candidates = predict(plan, run, h_last, depth)
             scores, h = verify(base, run, newest, candidates, allowed)
             accepted = [accept(plan, c, s, generator) for c, s in zip(candidates, scores)]
-            if run.rankers:  # one row: what stood teaches its ranking
-                run.rankers[run.active[0]].observe(accepted[0][0])
+            if run.rankers:  # what stood teaches each row's ranking
+                for row, c, s, (path, _, _) in zip(run.active, candidates, scores, accepted):
+                    run.rankers[row].observe(path, stand_chances(plan, c, s))
             base.keep_paths([path for path, _, _ in accepted])  # each row: the newest token and its accepted path
             for row, c, (path, gained, _) in zip(run.active, candidates, accepted):
                 run.gain(row, gained, path, verified=len(c) + 1, owners=[c.owners[i - 1] for i in path[1:]])
@@ -191,15 +192,14 @@ def decode(
 def plan_for_rows(plan: DecodePlan, rows: int) -> DecodePlan:
     """The plan a batch of `rows` decodes with: as it is for one row; for several, one chain a row, a
     tree asked for replaced by the first drafter's chain, with a warning and a note."""
-    if rows == 1 or (plan.tree is None and plan.ranking is None):
+    if rows == 1 or plan.tree is None:
         return plan
-    if plan.tree is None:  # a batch verifies one chain a row, each of the plan's length, from its first drafter
-        return replace(plan, ranking=None, drafters=plan.drafters[:1])
-    note = f"a batch verifies one chain a row, not a tree: decoding with one chain from {plan.drafters[0]!r}"
+    ranked = plan.ranking is not None  # then each row takes its likeliest drafter's chain, all rows one width
+    drafters = plan.drafters if ranked else plan.drafters[:1]
+    whose = "each row's likeliest drafter" if ranked else repr(plan.drafters[0])
+    note = f"a batch verifies one chain a row, not a tree: decoding with one chain from {whose}"
     warnings.warn(note, stacklevel=3)
-    return replace(
-        plan, tree=None, drafters=plan.drafters[:1], ranking=None, note="; ".join(filter(None, [plan.note, note]))
-    )
+    return replace(plan, tree=None, drafters=drafters, note="; ".join(filter(None, [plan.note, note])))
 
 
 def predict(plan: DecodePlan, run: Run, hidden: torch.Tensor, depth: int) -> list[Tree]:
@@ -210,6 +210,15 @@ def predict(plan: DecodePlan, run: Run, hidden: torch.Tensor, depth: int) -> lis
     trees = [Tree() for _ in tokens]
     if depth == 0:
         return trees
+    if run.rankers and len(tokens) > 1:  # a batch: each row's likeliest chain, one width for all by cost
+        rankers = [run.rankers[row] for row in run.active]
+        offered = [drafter.rows_scored(tokens, hidden, depth, run.active) for drafter in plan.drafters]
+        chains = [
+            ranker.best_chain([clip(chains[i], depth, run.vocab) for chains in offered], depth)
+            for i, ranker in enumerate(rankers)
+        ]
+        width = batch_width(rankers, chains, depth)
+        return [ranker.take(chain, width) for ranker, chain in zip(rankers, chains)]
     if run.rankers:  # one row: every candidate ranked by its chance to stand, the size chosen by cost
         ranker = run.rankers[run.active[0]]
         chain, cap = plan.tree is None, plan.tree or depth  # a chain: the drafter's expected to gain the most
@@ -250,6 +259,17 @@ def clip(scored: Scored | Lattice, depth: int, vocab: int) -> Scored | Lattice:
     else:
         scored.tokens = check_ids(scored.tokens[:depth], vocab)
     return scored
+
+
+def stand_chances(plan: DecodePlan, candidates: Tree, scores: torch.Tensor) -> list[float] | None:
+    """Under sampling, each candidate's chance to stand if its parent does: p(x) at its parent, as a
+    drafter's guess is certain (q(x) = 1), so a ranking learns the expected outcome, not one draw. None
+    for greedy, whose outcome is certain once verified."""
+    if plan.sampling is None or not len(candidates):
+        return None
+    probs = plan.sampling.probs(scores)
+    ids = torch.tensor(candidates.tokens, device=scores.device)
+    return probs[torch.tensor(candidates.parents, device=scores.device), ids].tolist()
 
 
 def verify(

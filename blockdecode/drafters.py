@@ -69,8 +69,14 @@ class BaseDrafter:
 
     def chain_scored(self, tokens: torch.LongTensor, hidden: torch.Tensor, n: int) -> Scored:
         """`propose`'s chain, each node with its source for ranking: as `propose_scored`'s."""
-        chain = check_proposal(self.propose(tokens, hidden, n), n)[0]
-        return Scored(chain, [Source(self.name, ("any",), 0.5)] * n)
+        return self.rows_scored([tokens], hidden, n, [0])[0]
+
+    def rows_scored(
+        self, tokens: list[torch.LongTensor], hidden: torch.Tensor, n: int, rows: list[int]
+    ) -> list[Scored]:
+        """`propose_rows`' chains, each node with its source for ranking: as `propose_scored`'s."""
+        chains = check_proposal(self.propose_rows(tokens, hidden, n, rows), n, len(tokens))
+        return [Scored(chain, [Source(self.name, ("any",), 0.5)] * n) for chain in chains]
 
     def start(self, prompts: list[list[int]]) -> None:
         """A decode begins from `prompts`, one a row (the sequences the decoder extends)."""
@@ -283,12 +289,18 @@ class HeadsDrafter(BaseDrafter):
             Lattice(ids[0].tolist(), [[on[b] for b in row] for row in bins], [[aside[b] for b in row] for row in bins])
         ]
 
-    def chain_scored(self, tokens: torch.LongTensor, hidden: torch.Tensor, n: int) -> Scored:
-        """The argmax chain, each node's source the heads' probability for it."""
+    def rows_scored(
+        self, tokens: list[torch.LongTensor], hidden: torch.Tensor, n: int, rows: list[int]
+    ) -> list[Scored]:
+        """Every row's argmax chain from one pass of the heads, each node's source the heads' probability
+        for it (sequential and rescored heads' chains hang on the path: one source, as any drafter's)."""
         if self.sequential or self.rescore:
-            return super().chain_scored(tokens, hidden, n)
-        best, index = self._logits(hidden, n).float().softmax(-1)[0].max(-1)
-        return Scored(self._ids(index).tolist(), [self._source(p) for p in best.tolist()])
+            return super().rows_scored(tokens, hidden, n, rows)
+        best, index = self._logits(hidden, n).float().softmax(-1).max(-1)
+        return [
+            Scored(chain, [self._source(p) for p in chances])
+            for chain, chances in zip(self._ids(index).tolist(), best.tolist())
+        ]
 
     def _source(self, probability: float) -> Source:
         return confidence_source(self.name, probability)
@@ -496,6 +508,12 @@ class NgramDrafter(BaseDrafter):
 
     def propose(self, tokens: torch.LongTensor, hidden: torch.Tensor, n: int) -> torch.LongTensor:
         return torch.tensor([self.chain_scored(tokens, hidden, n).tokens], dtype=torch.long, device=tokens.device)
+
+    def rows_scored(
+        self, tokens: list[torch.LongTensor], hidden: torch.Tensor, n: int, rows: list[int]
+    ) -> list[Scored]:
+        """Row by row: each row's match is found in its own tokens."""
+        return [self.chain_scored(t, hidden[i : i + 1], n) for i, t in enumerate(tokens)]
 
     def chain_scored(self, tokens: torch.LongTensor, hidden: torch.Tensor, n: int) -> Scored:
         """The newest match's continuation, keyed by the match's length, then padding, which seldom

@@ -156,7 +156,8 @@ class Estimates:
         hits, trials = self.counts.get((source.drafter, source.key), (0.0, 0.0))
         return (self.prior(source) * PRIOR_WEIGHT + hits) / (PRIOR_WEIGHT + trials)
 
-    def update(self, source: Source, stood: bool) -> None:
+    def update(self, source: Source, stood: float) -> None:
+        """One trial of `source`: 1 if it stood, 0 if not, or its chance to have stood where known."""
         counts = self.counts.setdefault((source.drafter, source.key), [0.0, 0.0])
         counts[0] += stood
         counts[1] += 1
@@ -281,6 +282,25 @@ class Ranker:
 
         return max(chains, key=rate)
 
+    def gains(self, chain: Scored, most: int) -> list[float]:
+        """The tokens a call is expected to gain verifying the first w of `chain`'s nodes, for w = 0 to
+        `most` (or the chain's length): 1, then 1 plus the path probabilities so far."""
+        memo: dict[Source, float] = {}
+        gains, path = [1.0], 1.0
+        for source in chain.sources[:most]:
+            path *= self.chance([source], memo)
+            gains.append(gains[-1] + path)
+        return gains
+
+    def take(self, chain: Scored, width: int) -> Tree:
+        """The first `width` nodes of `chain` as this call's tree, each to learn for its own source."""
+        tree, self._kept = Tree(), []
+        for at, (token, source) in enumerate(zip(chain.tokens[:width], chain.sources)):
+            tree.add(at, token, source.drafter)
+            self._kept.append((at, source))
+        self.sizes.append(len(tree))
+        return tree
+
     def timed(self, drafter: str, seconds: float) -> None:
         """How long `drafter` took to propose this call: its cost in `worth_asking`."""
         self.seconds_of[drafter] = (1 - _LEARN) * self.seconds_of.get(drafter, seconds) + _LEARN * seconds
@@ -384,8 +404,10 @@ class Ranker:
                 best, rate = n + 1, (1.0 + total) * rates[n + 2]
         return order, best, rate / rates[best + 1], memo
 
-    def observe(self, path: Sequence[int]) -> None:
-        """The last tree's outcome: `path`, the accepted node indices from the root (0)."""
+    def observe(self, path: Sequence[int], chances: Sequence[float] | None = None) -> None:
+        """The last tree's outcome: `path`, the accepted node indices from the root (0). `chances`, where
+        known (under sampling: each node's p(x) at its parent, `decode.stand_chances`), is what every node
+        whose parent stood learns instead of whether it stood: its expected outcome, not one draw."""
         stood = set(path)
         if self._asked is not None:  # what the drafter last asked added, of what the others left: its yield
             drafter, before, most = self._asked
@@ -395,5 +417,21 @@ class Ranker:
         self.estimates.forget()
         for i, (parent, source) in enumerate(self._kept, start=1):
             if parent in stood:  # one trial of the source whose estimate placed it: a long shot merged with
-                self.estimates.update(source, i in stood)  # a sure match does not learn the match's rate
+                outcome = chances[i - 1] if chances is not None else i in stood  # a sure match does not
+                self.estimates.update(source, outcome)  # learn the match's rate
         self._kept = []  # a call that verifies no tree teaches nothing
+
+
+def batch_width(rankers: Sequence[Ranker], chains: Sequence[Scored], most: int) -> int:
+    """How many of each row's chain a batch verifies: one width for all rows, as a dense forward costs
+    by its widest row; the width whose expected tokens, all rows' together, per second is the largest.
+    A forward of B rows of w + 1 tokens is taken to cost what one row's of B(w + 1) tokens does (the
+    same products and about the same attention): so a batch, costlier per position than one row, is
+    verified shorter."""
+    gains = [ranker.gains(chain, most) for ranker, chain in zip(rankers, chains)]
+    seconds = rankers[0].seconds
+
+    def rate(width: int) -> float:
+        return sum(g[min(width, len(g) - 1)] for g in gains) / seconds(len(chains) * (width + 1))
+
+    return max(range(most + 1), key=rate)

@@ -252,12 +252,12 @@ class BlockwiseLM(nn.Module):
         """tree="expected": n-gram lookup and the heads ("auto") or the drafters given, in one tree of up to
         `expected.CAP` nodes ranked by their chance to stand, its size chosen each call from the machine's
         cost curve (measured on the first prompt). Sampling verifies a chain, each call's from the drafter
-        whose chain is expected to gain the most, its length chosen so; a batch, one chain a row of the
-        plan's length (the heads', for "auto")."""
+        whose chain is expected to gain the most, its length chosen so; a batch, each row's chain from its
+        likeliest drafter, all of one length chosen so (`expected.batch_width`)."""
         if not prompts:
             raise ValueError("tree='expected' needs a prompt to measure the cost curve on: pass prompts=[input_ids]")
-        drafter = ("heads" if rows > 1 else "heads+ngram") if drafter == "auto" else drafter
-        ranking = expected.model_ranking(self, prompts[0], cache_implementation) if rows == 1 else None
+        drafter = "heads+ngram" if drafter == "auto" else drafter
+        ranking = expected.model_ranking(self, prompts[0], cache_implementation)
         tree = None if sampling is not None or rows > 1 else expected.CAP
         return make_plan(self.base, drafter, k, tree, acceptance, eos_token_id, cache_implementation, lm=self,
                          sampling=sampling, ranking=ranking)  # fmt: skip

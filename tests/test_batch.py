@@ -17,6 +17,7 @@ from blockdecode import BlockwiseLM, NgramDrafter, blockwise_generate, decode, m
 from blockdecode.bench.batches import batch_rows, identical, new_tokens_of, padded_batch
 from blockdecode.calibrate import Calibration
 from blockdecode.drafters import BaseDrafter, HeadsDrafter
+from blockdecode.expected import Ranking
 from blockdecode.sampling import sampling_settings
 from blockdecode.toy import TOY_ARCHITECTURES, TOY_SEQ2SEQ, toy_model
 
@@ -105,6 +106,32 @@ def test_each_row_is_transformers_batched_greedy_and_decoded_alone(arch: str) ->
         assert_greedy_equal(model, prompt, mine, alone, what=f"{arch} row {row} against itself alone")
 
 
+RANKED = Ranking(((1, 1.0), (8, 1.07), (16, 1.2), (32, 1.5), (64, 2.18)))  # this CPU's curve, one row
+
+
+@pytest.mark.parametrize("arch", TOY_ARCHITECTURES)
+def test_a_ranked_batch_is_transformers_batched_greedy_each_row_from_its_likelier_drafter(arch: str) -> None:
+    """Each row's chain from the drafter it finds likelier (scripted at that row's accuracy, or n-gram
+    lookup), all rows verified to one width a call."""
+    model, prompts, ids, mask, ref = causal_batch(arch)
+    rows = [row_tokens(model, ref, mask, r, set()) for r in range(len(prompts))]
+    plan = make_plan(model, [RowsScripted(rows), NgramDrafter()], 6, eos_token_id=NO_EOS, ranking=RANKED)
+    out = decode(model, ids, 24, plan, attention_mask=mask)
+    check_rows(model, prompts, mask, out.sequences, ref, what=f"{arch} ranked")
+    calls = [s.verified for s in out.row_stats]
+    assert all(a == b for row in calls for a, b in zip(row, calls[0]))  # one width for all rows a call
+
+
+def test_a_ranked_batch_verifies_whole_chains_where_they_stand_and_none_where_they_fall() -> None:
+    model, prompts, ids, mask, ref = causal_batch("llama", new=40)
+    rows = [row_tokens(model, ref, mask, r, set()) for r in range(len(prompts))]
+    for accuracy, widths in ((1.0, {6}), (0.0, {1, 2})):  # all of k - 1; none, or one guess the decay retries
+        plan = make_plan(model, RowsScripted(rows, (accuracy,)), 6, eos_token_id=NO_EOS, ranking=RANKED)
+        out = decode(model, ids, 40, plan, attention_mask=mask)
+        check_rows(model, prompts, mask, out.sequences, ref, what=f"ranked, scripted {accuracy}")
+        assert out.row_stats[0].verified[len(out.row_stats[0].verified) // 2] in widths  # the newest token and those
+
+
 @pytest.mark.parametrize("arch", ["llama", "gpt2"])
 def test_static_cache_batch(arch: str) -> None:
     """Masked entries fill a static cache faster than the rows grow: it is compacted before it overflows."""
@@ -155,6 +182,8 @@ def test_encoder_decoder_batch(arch: str) -> None:
     drafter = RowsScripted([row_tokens(model, ref, mask, r, set(eos)) for r in range(len(prompts))])
     out = blockwise_generate(model, ids, 20, drafter, 4, eos_token_id=eos, attention_mask=mask)
     check_rows(model, prompts, mask, out.sequences, ref, eos, what=arch)
+    ranked = make_plan(model, [drafter, NgramDrafter()], 4, eos_token_id=eos, ranking=RANKED)
+    check_rows(model, prompts, mask, decode(model, ids, 20, ranked, attention_mask=mask).sequences, ref, eos, what=arch)
     for row, prompt in enumerate(prompts):
         alone = blockwise_generate(model, prompt, 20, NgramDrafter(), 4, eos_token_id=eos).sequences
         mine = torch.tensor(row_tokens(model, out.sequences, mask, row, set(eos)))

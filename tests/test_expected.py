@@ -20,6 +20,7 @@ from blockdecode.expected import (
     Ranking,
     Scored,
     Source,
+    batch_width,
     shipped_rates,
 )
 from blockdecode.hf import weights_signature
@@ -145,13 +146,41 @@ def test_a_ranked_chain_takes_a_prefix_of_the_drafters_chain_and_stays_greedy():
 
 def test_a_batch_or_sampling_with_tree_expected_verifies_chains():
     model = tiny("llama")
-    lm = BlockwiseLM.from_base(model, k=4)
+    lm = perturb_heads(BlockwiseLM.from_base(model, k=4), seed=1, std=0.3)
     ids = make_prompt(8, vocab_size(model), seed=1)
     batch = torch.cat([ids, ids])
-    out = lm.generate(batch, 8, eos_token_id=NO_EOS, tree="expected", attention_mask=torch.ones_like(batch))
-    assert all(row.verified[0] == 4 for row in out.row_stats)  # each row a chain of k - 1 (the budget cuts later ones)
+    out = lm.generate(batch, 16, eos_token_id=NO_EOS, tree="expected", attention_mask=torch.ones_like(batch))
+    for row in range(2):
+        assert_greedy_equal(model, ids, out.sequences[row : row + 1], hf_greedy(model, ids, 16), what=f"row {row}")
+    verified = [row.verified for row in out.row_stats]
+    assert verified[0] == verified[1] and all(v <= 4 for v in verified[0])  # one width a call, a chain of k - 1 at most
     out = lm.generate(ids, 8, eos_token_id=NO_EOS, tree="expected", do_sample=True)
     assert all(v <= 4 for v in out.stats.verified) and out.stats.sampling
+
+
+def test_under_sampling_each_node_whose_parent_stood_learns_its_chance_not_one_draw():
+    ranker = Ranker(FLAT)
+    chain = scored([1, 2, 3], "d", 0.5)
+    assert len(ranker.take(chain, 3)) == 3
+    ranker.observe([0, 1], chances=[0.3, 0.6, 0.9])  # node 3's parent fell: it teaches nothing
+    assert ranker.estimates.counts[("d", ("any",))] == pytest.approx([0.9, 2.0])
+    ranker = Ranker(FLAT, decay=1.0)  # nothing forgotten: the estimate converges
+    for _ in range(200):  # each guess stands with p(x) = 0.3: the estimate goes there, whatever the draws were
+        ranker.take(chain, 1)
+        ranker.observe([0], chances=[0.3])
+    assert ranker.estimates.chance(chain.sources[0]) == pytest.approx(0.3, abs=0.01)
+
+
+def test_a_batch_verifies_one_width_for_all_rows_shorter_the_more_rows_and_the_less_that_stands():
+    steep = {1: 1.0, 2: 1.2, 64: 13.6}  # a token costs a fifth of a call
+
+    def width(rows: int, prior: float) -> int:
+        return batch_width([Ranker(steep) for _ in range(rows)], [scored(list(range(7)), "d", prior)] * rows, 7)
+
+    assert [width(1, p) for p in (0.99, 0.6, 0.05)] == [7, 2, 0]
+    assert [width(rows, 0.9) for rows in (1, 2, 4, 8)] == [7, 5, 3, 2]  # a wide batch pays more per position
+    sure, unsure = scored(list(range(7)), "d", 0.99), scored(list(range(7)), "d", 0.05)
+    assert batch_width([Ranker(steep), Ranker(steep)], [sure, unsure], 7) == 7  # one sure row carries the width
 
 
 def test_rates_recorded_beside_a_model_are_its_priors_for_these_weights_only(tmp_path, capsys):
