@@ -323,8 +323,9 @@ def test_bench_batch_rows_time_the_batch_and_compare_it_with_transformers() -> N
     row needs), and each drafter's output is transformers' batched greedy."""
     model, prompts, ids, mask, _ = causal_batch("llama")
     lm = perturb_heads(BlockwiseLM.from_base(model, k=4))
-    rows = batch_rows(lm, ids, mask, 12, ["heads", "ngram"], 4, repeats=1)
-    assert [(r["drafter"], r["plan"]) for r in rows] == [("heads", "heads, chain"), ("ngram", "ngram, chain")]
+    rows = batch_rows(lm, ids, mask, 12, ["heads", "ngram", "expected"], 4, repeats=1)
+    plans = [("heads", "heads, chain"), ("ngram", "ngram, chain"), ("expected", "ngram+heads, ranked chain")]
+    assert [(r["drafter"], r["plan"]) for r in rows] == plans
     assert all(r["batch"] == 4 for r in rows)
     for r in rows:
         assert r["identical"] and r["calls"] == r["slowest_row_calls"] <= r["greedy_calls"] == 12

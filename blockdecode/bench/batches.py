@@ -61,7 +61,8 @@ def batch_rows(
     """One row per drafter for this batch: each decoded with its own chain, against transformers'
     batched greedy, in `repeats` rounds after a warm-up, the order rotated from round to round. A
     code continuation runs the whole budget (EOS off for every method alike); a translation ends at
-    the model's own EOS. "auto" is the chain the calibration predicts fastest, measured on the rows."""
+    the model's own EOS. "auto" is the chain the calibration predicts fastest, measured on the rows;
+    "expected", each row's likelier drafter's chain, all to the width the rows' rankings choose."""
     base, seq2seq = lm.base, is_seq2seq(lm.base)
     full_budget = {} if seq2seq else {"eos_token_id": [], "min_new_tokens": new_tokens}
     prompts = [row[m.bool()][None] for row, m in zip(ids, mask)]
@@ -73,9 +74,10 @@ def batch_rows(
         return lambda: lm.generate(ids, new_tokens, attention_mask=mask, plan=plan)
 
     def plan_for(name: str):
-        heads_k = min(k, lm.k) if name == "auto" or "heads" in name else k
-        tree = "auto" if name == "auto" else None
-        return lm.plan(name, heads_k, tree, eos_token_id=None if seq2seq else [], prompts=prompts, rows=len(prompts))
+        heads_k = min(k, lm.k) if name in ("auto", "expected") or "heads" in name else k
+        drafter, tree = ("auto", name) if name in ("auto", "expected") else (name, None)
+        eos = None if seq2seq else []
+        return lm.plan(drafter, heads_k, tree, eos_token_id=eos, prompts=prompts, rows=len(prompts))
 
     plans = {name: plan_for(name) for name in drafters}
     runs = {"greedy": greedy, **{name: blockwise(plan) for name, plan in plans.items()}}

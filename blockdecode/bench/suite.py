@@ -236,7 +236,7 @@ def model_methods(cfg: BenchConfig, show: bool) -> dict:
             lm,
             *padded_batch(tokenizer, [texts[i % len(texts)] for i in range(size)], seq2seq, cfg.device),
             cfg.new_tokens,
-            BATCH_DRAFTERS,
+            BATCH_DRAFTERS + (["expected"] if "expected" in cfg.trees else []),
             cfg.batch_k,
             cfg.repeats * 2,
             show,
