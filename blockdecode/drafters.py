@@ -448,6 +448,18 @@ def _seconds(pair: tuple[torch.nn.Module, torch.nn.Module], rows: torch.Tensor, 
     return statistics.median(samples[1:])
 
 
+OCCURRENCES = 8  # the newest occurrences of a suffix that n-gram lookup compares by their context
+CONTEXT = 32  # how far back it compares them
+
+
+def shared_context(seq: list[int], start: int, end: int) -> int:
+    """How many tokens before `start` equal those before `end` (at most CONTEXT)."""
+    n = 0
+    while n < CONTEXT and start - n > 0 and seq[start - n - 1] == seq[end - n - 1]:
+        n += 1
+    return n
+
+
 class NgramDrafter(BaseDrafter):
     """Prompt lookup: find the newest earlier occurrence of the last `max_ngram`..`min_ngram`
     tokens and propose what followed it; for a tree, up to `max_paths` distinct continuations of
@@ -478,12 +490,21 @@ class NgramDrafter(BaseDrafter):
             yield path
 
     def matches(self, seq: list[int], depth: int) -> Iterator[tuple[int, list[int]]]:
-        """`continuations`, each with the length of the suffix it matched."""
+        """`continuations`, each with the length of the suffix it matched. Of one suffix's newest
+        `OCCURRENCES` occurrences, the one whose earlier context goes on matching the sequence's the
+        longest comes first (up to `CONTEXT` tokens; the newest first on ties): where text repeats with
+        variations (a loop that alternates two lines), that occurrence is the one being repeated, where
+        the newest would be the other variant."""
         for size in range(min(self.max_ngram, len(seq) - 1), self.min_ngram - 1, -1):
-            tail = seq[-size:]
-            for start in range(len(seq) - size - 1, -1, -1):
+            tail, end = seq[-size:], len(seq) - size
+            found = []
+            for start in range(end - 1, -1, -1):
                 if seq[start : start + size] == tail:
-                    yield size, seq[start + size : start + size + depth]
+                    found.append((start, shared_context(seq, start, end)))
+                    if len(found) == OCCURRENCES:
+                        break
+            for start, _ in sorted(found, key=lambda occurrence: -occurrence[1]):
+                yield size, seq[start + size : start + size + depth]
 
     def propose_scored(self, tokens: torch.LongTensor, hidden: torch.Tensor, depth: int, budget: int) -> list[Scored]:
         """`propose_paths`, each node's source keyed by its match's length and its place: the match's
@@ -528,10 +549,10 @@ class NgramDrafter(BaseDrafter):
 
     def _source(self, size: int, at: int, offered: list[int] = (), token: int = -1) -> Source:
         """The source of index `at` of a `size`-token match's continuation, `token`. At a fork, where the
-        occurrences `offered` different tokens (the newest occurrence's first), the newest branch ("fork")
-        and the older ones ("fork", "older") learn their own rates."""
+        occurrences `offered` different tokens (the first `matches` yields first), its branch ("fork") and
+        the others ("fork", "other") learn their own rates."""
         if len(offered) > 1:
-            return Source(self.name, ("match", size, "fork") + (() if offered[0] == token else ("older",)), 0.5)
+            return Source(self.name, ("match", size, "fork") + (() if offered[0] == token else ("other",)), 0.5)
         return Source(self.name, ("match", size, "then" if at else "first"), 0.5)
 
     def propose_paths(self, tokens: torch.LongTensor, hidden: torch.Tensor, depth: int, budget: int) -> list[list[int]]:

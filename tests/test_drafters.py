@@ -24,10 +24,20 @@ def test_ngram_proposes_what_followed_the_most_recent_match() -> None:
     assert ngram([1, 2, 3, 9, 1, 2, 4, 1, 2], 3, max_ngram=2) == [4, 1, 2]
 
 
+def test_ngram_follows_the_occurrence_whose_context_matches_longest() -> None:
+    """Lines that alternate, a b x / c b y: after "c b" the newest "b" went on with x, but the one after
+    "c" went on with y, and so does this one."""
+    a, b, c, x, y = 1, 2, 3, 4, 5
+    seq = [a, b, x, c, b, y, a, b, x, c, b]
+    assert ngram(seq, 1, max_ngram=1) == [y]
+    assert ngram([a, b, x, c, b, y, a, b], 1, max_ngram=1) == [x]  # after "a b": the other occurrence
+
+
 def test_ngram_prefers_the_longest_match() -> None:
     """The tail [1, 2] matched early beats the more recent single-token match of [2]."""
     assert ngram([5, 1, 2, 7, 3, 2, 8, 1, 2], 2) == [7, 3]
-    assert ngram([5, 1, 2, 7, 3, 2, 8, 1, 2], 2, max_ngram=1) == [8, 1]
+    assert ngram([5, 1, 2, 7, 3, 2, 8, 1, 2], 2, max_ngram=1) == [7, 3]  # "1 2" again: its context
+    assert ngram([5, 1, 2, 7, 3, 2, 8, 9, 2], 2, max_ngram=1) == [8, 9]  # no context matches: the newest
 
 
 def test_ngram_pads_a_short_continuation_with_its_last_token() -> None:

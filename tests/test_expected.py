@@ -229,13 +229,13 @@ def test_a_lattice_hangs_its_guesses_under_any_node_and_learns_apart_what_follow
 
 
 def test_ngram_candidates_at_a_fork_say_whose_branch_they_are():
-    """Where earlier occurrences went on differently, the newest occurrence's branch and the older ones
-    are sources of their own: the newest is the likelier in code."""
+    """Where earlier occurrences went on differently, the branch of the occurrence whose context matches
+    longest (here a tie: the newest) and the others are sources of their own: the first is the likelier."""
     seq = torch.tensor([[1, 2, 3, 7, 1, 2, 4, 9, 1, 2]])
     paths = NgramDrafter(max_ngram=2, min_ngram=2).propose_scored(seq, torch.zeros(1, 4), 3, 8)
     assert [p.tokens for p in paths] == [[4, 9, 1], [3, 7, 1]]
     assert [s.key for s in paths[0].sources] == [("match", 2, "fork"), ("match", 2, "then"), ("match", 2, "then")]
-    assert paths[1].sources[0].key == ("match", 2, "fork", "older")
+    assert paths[1].sources[0].key == ("match", 2, "fork", "other")
 
 
 def test_a_drafter_whose_proposals_stand_keeps_being_asked():
