@@ -534,8 +534,9 @@ def check_drafter(drafter: str, tree: int | str | None) -> None:
 def tree_budget(text: str) -> int | str | None:
     """--tree N (a node budget, at most what a plan verifies; a short context may allow less), auto
     (measured, see `blockdecode calibrate`), expected (ranked each call by each candidate's chance to
-    stand, `blockdecode.expected`) or off."""
-    if text in ("off", "auto", "expected"):
+    stand, `blockdecode.expected`), off, or default: what `generate` does by default (expected, or auto
+    under an approximate acceptance rule)."""
+    if text in ("off", "auto", "expected", "default"):
         return None if text == "off" else text
     return integer_flag(text, 1, MAX_TREE, f"off, auto, expected or a budget from 1 to {MAX_TREE}")
 
@@ -634,8 +635,8 @@ def main(argv: list[str] | None = None) -> None:
     gen.add_argument(
         "--tree",
         type=tree_budget,
-        default="auto",
-        help="N candidates a call, auto (measured), expected (ranked), off",
+        default="default",
+        help="N candidates a call, expected (ranked each call; the default), auto (measured once), off",
     )
     gen.add_argument("--head-type", choices=HEAD_TYPES, default="paper", help="for a model without heads")
     gen.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto", help="auto: bf16 where native, else fp32")
@@ -728,8 +729,8 @@ def main(argv: list[str] | None = None) -> None:
     demo.add_argument(
         "--tree",
         type=tree_budget,
-        default="auto",
-        help="N candidates a call, auto (measured), expected (ranked), off",
+        default="default",
+        help="N candidates a call, expected (ranked each call; the default), auto (measured once), off",
     )
     demo.add_argument("--no-heal", dest="heal", action="store_false", help=NO_HEAL)
     demo.set_defaults(func=cmd_demo)

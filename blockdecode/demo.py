@@ -141,7 +141,7 @@ def run_demo(
     prompts: tuple[str, ...] = PROMPTS,
     repeats: int = 3,
     drafter: str = "auto",
-    tree: int | str | None = "auto",
+    tree: int | str | None = "default",
     task: str = "code",
     heal: bool = True,
 ) -> list[DemoRow]:
@@ -166,7 +166,7 @@ def run_demo(
         raise ValueError(f"demo --task {task} needs {need}; {model_dir} holds a {type(model.base).__name__}")
     ids_of = {p: tokenizer(p, return_tensors="pt").input_ids for p in prompts}
     eos = None if translate else []  # a translation ends at its EOS; code runs the whole budget
-    # "auto": chosen once for this model and machine, then cached (blockdecode.calibrate)
+    # by default each call's tree ranked by its candidates' chance to stand (blockdecode.expected)
     plan = model.plan(drafter, k, tree, eos_token_id=eos, prompts=list(ids_of.values()))
     reference = None
     if dtype != torch.bfloat16:

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from blockdecode.hf import same_weights, weights_key, weights_signature
+from blockdecode.hf import context_length, same_weights, weights_key, weights_signature
 from blockdecode.io import read_json
 from blockdecode.timing import forward_cost
 from blockdecode.tree import Tree
@@ -112,7 +112,9 @@ def model_ranking(lm, context: torch.LongTensor, cache_implementation: str = "dy
     key = (weights_key(lm.parameters()), torch.get_num_threads(), cache_implementation)
     known = _MEASURED.get(lm)
     if known is None or known[0] != key:
-        cost = forward_cost(lm.base, context[:1], COST_POINTS, reps=5, cache_implementation=cache_implementation)
+        room = context_length(lm.base)  # a short context holds fewer tokens a call: t(q) is extrapolated past them
+        points = [q for q in COST_POINTS if room is None or context.shape[1] + q <= room] or [1]
+        cost = forward_cost(lm.base, context[:1], points, reps=5, cache_implementation=cache_implementation)
         rates = shipped_rates(lm.base_location, weights_signature(lm))
         _MEASURED[lm] = known = (key, Ranking(tuple(sorted(cost.items())), tuple(sorted(rates.items()))))
     return known[1]

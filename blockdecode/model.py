@@ -16,7 +16,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from blockdecode import builtin, expected
 from blockdecode.acceptance import Acceptance, parse_acceptance
-from blockdecode.adapter import check_attention_mask, check_prompt, row_tokens
+from blockdecode.adapter import check_attention_mask, check_prompt, row_tokens, takes_tree_masks
 from blockdecode.calibrate import calibrate
 from blockdecode.decode import BlockwiseOutput, decode
 from blockdecode.drafters import Drafter, HeadsDrafter
@@ -33,7 +33,7 @@ from blockdecode.hf import (
     weights_signature,
 )
 from blockdecode.io import CheckpointError, reading_folder, saving_folder, write_text
-from blockdecode.plan import DecodePlan, block_size, check_settings, make_plan
+from blockdecode.plan import DecodePlan, block_size, check_settings, make_plan, max_tree
 from blockdecode.sampling import check_generator, sampling_settings
 
 HEADS_CONFIG = "blockdecode.json"
@@ -214,15 +214,18 @@ class BlockwiseLM(nn.Module):
         `drafter="auto"` with `tree="auto"` takes the drafters and budget predicted fastest for this
         model, dtype and machine (`blockdecode.calibrate`: about a second the first time, then cached;
         `prompts` are what it times on); "auto" with any other tree is the heads. `tree="default"` is
-        "auto" for named drafters and the drafter's own chain for a drafter object. Sampling verifies
+        "expected" for named drafters (each call's candidates ranked by their chance to stand: `_ranked_plan`;
+        "auto" under an approximate acceptance rule, which a ranking does not learn) and the drafter's own
+        chain for a drafter object. With `tree="auto"`, sampling verifies
         one chain a call, and so does each row of a batch (`rows` > 1): there "auto" is the drafter
         whose chain the calibration predicts fastest (it measures greedy's acceptance, which a draw
         at a low temperature mostly follows). Every setting is checked before anything is measured."""
         k = self.k if k is None else k
         drafter = "auto" if drafter is None else drafter
         sampling = sampling_settings(self.base, do_sample, temperature, top_k, top_p)
-        if tree == "default":
-            tree = "auto" if isinstance(drafter, str) else None
+        if tree == "default":  # ranked each call; a ranking learns exact acceptance only
+            exact = parse_acceptance(acceptance).rule == "exact"
+            tree = ("expected" if exact else "auto") if isinstance(drafter, str) else None
         if tree == "expected":  # every drafter's candidates ranked by their chance to stand, the size chosen each call
             settings = (acceptance, eos_token_id, cache_implementation)
             return self._ranked_plan(drafter, k, *settings, prompts, sampling, rows)
@@ -257,8 +260,11 @@ class BlockwiseLM(nn.Module):
         if not prompts:
             raise ValueError("tree='expected' needs a prompt to measure the cost curve on: pass prompts=[input_ids]")
         drafter = "heads+ngram" if drafter == "auto" else drafter
+        check_settings(self.base, k, None, acceptance, eos_token_id, cache_implementation)  # before anything is timed
+        check_loaded(self, "the BlockwiseLM")
         ranking = expected.model_ranking(self, prompts[0], cache_implementation)
-        tree = None if sampling is not None or rows > 1 else expected.CAP
+        chains = sampling is not None or rows > 1 or not takes_tree_masks(self.base)  # no warning: a chain ranks too
+        tree = None if chains else min(expected.CAP, max_tree(self.base))
         return make_plan(self.base, drafter, k, tree, acceptance, eos_token_id, cache_implementation, lm=self,
                          sampling=sampling, ranking=ranking)  # fmt: skip
 
@@ -286,8 +292,11 @@ class BlockwiseLM(nn.Module):
         sampling from exactly the distribution of `base.generate(do_sample=True, temperature=...,
         top_k=..., top_p=...)`, the proposals verified by speculative sampling.
 
-        By default (`drafter="auto"`, `tree="auto"`) the drafters and tree budget are the ones
-        predicted fastest for this model, dtype, machine and k (`blockdecode.calibrate`). `drafter`:
+        By default (`drafter="auto"`, `tree="default"`) n-gram lookup's and the heads' candidates are
+        ranked each call by their chance to stand, learnt from what stood in this sequence, and the tree
+        is sized for the most tokens a second on this machine (`tree="expected"`, `blockdecode.expected`);
+        `tree="auto"` takes the drafters and tree budget predicted fastest for this model, dtype, machine
+        and k once, then cached (`blockdecode.calibrate`). `drafter`:
         a name ("heads", "ngram", "heads+ngram", "heads-rescored"), a Drafter, or a list of them
         sharing a tree. `tree=N` verifies a tree of up to N candidate tokens a call, `tree=None` one
         chain (a drafter object decodes its chain unless told otherwise). k defaults to the heads'

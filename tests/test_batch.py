@@ -250,7 +250,7 @@ def test_auto_for_a_batch_is_the_fastest_chain() -> None:
     prompts = [make_prompt(n, 512, seed=n) for n in LENGTHS]
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no tree asked for, so nothing to warn about
-        plan = lm.plan(prompts=prompts, rows=4)
+        plan = lm.plan(tree="auto", prompts=prompts, rows=4)
     assert plan.tree is None and len(plan.drafters) == 1
     curves = {"heads": {"0": 10.0, "4": 30.0}, "ngram": {"0": 20.0}, "heads+ngram": {"8": 40.0}}
     assert Calibration("key", "heads+ngram", 8, curves).best_chain() == "ngram"

@@ -146,11 +146,11 @@ def test_shipped_statistics_spare_the_decodes_and_match_the_measured(
     assert decoded
 
 
-def test_by_default_the_drafters_are_chosen_too_and_decoding_stays_exact(
+def test_tree_auto_chooses_the_drafters_too_and_decoding_stays_exact(
     cache: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """drafter="auto": every source is predicted, chain and trees; the fastest (here n-gram trees of
-    8) is what generate() then uses."""
+    """drafter="auto" with tree="auto": every source is predicted, chain and trees; the fastest (here
+    n-gram trees of 8) is what generate() then uses."""
     best = {"heads": 100.0, "ngram": 300.0, "heads+ngram": 200.0}
     seen = []
 
@@ -163,12 +163,13 @@ def test_by_default_the_drafters_are_chosen_too_and_decoding_stays_exact(
     model = toy_model("llama", seed=6)
     ids = make_prompt(12, 512, seed=1)
     lm = perturb_heads(BlockwiseLM.from_base(model, k=4))
-    out = lm.generate(ids, 30, eos_token_id=NO_EOS)
+    out = lm.generate(ids, 30, eos_token_id=NO_EOS, tree="auto")
     assert sorted(seen) == sorted(calibrate.CHOICES)
     assert_greedy_equal(model, ids, out.sequences, hf_greedy(model, ids, 30, eos_token_id=NO_EOS))
     found = calibrate.calibrate(lm, [ids], "auto", 4)
     assert (found.drafter, found.tree) == ("ngram", 8)
-    assert lm.plan(prompts=[ids]) == lm.plan(prompts=[ids])  # resolved twice from the same inputs: equal
+    assert lm.plan(tree="auto", prompts=[ids]) == lm.plan(tree="auto", prompts=[ids])  # the same inputs: equal
+    assert lm.plan(prompts=[ids]).ranking is not None and not seen[3:]  # the default ranks: nothing predicted
 
 
 def test_a_drafter_object_decodes_as_given_unless_auto_is_asked_for(cache: Path) -> None:
@@ -185,9 +186,12 @@ def test_a_drafter_object_decodes_as_given_unless_auto_is_asked_for(cache: Path)
 def test_a_context_too_short_to_calibrate_in_decodes_with_the_chain(cache: Path) -> None:
     model = toy_model("llama", seed=2, context=64)
     ids = make_prompt(10, 512)
-    out = BlockwiseLM.from_base(model, k=4).generate(ids, 20, eos_token_id=NO_EOS)  # tree="auto" by default
+    lm = BlockwiseLM.from_base(model, k=4)
+    out = lm.generate(ids, 20, eos_token_id=NO_EOS, tree="auto")
     assert_greedy_equal(model, ids, out.sequences, hf_greedy(model, ids, 20, eos_token_id=NO_EOS))
     assert max(out.stats.verified) <= 4 and not cache.exists()
+    out = lm.generate(ids, 20, eos_token_id=NO_EOS)  # ranked by default: the cost curve fits the context too
+    assert_greedy_equal(model, ids, out.sequences, hf_greedy(model, ids, 20, eos_token_id=NO_EOS))
 
 
 def test_a_bad_request_fails_before_any_calibration(cache: Path) -> None:
@@ -374,7 +378,7 @@ def test_a_read_only_cache_still_decodes_and_warns_once(
         lm = BlockwiseLM.from_base(model, k=4)
         ids = make_prompt(8, 512, seed=2)
         for k in (3, 4, 4):
-            out = lm.generate(ids, 12, eos_token_id=NO_EOS, drafter="heads", k=k)
+            out = lm.generate(ids, 12, eos_token_id=NO_EOS, drafter="heads", k=k, tree="auto")
             assert_greedy_equal(model, ids, out.sequences, hf_greedy(model, ids, 12, eos_token_id=NO_EOS))
     finally:
         cache.parent.chmod(0o755)

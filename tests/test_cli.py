@@ -407,8 +407,9 @@ def test_a_corrupt_tokenizer_names_its_file(model_dir: Path, tmp_path: Path) -> 
 def test_the_first_generate_chooses_its_setting_without_decoding_to_search(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
 ) -> None:
-    """With an empty cache, the built-in model's first `generate` predicts its setting from the
-    statistics shipped beside it and a few short timings: it decodes a few dozen tokens per drafter to
+    """By default the first `generate` decodes at once (each call's tree ranked as it goes). With `--tree
+    auto` and an empty cache, it predicts its setting from the statistics shipped beside it and a few
+    short timings: it decodes a few dozen tokens per drafter to
     time the loop, never the hundreds a search by decoding took, and says so in one line."""
     from blockdecode import calibrate
 
@@ -417,8 +418,10 @@ def test_the_first_generate_chooses_its_setting_without_decoding_to_search(
     monkeypatch.setattr(
         calibrate, "decode", lambda model, ids, n, plan, **kw: decoded.append(n) or real(model, ids, n, plan, **kw)
     )
-    began = time.perf_counter()
     main(["--threads", "2", "generate", "--prompt", "def fib(n):", "--max-new-tokens", "16"])
+    assert not decoded and "ranked trees" in capsys.readouterr().err  # the default ranks: nothing to choose first
+    began = time.perf_counter()
+    main(["--threads", "2", "generate", "--prompt", "def fib(n):", "--max-new-tokens", "16", "--tree", "auto"])
     seconds = time.perf_counter() - began
     err = capsys.readouterr().err
     assert err.count("choosing drafters and tree") == 1

@@ -242,12 +242,12 @@ def test_auto_under_sampling_is_the_calibrations_fastest_chain_without_a_warning
 ) -> None:
     lm = BlockwiseLM.from_base(tiny("llama"), k=4)
     prompts = [make_prompt(6, vocab_size(lm.base))]
-    plan = lm.plan(do_sample=True, temperature=0.7, prompts=prompts)
+    plan = lm.plan(tree="auto", do_sample=True, temperature=0.7, prompts=prompts)
     fastest = calibrate(lm, prompts, "auto", 4).best_chain()
     assert (plan.drafter_name, plan.tree, plan.note) == (fastest, None, "")
     assert not [w for w in recwarn if "chain" in str(w.message)]
     with pytest.raises(ValueError, match="needs a prompt"):
-        lm.plan(do_sample=True)
+        lm.plan(tree="auto", do_sample=True)
     assert lm.plan("auto", tree=None, do_sample=True).drafter_name == "heads"
 
 

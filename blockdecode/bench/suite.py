@@ -289,7 +289,7 @@ def sampling_methods(
     k = max((k for k in cfg.ks if k <= lm.k), default=None)
     if k:
         ms.append(Method(f"heads k={k} sampling", "heads", blockwise("heads", k), k=k, acceptance=sampling.spec))
-        chosen = lm.plan("auto", k, prompts=prompts[:2], **settings).drafter_name
+        chosen = lm.plan("auto", k, "auto", prompts=prompts[:2], **settings).drafter_name
         name = f"auto ({chosen}) k={k} sampling"
         ms.append(Method(name, chosen, blockwise(chosen, k), k=k, acceptance=sampling.spec))
         if "expected" in cfg.trees:  # each call's chain n-gram lookup's or the heads', its length chosen
