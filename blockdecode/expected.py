@@ -41,6 +41,7 @@ COST_POINTS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 65)  # t(q) is measured here and 
 DECAY = 0.93  # every call, past outcomes count this much less: a drafter dropped for a while is tried again
 PRIOR_WEIGHT = 4.0  # trials a prior counts for: a few dozen calls of outcomes outweigh it
 _LEARN = 0.2  # how fast a drafter's measured time and yield follow the sequence
+_RETRY = 0.98  # each call a drafter is not asked, its yield keeps this much of its distance from 1
 CONFIDENCE_BINS = 10  # the heads' probabilities, mapped to acceptance by a curve learnt per bin
 
 
@@ -269,8 +270,9 @@ class Ranker:
         _, best, expected, _ = self._rank(candidates, cap) if candidates else ([], 0, 1.0, {})
         self._asked = (drafter, expected, depth + 1.0)
         worth = self.yields.get(drafter, 1.0) * (depth + 1.0 - expected) / expected > seconds / self.seconds(best + 1)
-        if not worth:
+        if not worth:  # a drafter not asked drifts back to the yield it started from, so it is tried again
             self._asked = None
+            self.yields[drafter] = 1.0 - _RETRY * (1.0 - self.yields.get(drafter, 1.0))
         return worth
 
     def best_chain(self, chains: Sequence[Scored], cap: int) -> Scored:
@@ -414,7 +416,7 @@ class Ranker:
         if self._asked is not None:  # what the drafter last asked added, of what the others left: its yield
             drafter, before, most = self._asked
             added = sum(self._kept[i - 1][1].drafter == drafter for i in path[1:]) / max(most - before, 1e-9)
-            self.yields[drafter] = (1 - _LEARN) * self.yields.get(drafter, added) + _LEARN * added
+            self.yields[drafter] = (1 - _LEARN) * self.yields.get(drafter, 1.0) + _LEARN * added  # one miss is no verdict
             self._asked = None
         self.estimates.forget()
         for i, (parent, source) in enumerate(self._kept, start=1):

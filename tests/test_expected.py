@@ -258,10 +258,19 @@ def test_a_costly_drafter_is_asked_only_where_its_guesses_would_pay_for_its_time
     assert ranker.worth_asking("heads", [], 4, 64)  # nothing else to verify
     weak = [scored([1, 2, 3, 4], "ngram", 0.3)]
     assert ranker.worth_asking("heads", weak, 4, 64)
-    ranker.tree(weak, cap=64)  # the heads proposed nothing the tree kept
-    ranker.observe([0, 1])  # n-gram lookup's first token stood, nothing of the heads'
-    assert ranker.yields["heads"] == pytest.approx(0.0)
-    assert not ranker.worth_asking("heads", weak, 4, 64)
+    asked = 0
+    while ranker.worth_asking("heads", weak, 4, 64):  # the heads propose nothing the tree keeps
+        asked += 1
+        ranker.tree(weak, cap=64)
+        ranker.observe([0, 1])  # n-gram lookup's first token stood, nothing of the heads'
+    assert 2 <= asked <= 15  # their yield falls a miss at a time: one miss is no verdict
+    later = []
+    for _ in range(50):  # still useless: asked now and then, as a drafter not asked drifts back to be tried again
+        later.append(ranker.worth_asking("heads", weak, 4, 64))
+        if later[-1]:
+            ranker.tree(weak, cap=64)
+            ranker.observe([0, 1])
+    assert 0 < sum(later) <= 15
 
 
 def test_a_ranked_chain_of_two_drafters_takes_each_call_the_one_expected_to_stand():
