@@ -83,8 +83,8 @@ def main(argv: list[str] | None = None) -> dict:
     for c in curves:
         best, last = c["best"], c["points"][-1]
         print(
-            f"{c['run']}: best block {best['block']:.3f} at {best['tokens'] / 1e6:.2f}M tokens; last {last['block']:.3f} "
-            f"at {last['tokens'] / 1e6:.2f}M, base loss {100 * last['loss_rise']:+.2f} %"
+            f"{c['run']}: best block {best['block']:.3f} at {best['tokens'] / 1e6:.2f}M tokens; "
+            f"last {last['block']:.3f} at {last['tokens'] / 1e6:.2f}M, base loss {100 * last['loss_rise']:+.2f} %"
         )
     return report
 

@@ -416,7 +416,8 @@ class Ranker:
         if self._asked is not None:  # what the drafter last asked added, of what the others left: its yield
             drafter, before, most = self._asked
             added = sum(self._kept[i - 1][1].drafter == drafter for i in path[1:]) / max(most - before, 1e-9)
-            self.yields[drafter] = (1 - _LEARN) * self.yields.get(drafter, 1.0) + _LEARN * added  # one miss is no verdict
+            # from 1, a fifth of the way a call: one miss is no verdict
+            self.yields[drafter] = (1 - _LEARN) * self.yields.get(drafter, 1.0) + _LEARN * added
             self._asked = None
         self.estimates.forget()
         for i, (parent, source) in enumerate(self._kept, start=1):
