@@ -636,7 +636,7 @@ def main(argv: list[str] | None = None) -> None:
         "--tree",
         type=tree_budget,
         default="default",
-        help="N candidates a call, expected (ranked each call; the default), auto (measured once), off",
+        help="N candidates a call, expected (ranked; default, greedy), auto (measured; default, sampling), off",
     )
     gen.add_argument("--head-type", choices=HEAD_TYPES, default="paper", help="for a model without heads")
     gen.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto", help="auto: bf16 where native, else fp32")
@@ -730,7 +730,7 @@ def main(argv: list[str] | None = None) -> None:
         "--tree",
         type=tree_budget,
         default="default",
-        help="N candidates a call, expected (ranked each call; the default), auto (measured once), off",
+        help="N candidates a call, expected (ranked; default, greedy), auto (measured; default, sampling), off",
     )
     demo.add_argument("--no-heal", dest="heal", action="store_false", help=NO_HEAL)
     demo.set_defaults(func=cmd_demo)

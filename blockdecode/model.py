@@ -215,7 +215,8 @@ class BlockwiseLM(nn.Module):
         model, dtype and machine (`blockdecode.calibrate`: about a second the first time, then cached;
         `prompts` are what it times on); "auto" with any other tree is the heads. `tree="default"` is
         "expected" for named drafters (each call's candidates ranked by their chance to stand: `_ranked_plan`;
-        "auto" under an approximate acceptance rule, which a ranking does not learn) and the drafter's own
+        "auto" under an approximate acceptance rule, which a ranking does not learn, and under sampling, whose
+        seed repeats a run only if its proposals do, which a ranking's timing-led choices do not) and the drafter's own
         chain for a drafter object. With `tree="auto"`, sampling verifies
         one chain a call, and so does each row of a batch (`rows` > 1): there "auto" is the drafter
         whose chain the calibration predicts fastest (it measures greedy's acceptance, which a draw
@@ -223,9 +224,10 @@ class BlockwiseLM(nn.Module):
         k = self.k if k is None else k
         drafter = "auto" if drafter is None else drafter
         sampling = sampling_settings(self.base, do_sample, temperature, top_k, top_p)
-        if tree == "default":  # ranked each call; a ranking learns exact acceptance only
-            exact = parse_acceptance(acceptance).rule == "exact"
-            tree = ("expected" if exact else "auto") if isinstance(drafter, str) else None
+        if tree == "default":  # ranked each call, greedy and exact only: a ranking learns exact acceptance, and
+            # its choices follow the machine's timings, so a sampled run would not repeat with its seed
+            ranked = parse_acceptance(acceptance).rule == "exact" and sampling is None
+            tree = ("expected" if ranked else "auto") if isinstance(drafter, str) else None
         if tree == "expected":  # every drafter's candidates ranked by their chance to stand, the size chosen each call
             settings = (acceptance, eos_token_id, cache_implementation)
             return self._ranked_plan(drafter, k, *settings, prompts, sampling, rows)
