@@ -14,6 +14,7 @@ import time
 import warnings
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
+from typing import NamedTuple
 
 import torch
 from transformers import PreTrainedModel
@@ -165,8 +166,7 @@ def decode(
         logits, h = base.prefill(start, padding)
         for i, row in enumerate(run.active):
             scores = run.rules.apply(logits[i, -1:].float(), run.rule_length(row), allowed=run.allowed(row))
-            _, first, _ = accept(plan, Tree(), scores, generator)
-            run.gain(row, first, [0])
+            run.gain(row, accept(plan, Tree(), scores, generator).gained, [0])
         newest, h_last = run.newest(), h[:, -1].clone()  # not a view a drafter can write to
         newest, h_last = run.drop_finished(base, newest, h_last)
         while run.active:
@@ -177,13 +177,13 @@ def decode(
             scores, h = verify(base, run, newest, candidates, allowed)
             accepted = [accept(plan, c, s, generator) for c, s in zip(candidates, scores)]
             if run.rankers:  # what stood teaches each row's ranking
-                for row, c, s, (path, _, _) in zip(run.active, candidates, scores, accepted):
-                    run.rankers[row].observe(path, stand_chances(plan, c, s))
-            base.keep_paths([path for path, _, _ in accepted])  # each row: the newest token and its accepted path
-            for row, c, (path, gained, _) in zip(run.active, candidates, accepted):
-                run.gain(row, gained, path, verified=len(c) + 1, owners=[c.owners[i - 1] for i in path[1:]])
-            last = [path[-1] for path, _, _ in accepted]
-            newest = torch.stack([after[i] for (_, _, after), i in zip(accepted, last)]).view(-1, 1)
+                for row, a in zip(run.active, accepted):
+                    run.rankers[row].observe(a.path, None if a.chances is None else a.chances.tolist())
+            base.keep_paths([a.path for a in accepted])  # each row: the newest token and its accepted path
+            for row, c, a in zip(run.active, candidates, accepted):
+                run.gain(row, a.gained, a.path, verified=len(c) + 1, owners=[c.owners[i - 1] for i in a.path[1:]])
+            last = [a.path[-1] for a in accepted]
+            newest = torch.stack([a.after[i] for a, i in zip(accepted, last)]).view(-1, 1)
             h_last = h[torch.arange(len(last)), last]
             newest, h_last = run.drop_finished(base, newest, h_last)
         return run.output(base)
@@ -214,7 +214,7 @@ def predict(plan: DecodePlan, run: Run, hidden: torch.Tensor, depth: int) -> lis
         rankers = [run.rankers[row] for row in run.active]
         offered = [drafter.rows_scored(tokens, hidden, depth, run.active) for drafter in plan.drafters]
         chains = [
-            ranker.best_chain([clip(chains[i], depth, run.vocab) for chains in offered], depth)
+            ranker.best_chain([clip(rows[i], depth, run.vocab) for rows in offered], depth)
             for i, ranker in enumerate(rankers)
         ]
         width = batch_width(rankers, chains, depth)
@@ -261,17 +261,6 @@ def clip(scored: Scored | Lattice, depth: int, vocab: int) -> Scored | Lattice:
     return scored
 
 
-def stand_chances(plan: DecodePlan, candidates: Tree, scores: torch.Tensor) -> list[float] | None:
-    """Under sampling, each candidate's chance to stand if its parent does: p(x) at its parent, as a
-    drafter's guess is certain (q(x) = 1), so a ranking learns the expected outcome, not one draw. None
-    for greedy, whose outcome is certain once verified."""
-    if plan.sampling is None or not len(candidates):
-        return None
-    probs = plan.sampling.probs(scores)
-    ids = torch.tensor(candidates.tokens, device=scores.device)
-    return probs[torch.tensor(candidates.parents, device=scores.device), ids].tolist()
-
-
 def verify(
     base, run: Run, newest: torch.LongTensor, candidates: list[Tree], allowed: list[list[int] | None]
 ) -> tuple[list[torch.Tensor], torch.Tensor]:
@@ -293,26 +282,38 @@ def verify(
     return scores, h
 
 
+class Accepted(NamedTuple):
+    """What a call accepted for one row."""
+
+    path: list[int]  # the deepest path of candidates that stands, as node indices from the newest token (0)
+    gained: list[int]  # its tokens, ending with the model's own token after the path
+    after: torch.Tensor  # the token the model takes after every node
+    chances: torch.Tensor | None  # under sampling, each candidate's chance to stand if its parent does
+
+
 def accept(
     plan: DecodePlan, candidates: Tree, scores: torch.Tensor, generator: torch.Generator | None = None
-) -> tuple[list[int], list[int], torch.Tensor]:
-    """The deepest path of candidates that stands, as node indices from the newest token (0); the
-    tokens it gains, ending with the model's own token after the path; and the token the model takes
-    after every node. Greedy: a candidate stands when the rule agrees with its parent's scores, and
-    the model's token is the argmax. Sampling (a chain): speculative sampling, and the model's token
-    a draw. One host sync a call."""
+) -> Accepted:
+    """What stands of `candidates`. Greedy: a candidate stands when the rule agrees with its parent's
+    scores, and the model's token is the argmax. Sampling (a chain): speculative sampling, and the
+    model's token a draw; a candidate's chance to stand is p(x) at its parent, as a drafter's guess is
+    certain (q(x) = 1), so a ranking learns the expected outcome rather than one draw. One host sync a
+    call."""
     ids = torch.tensor(candidates.tokens, dtype=torch.long, device=scores.device)
+    chances = None
     if plan.sampling is None:
         after = scores.argmax(-1)  # [m+1]
         parents = torch.tensor([*candidates.parents, 0], device=scores.device)  # one row more, as agree() takes
         right = plan.acceptance.agree(ids, scores[parents], after[parents])
     else:
+        probs = plan.sampling.probs(scores)
         one_hot = torch.nn.functional.one_hot(ids, scores.shape[-1]).float()  # a drafter's guess is certain
-        right, after = speculative_sample(plan.sampling.probs(scores), ids, one_hot, generator)
+        right, after = speculative_sample(probs, ids, one_hot, generator)
+        chances = probs[torch.tensor(candidates.parents, dtype=torch.long, device=scores.device), ids]
     host = torch.cat([right.long(), after]).tolist()
     m = len(candidates)
     path = candidates.accepted_path(host[:m])
-    return path, [candidates.tokens[i - 1] for i in path[1:]] + [host[m + path[-1]]], after
+    return Accepted(path, [candidates.tokens[i - 1] for i in path[1:]] + [host[m + path[-1]]], after, chances)
 
 
 class Run:

@@ -410,7 +410,7 @@ class Ranker:
 
     def observe(self, path: Sequence[int], chances: Sequence[float] | None = None) -> None:
         """The last tree's outcome: `path`, the accepted node indices from the root (0). `chances`, where
-        known (under sampling: each node's p(x) at its parent, `decode.stand_chances`), is what every node
+        known (under sampling: each node's p(x) at its parent, `decode.accept`), is what every node
         whose parent stood learns instead of whether it stood: its expected outcome, not one draw."""
         stood = set(path)
         if self._asked is not None:  # what the drafter last asked added, of what the others left: its yield
