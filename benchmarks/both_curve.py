@@ -2,7 +2,10 @@
 """The paper's "Both" trained until it stops growing (issue 37): for each run folder of `blockdecode
 train --mode finetune+distill`, the held-out block and the base's held-out loss against the tokens seen,
 from what the run logged at every evaluation (metrics.jsonl). The quality rule is drawn with them: the
-base's held-out loss may rise at most `--rule` (2 %) over the original base's.
+base's held-out loss may rise at most `--rule` (2 %) over the original base's. A run that goes on from a
+Both set (its --base and --init-heads one folder, recorded as finetune+distill) counts the tokens that set
+had seen and the loss of the base it began from. The plateau rule is read on those tokens: the first
+evaluation whose best block so far grew less than `--gain` over the best of the first half of its tokens.
 
     python benchmarks/both_curve.py runs/both-code runs/both-code-rows --out benchmarks/results/both_curve
 """
@@ -28,17 +31,45 @@ def tokens_per_step(run: Path) -> float:
     return cfg["batch_size"] * row
 
 
-def curve(run: Path) -> dict:
+def before(cfg: dict) -> dict:
+    """What a run had behind it: the tokens and the original base's held-out loss of the Both set it goes on
+    from, when its --base and --init-heads are that one folder; none for a run from a frozen base's heads."""
+    start = cfg.get("init_heads")
+    record = Path(start or "") / "blockdecode.json"
+    if not start or Path(start) != Path(cfg["base"]) or not record.is_file():
+        return {"tokens": 0, "original_base_loss": None}
+    training = read_json(record).get("training") or {}
+    if training.get("mode") != "finetune+distill":
+        return {"tokens": 0, "original_base_loss": None}
+    return {"tokens": training["tokens_seen"], "original_base_loss": training.get("original_base_heldout_loss")}
+
+
+def plateau(points: list[dict], gain: float) -> dict | None:
+    """The first evaluation at which the best block so far grew less than `gain` over the best up to half its
+    tokens, once that half holds three evaluations (as `train --doubling-gain` decides, on all tokens seen)."""
+    for p in points:
+        half = [q["block"] for q in points if q["tokens"] <= p["tokens"] / 2]
+        if len(half) < 3:
+            continue
+        grew = max(q["block"] for q in points if q["tokens"] <= p["tokens"]) - max(half)
+        if grew < gain:
+            return {"tokens": p["tokens"], "step": p["step"], "grew": grew}
+    return None
+
+
+def curve(run: Path, gain: float = 0.05) -> dict:
     """The run's evaluations: tokens seen, held-out block, the base's held-out loss and its rise."""
     per_step = tokens_per_step(run)
     evals = [r for r in read_jsonl(run / "metrics.jsonl") if "eval_mean_block_size" in r]
     if not evals:
         raise ValueError(f"{run / 'metrics.jsonl'} holds no evaluation")
-    first = evals[0]["eval_base_loss"]
+    cfg = read_json(run / "train_config.json")
+    behind = before(cfg)
+    first = behind["original_base_loss"] or evals[0]["eval_base_loss"]
     points = [
         {
             "step": r["step"],
-            "tokens": r["step"] * per_step,
+            "tokens": behind["tokens"] + r["step"] * per_step,
             "block": r["eval_mean_block_size"],
             "base_loss": r["eval_base_loss"],
             "loss_rise": r["eval_base_loss"] / first - 1,
@@ -46,7 +77,14 @@ def curve(run: Path) -> dict:
         for r in evals
     ]
     best = max(points, key=lambda p: p["block"])
-    return {"run": str(run), "config": read_json(run / "train_config.json"), "points": points, "best": best}
+    return {
+        "run": str(run),
+        "config": cfg,
+        "tokens_before": behind["tokens"],
+        "points": points,
+        "best": best,
+        "plateau": plateau(points, gain),
+    }
 
 
 def plot(curves: list[dict], rule: float, png: Path) -> None:
@@ -59,7 +97,9 @@ def plot(curves: list[dict], rule: float, png: Path) -> None:
     for c in curves:
         millions = [p["tokens"] / 1e6 for p in c["points"]]
         label = Path(c["run"]).name
-        blocks.plot(millions, [p["block"] for p in c["points"]], marker="o", label=label)
+        (line,) = blocks.plot(millions, [p["block"] for p in c["points"]], marker="o", label=label)
+        if c["plateau"]:
+            blocks.axvline(c["plateau"]["tokens"] / 1e6, color=line.get_color(), linestyle=":", alpha=0.7)
         quality.plot(millions, [100 * p["loss_rise"] for p in c["points"]], marker="o", label=label)
     quality.axhline(100 * rule, color="red", linestyle="--", label=f"quality rule (+{100 * rule:g} %)")
     blocks.set(xlabel="tokens seen (millions)", ylabel="held-out accepted block", title="Both: block")
@@ -75,16 +115,22 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("runs", nargs="+", type=Path, help="run folders of blockdecode train")
     p.add_argument("--out", type=Path, default=Path("benchmarks/results/both_curve"), help="writes OUT.json, OUT.png")
     p.add_argument("--rule", type=float, default=0.02, help="the base's held-out loss may rise this much")
+    p.add_argument("--gain", type=float, default=0.05, help="the plateau: less block growth than this per doubling")
     args = p.parse_args(argv)
-    curves = [curve(run) for run in args.runs]
-    report = {"rule": args.rule, "curves": curves}
+    curves = [curve(run, args.gain) for run in args.runs]
+    report = {"rule": args.rule, "gain": args.gain, "curves": curves}
     write_json(args.out.with_suffix(".json"), report)
     plot(curves, args.rule, args.out.with_suffix(".png"))
     for c in curves:
         best, last = c["best"], c["points"][-1]
         print(
             f"{c['run']}: best block {best['block']:.3f} at {best['tokens'] / 1e6:.2f}M tokens; "
-            f"last {last['block']:.3f} at {last['tokens'] / 1e6:.2f}M, base loss {100 * last['loss_rise']:+.2f} %"
+            f"last {last['block']:.3f} at {last['tokens'] / 1e6:.2f}M, base loss {100 * last['loss_rise']:+.2f} %; "
+            + (
+                f"plateau at {c['plateau']['tokens'] / 1e6:.2f}M ({c['plateau']['grew']:+.3f} over its doubling)"
+                if c["plateau"]
+                else "no plateau yet"
+            )
         )
     return report
 

@@ -44,3 +44,25 @@ def test_a_run_without_evaluations_is_named(tmp_path):
     run = run_folder(tmp_path, "empty", [], [], ended=False)
     with pytest.raises(ValueError, match="metrics.jsonl holds no evaluation"):
         script("both_curve").main([str(run), "--out", str(tmp_path / "curve")])
+
+
+def test_a_run_that_goes_on_from_a_both_set_counts_its_tokens_and_its_original_base(tmp_path):
+    both = script("both_curve")
+    shipped = tmp_path / "shipped"
+    shipped.mkdir()
+    record = {"training": {"mode": "finetune+distill", "tokens_seen": 5000, "original_base_heldout_loss": 1.0}}
+    (shipped / "blockdecode.json").write_text(json.dumps(record))
+    run = run_folder(tmp_path, "on", [1.6, 1.7], [1.1, 1.2], ended=True)
+    cfg = json.loads((run / "train_config.json").read_text())
+    (run / "train_config.json").write_text(json.dumps({**cfg, "base": str(shipped), "init_heads": str(shipped)}))
+    (c,) = both.main([str(run), "--out", str(tmp_path / "curve")])["curves"]
+    assert [p["tokens"] for p in c["points"]] == [5000, 6000]
+    assert [p["loss_rise"] for p in c["points"]] == [pytest.approx(0.1), pytest.approx(0.2)]  # against 1.0, not 1.1
+
+
+def test_the_plateau_is_the_first_doubling_of_tokens_that_grew_the_best_block_too_little():
+    both = script("both_curve")
+    points = [{"step": i, "tokens": 1000 * i, "block": b} for i, b in enumerate([1.8, 2.0, 2.1, 2.12, 2.13])]
+    # at 3,000 tokens the first half holds two evaluations only; at 4,000 the best grew 2.10 -> 2.13
+    assert both.plateau(points, 0.05) == {"tokens": 4000, "step": 4, "grew": pytest.approx(0.03)}
+    assert both.plateau(points, 0.02) is None
