@@ -36,9 +36,8 @@ def before(cfg: dict) -> dict:
     from, when its --base and --init-heads are that one folder; none for a run from a frozen base's heads."""
     start = cfg.get("init_heads")
     record = Path(start or "") / "blockdecode.json"
-    if not start or Path(start) != Path(cfg["base"]) or not record.is_file():
-        return {"tokens": 0, "original_base_loss": None}
-    training = read_json(record).get("training") or {}
+    continued = start and Path(start) == Path(cfg["base"]) and record.is_file()
+    training = (read_json(record).get("training") or {}) if continued else {}
     if training.get("mode") != "finetune+distill":
         return {"tokens": 0, "original_base_loss": None}
     return {"tokens": training["tokens_seen"], "original_base_loss": training.get("original_base_heldout_loss")}

@@ -28,8 +28,8 @@ prepare_corpus(CorpusConfig(out='$RUNS/mask_pilot/corpus', tokenizer=DEFAULT_MOD
   --distill-cache "$RUNS/both-distill-cache" "${PLATEAU[@]}"
 
 # 2. Translation: the shipped translation model is itself Both after 500 steps (0.51M target tokens, from the distill
-#    heads; recipes/translation.sh). Both goes on from it, base and heads, for two more doublings of its tokens (1,200
-#    steps of 32 pairs, to 2.05M in all), the heads on the base's own greedy translations of 8,192 training verses
+#    heads; recipes/translation.sh). Both goes on from it, base and heads, for 1,200 more steps of 32 pairs (about 1.2M
+#    target tokens, to 1.7M in all), the heads on the base's own greedy translations of 8,192 training verses
 #    (greedy and 4-beam targets teach these heads alike, docs/results.md), every 100 steps measured; the doubling rule is
 #    read on all the tokens the heads have seen (benchmarks/both_curve.py), BLEU by benchmarks/translation_table.py.
 TR_STEPS=${TR_STEPS:-1200}
