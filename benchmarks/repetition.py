@@ -52,8 +52,7 @@ def plot(rows: list[dict]):
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 3.5))
-    sets = sorted({r["prompts"] for r in rows}, key=[r["prompts"] for r in rows].index)
-    models = sorted({r["model"] for r in rows}, key=[r["model"] for r in rows].index)
+    sets, models = list(dict.fromkeys(r["prompts"] for r in rows)), list(dict.fromkeys(r["model"] for r in rows))
     width = 0.8 / len(models)
     for j, model in enumerate(models):
         values = [next(r["repeated_4grams"] for r in rows if r["model"] == model and r["prompts"] == s) for s in sets]

@@ -37,18 +37,15 @@ if [ ! -f "$RUNS/bible/train.tsv" ]; then
   echo "translation: run recipes/translation.sh's first stage (the verse pairs) first"
   exit 0
 fi
-[ -f "$RUNS/both-translation/blockdecode.json" ] || $BD train --base blockdecode/translation_model \
-  --data "$RUNS/bible/train.tsv" --out "$RUNS/both-translation" --mode finetune+distill --k 10 \
-  --init-heads blockdecode/translation_model --steps "$TR_STEPS" --batch-size 32 --seq-len 256 --lr 2e-3 \
-  --base-lr 3e-5 --warmup-steps 50 --eval-every 100 --distill-prompts 8192 --distill-beams 1 --distill-batch-size 32 \
-  --distill-new-tokens 200 --distill-cache "$RUNS/both-translation-distill-cache" --eval-prompts 32 \
-  --eval-new-tokens 128 --checkpoint-every 50 --log-every 10 --resume
+TR=(--base blockdecode/translation_model --data "$RUNS/bible/train.tsv" --mode finetune+distill --k 10
+  --init-heads blockdecode/translation_model --batch-size 32 --seq-len 256 --lr 2e-3 --base-lr 3e-5 --warmup-steps 50
+  --eval-every 100 --distill-prompts 8192 --distill-beams 1 --distill-batch-size 32 --distill-new-tokens 200
+  --distill-cache "$RUNS/both-translation-distill-cache" --eval-prompts 32 --eval-new-tokens 128 --checkpoint-every 50
+  --log-every 10 --resume)
+[ -f "$RUNS/both-translation/blockdecode.json" ] ||
+  $BD train "${TR[@]}" --out "$RUNS/both-translation" --steps "$TR_STEPS"
 
 # 2b. The same continuation with the base's loss on the gold references (`--base-loss-on data`, as on code): on its own
 #     greedy translations (2.) the base's held-out loss rose 38 % and BLEU fell 1.2 by 1,200 steps. 800 steps.
-[ -f "$RUNS/both-translation-data/blockdecode.json" ] || $BD train --base blockdecode/translation_model \
-  --data "$RUNS/bible/train.tsv" --out "$RUNS/both-translation-data" --mode finetune+distill --k 10 \
-  --init-heads blockdecode/translation_model --steps "${TR_DATA_STEPS:-800}" --batch-size 32 --seq-len 256 --lr 2e-3 \
-  --base-lr 3e-5 --base-loss-on data --warmup-steps 50 --eval-every 100 --distill-prompts 8192 --distill-beams 1 \
-  --distill-batch-size 32 --distill-new-tokens 200 --distill-cache "$RUNS/both-translation-distill-cache" \
-  --eval-prompts 32 --eval-new-tokens 128 --checkpoint-every 50 --log-every 10 --resume
+[ -f "$RUNS/both-translation-data/blockdecode.json" ] ||
+  $BD train "${TR[@]}" --out "$RUNS/both-translation-data" --steps "${TR_DATA_STEPS:-800}" --base-loss-on data
