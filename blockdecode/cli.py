@@ -3,40 +3,43 @@
 from __future__ import annotations
 
 import argparse
-import json
-import math
 import os
 import sys
 import time
 import warnings
-from collections.abc import Callable
 from pathlib import Path
-from typing import NoReturn
 
 import torch
 
 from blockdecode.builtin import DEFAULT_MODEL
 from blockdecode.corpus import CORPUS_PACKAGES
-from blockdecode.drafters import CHOICES, DRAFTERS
 from blockdecode.export import EXPORT_FORMATS
+from blockdecode.flags import (
+    DRAFTER_CHOICES,
+    Parser,
+    check_drafter,
+    comma_names,
+    is_text,
+    listed,
+    positive_int,
+    random_seed,
+    read_value_map,
+    temperature,
+    top_k,
+    top_p,
+    tree_budget,
+    tree_budgets,
+)
 from blockdecode.hardware import MIXED_PRECISIONS
 from blockdecode.heads import HEAD_TYPES
 from blockdecode.hf import DTYPE_CHOICES, DTYPES, dtype_for, dtype_name, is_seq2seq, load_config, load_tokenizer
 from blockdecode.io import check_writable, read_prompts
-from blockdecode.plan import MAX_TREE
 
 
-def read_value_map(path: str) -> list[float]:
-    """A JSON list giving each token id's ordinal value (null for tokens that have none)."""
-    try:
-        values = json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError) as err:
-        raise ValueError(f"--value-map {path}: {err}") from err
-    if not isinstance(values, list) or not all(
-        v is None or (isinstance(v, int | float) and not isinstance(v, bool)) for v in values
-    ):
-        raise ValueError(f"--value-map {path} must hold a JSON list of numbers (null for non-ordinal tokens)")
-    return [float("nan") if v is None else float(v) for v in values]
+NO_HEAL = (
+    "continue a prompt that ends mid-token (in a bare newline or space) from its last token as it is, "
+    "not from its text (token healing, on by default; a translation is never healed)"
+)
 
 
 def cmd_generate(args: argparse.Namespace) -> None:
@@ -111,6 +114,49 @@ def cmd_generate(args: argparse.Namespace) -> None:
         else:
             verdict = f"NO ({diverged}{note})"
         print(f"identical: {verdict}", file=sys.stderr)
+
+
+def add_generate_parser(sub) -> None:
+    p = sub.add_parser("generate", help="complete a prompt with exact blockwise decoding (greedy, or --sample)")
+    p.add_argument(
+        "--model", default=DEFAULT_MODEL, help="saved BlockwiseLM or transformers causal-LM folder (default: built-in)"
+    )
+    p.add_argument("--prompt", required=True, help="the text to continue; - reads it from standard input")
+    p.add_argument("--max-new-tokens", type=positive_int, default=64)
+    p.add_argument("--k", type=positive_int, default=None, help="block size (default: the heads' k)")
+    p.add_argument(
+        "--drafter", choices=DRAFTER_CHOICES, default="auto", help="where proposals come from (auto: measured)"
+    )
+    p.add_argument(
+        "--tree",
+        type=tree_budget,
+        default="default",
+        help="N candidates a call, expected (ranked; default, greedy), auto (measured; default, sampling), off",
+    )
+    p.add_argument("--head-type", choices=HEAD_TYPES, default="paper", help="for a model without heads")
+    p.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto", help="auto: bf16 where native, else fp32")
+    p.add_argument("--compare", action="store_true", help="also run transformers greedy and compare outputs")
+    p.add_argument(
+        "--acceptance",
+        default="exact",
+        help="exact (default), or approximate: topk:N, distance:EPS (needs --value-map), min-block:L",
+    )
+    p.add_argument("--value-map", default=None, help="JSON list: each token id's value, for distance:EPS")
+    p.add_argument(
+        "--sample", action="store_true", help="sample as transformers' do_sample=True does, exactly in distribution"
+    )
+    p.add_argument(
+        "--temperature", type=temperature, default=None, help="with --sample (default: the generation config's)"
+    )
+    p.add_argument(
+        "--top-k", type=top_k, default=None, help="with --sample: 0 is off (default: the generation config's)"
+    )
+    p.add_argument(
+        "--top-p", type=top_p, default=None, help="with --sample: 1 is off (default: the generation config's)"
+    )
+    p.add_argument("--seed", type=random_seed, default=None, help="with --sample: the same seed gives the same text")
+    p.add_argument("--no-heal", dest="heal", action="store_false", help=NO_HEAL)
+    p.set_defaults(func=cmd_generate)
 
 
 def model_prompts(model_dir: str, tokenizer, n: int = 4) -> list:
@@ -223,9 +269,11 @@ def add_train_parser(sub) -> None:
 def cmd_pretrain(args: argparse.Namespace) -> None:
     from blockdecode.pretrain import CorpusConfig, PretrainConfig, prepare_corpus, pretrain
 
-    check_writable(Path(args.out))  # before the corpus is prepared, not after
-    prepare_corpus(config_from(CorpusConfig, argparse.Namespace(**{**vars(args), "out": args.corpus})))
+    # Every setting is checked, and --out found writable, before the corpus is read or written.
     cfg = config_from(PretrainConfig, args)
+    corpus = config_from(CorpusConfig, argparse.Namespace(**{**vars(args), "out": args.corpus}))
+    check_writable(Path(args.out))
+    prepare_corpus(corpus)
     pretrain(cfg)
     print(f"saved the base model and its tokenizer to {Path(cfg.out) / 'model'}", file=sys.stderr)
 
@@ -439,6 +487,22 @@ def cmd_calibrate(args: argparse.Namespace) -> None:
     print_ranking(model, prompts[0], args.drafter, args.k)
 
 
+def add_calibrate_parser(sub) -> None:
+    p = sub.add_parser(
+        "calibrate",
+        help="measure which tree budget decodes fastest here (what --tree auto uses)",
+        description="Predicts the tokens/s of the chain and of every tree budget 1..64 for each drafter from "
+        "acceptance statistics (shipped with a built-in model, else measured on its prompts) and this machine's "
+        "cost curve t(q), and caches the fastest for this model, dtype, machine, threads, drafter and k.",
+    )
+    p.add_argument("--model", default=DEFAULT_MODEL, help="saved BlockwiseLM or transformers folder")
+    p.add_argument("--drafter", choices=DRAFTER_CHOICES, default="auto", help="auto: choose the drafters too")
+    p.add_argument("--k", type=positive_int, default=None, help="block size (default: the heads' k)")
+    p.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto")
+    p.add_argument("--refresh", action="store_true", help="measure again even if cached")
+    p.set_defaults(func=cmd_calibrate)
+
+
 def print_ranking(model, ids: torch.LongTensor, drafter: str, k: int | None, new_tokens: int = 96) -> None:
     """What --tree expected starts from, and how one decode of `ids` moves it."""
     from blockdecode.calibrate import explain_ranking
@@ -474,6 +538,21 @@ def cmd_export(args: argparse.Namespace) -> None:
     print(serve_command(base, args.out, model.k))
 
 
+def add_export_parser(sub) -> None:
+    p = sub.add_parser(
+        "export",
+        help="write trained heads in a serving engine's format (vLLM's Medusa speculator)",
+        description="Writes medusa heads as vLLM loads a Medusa speculator (config.json, model.safetensors with "
+        "the base's output layer once and the draft vocabulary as token_map), whole or not at all, and prints the "
+        "vllm command that serves them. A base saved together with its heads is written to OUT/base as well.",
+    )
+    p.add_argument("--model", required=True, help="a saved BlockwiseLM with medusa heads")
+    p.add_argument("--format", choices=EXPORT_FORMATS, default="vllm-medusa")
+    p.add_argument("--out", required=True, help="an empty folder, or an earlier export to replace")
+    p.add_argument("--dtype", choices=("saved", *DTYPES), default="saved", help="saved: as the heads were saved")
+    p.set_defaults(func=cmd_export)
+
+
 def saved_dtype(model_dir: str) -> torch.dtype:
     """The dtype the heads were saved in (their safetensors), so an export changes no weight."""
     from safetensors import safe_open
@@ -500,6 +579,28 @@ def cmd_bible(args: argparse.Namespace) -> None:
         print(f"{len(lines):,} {what} on training chapters from {extra[name].name} in {sources_file(name)}")
 
 
+def add_bible_parser(sub) -> None:
+    p = sub.add_parser(
+        "bible",
+        help="write the English-Spanish verse pairs (KJV, Reina-Valera 1909) for translation",
+        description="Reads the engKJV2006eb and spaRV1909eb SWORD modules with pysword and writes train.tsv, "
+        "valid.tsv and test.tsv (reference, English, Spanish), split by a hash of book and chapter. Get the "
+        "modules with: apt-get download sword-text-kjv sword-text-sparv; dpkg-deb -x each .deb into DIR; then "
+        "--modules DIR/usr/share/sword.",
+    )
+    p.add_argument("--modules", required=True, help="SWORD module folder (the one holding mods.d/)")
+    p.add_argument("--out", default="runs/bible", help="where the .tsv files go")
+    p.add_argument(
+        "--extra-sources",
+        type=comma_names,
+        default=[],
+        help="comma-separated English modules whose training-chapter text goes to OUT/sources-NAME.txt, one "
+        "source a line, for train --distill-sources: web (World English Bible: sword-text-web), mhcc, scofield, "
+        "tdavid (commentaries: sword-comm-*), or a module's own name",
+    )
+    p.set_defaults(func=cmd_bible)
+
+
 def cmd_demo(args: argparse.Namespace) -> None:
     from blockdecode.demo import run_demo
 
@@ -518,97 +619,26 @@ def cmd_demo(args: argparse.Namespace) -> None:
     )
 
 
-DRAFTER_CHOICES = tuple(dict.fromkeys(("auto", *DRAFTERS, *CHOICES)))
-NO_HEAL = (
-    "continue a prompt that ends mid-token (in a bare newline or space) from its last token as it is, "
-    "not from its text (token healing, on by default; a translation is never healed)"
-)
-
-
-def check_drafter(drafter: str, tree: int | str | None) -> None:
-    """Drafters named together share a tree: without one they are refused here, before loading."""
-    if "+" in drafter and tree is None:
-        raise ValueError(f"--drafter {drafter} shares a tree among its drafters: give --tree N or auto, or one drafter")
-
-
-def tree_budget(text: str) -> int | str | None:
-    """--tree N (a node budget, at most what a plan verifies; a short context may allow less), auto
-    (measured, see `blockdecode calibrate`), expected (ranked each call by each candidate's chance to
-    stand, `blockdecode.expected`), off, or default: what `generate` does by default (expected, or auto
-    under an approximate acceptance rule)."""
-    if text in ("off", "auto", "expected", "default"):
-        return None if text == "off" else text
-    return integer_flag(text, 1, MAX_TREE, f"off, auto, expected or a budget from 1 to {MAX_TREE}")
-
-
-def tree_budgets(text: str) -> list[int | str | None]:
-    return [tree_budget(t) for t in text.split(",")]
-
-
-def listed(kind: Callable[[str], object]) -> Callable[[str], list]:
-    """A flag's comma-separated values, each read by `kind`; off: none."""
-
-    def values(text: str) -> list:
-        return [] if text == "off" else [kind(t) for t in text.split(",") if t]
-
-    return values
-
-
-def integer_flag(text: str, low: int, high: int, allowed: str) -> int:
-    """A flag's integer from `low` to `high`; else an error saying what it may be (`allowed`)."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = None
-    if value is None or not low <= value <= high:
-        raise argparse.ArgumentTypeError(f"must be {allowed}, got {text}")
-    return value
-
-
-def int64(text: str) -> int:
-    """Every integer flag's value (`Parser`): torch takes it as a 64-bit integer, and beyond that
-    range fails with "Overflow when unpacking long long", after the model has loaded."""
-    return integer_flag(text, -(2**63), 2**63 - 1, "an integer from -2**63 to 2**63 - 1")
-
-
-def positive_int(text: str) -> int:
-    return integer_flag(text, 1, 2**63 - 1, "an integer >= 1")
-
-
-def random_seed(text: str) -> int:
-    """--seed: what torch's random generators take."""
-    return integer_flag(text, 0, 2**64 - 1, "an integer from 0 to 2**64 - 1")
-
-
-def top_k(text: str) -> int:
-    return integer_flag(text, 0, 2**63 - 1, "an integer >= 0 (0: off)")
-
-
-def temperature(text: str) -> float:
-    """--temperature(s): sampling's, a number > 0 (greedy decoding is the command without --sample)."""
-    value = float(text)
-    if not 0 < value < math.inf:
-        raise argparse.ArgumentTypeError(f"must be a number > 0, got {text}")
-    return value
-
-
-def top_p(text: str) -> float:
-    value = float(text)
-    if not 0 < value <= 1:
-        raise argparse.ArgumentTypeError(f"must lie in (0, 1] (1: off), got {text}")
-    return value
-
-
-class Parser(argparse.ArgumentParser):
-    """argparse, refusing in one line (the error and where the help is, not the whole usage), with
-    every `type=int` flag read by `int64`."""
-
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self.register("type", int, int64)
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+def add_demo_parser(sub) -> None:
+    p = sub.add_parser("demo", help="show blockwise decoding against greedy on the built-in model")
+    p.add_argument("--model", default=None, help="a saved BlockwiseLM (default: the built-in model)")
+    p.add_argument(
+        "--task", choices=("code", "translate"), default="code", help="translate: an encoder-decoder, Bible verses"
+    )
+    p.add_argument("--max-new-tokens", type=positive_int, default=128)
+    p.add_argument("--k", type=positive_int, default=None, help="block size (default: the heads' k)")
+    p.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto", help="auto: bf16 where native, else fp32")
+    p.add_argument(
+        "--drafter", choices=DRAFTER_CHOICES, default="auto", help="where proposals come from (auto: measured)"
+    )
+    p.add_argument(
+        "--tree",
+        type=tree_budget,
+        default="default",
+        help="N candidates a call, expected (ranked; default, greedy), auto (measured; default, sampling), off",
+    )
+    p.add_argument("--no-heal", dest="heal", action="store_false", help=NO_HEAL)
+    p.set_defaults(func=cmd_demo)
 
 
 def show_warning(message, category, filename, lineno, file=None, line=None) -> None:
@@ -616,124 +646,27 @@ def show_warning(message, category, filename, lineno, file=None, line=None) -> N
     print(f"warning: {message}", file=sys.stderr)
 
 
+COMMANDS = (
+    add_generate_parser,
+    add_train_parser,
+    add_pretrain_parser,
+    add_pretrain_translation_parser,
+    add_bench_parser,
+    add_calibrate_parser,
+    add_export_parser,
+    add_bible_parser,
+    add_demo_parser,
+)
+"""Each adds its command's subparser, with `func` set to its `cmd_<command>`."""
+
+
 def main(argv: list[str] | None = None) -> None:
     stay_offline()
     parser = Parser(prog="blockdecode", description=__doc__)
     parser.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads (default: torch's)")
     sub = parser.add_subparsers(dest="command", required=True)
-
-    gen = sub.add_parser("generate", help="complete a prompt with exact blockwise decoding (greedy, or --sample)")
-    gen.add_argument(
-        "--model", default=DEFAULT_MODEL, help="saved BlockwiseLM or transformers causal-LM folder (default: built-in)"
-    )
-    gen.add_argument("--prompt", required=True, help="the text to continue; - reads it from standard input")
-    gen.add_argument("--max-new-tokens", type=positive_int, default=64)
-    gen.add_argument("--k", type=positive_int, default=None, help="block size (default: the heads' k)")
-    gen.add_argument(
-        "--drafter", choices=DRAFTER_CHOICES, default="auto", help="where proposals come from (auto: measured)"
-    )
-    gen.add_argument(
-        "--tree",
-        type=tree_budget,
-        default="default",
-        help="N candidates a call, expected (ranked; default, greedy), auto (measured; default, sampling), off",
-    )
-    gen.add_argument("--head-type", choices=HEAD_TYPES, default="paper", help="for a model without heads")
-    gen.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto", help="auto: bf16 where native, else fp32")
-    gen.add_argument("--compare", action="store_true", help="also run transformers greedy and compare outputs")
-    gen.add_argument(
-        "--acceptance",
-        default="exact",
-        help="exact (default), or approximate: topk:N, distance:EPS (needs --value-map), min-block:L",
-    )
-    gen.add_argument("--value-map", default=None, help="JSON list: each token id's value, for distance:EPS")
-    gen.add_argument(
-        "--sample", action="store_true", help="sample as transformers' do_sample=True does, exactly in distribution"
-    )
-    gen.add_argument(
-        "--temperature", type=temperature, default=None, help="with --sample (default: the generation config's)"
-    )
-    gen.add_argument(
-        "--top-k", type=top_k, default=None, help="with --sample: 0 is off (default: the generation config's)"
-    )
-    gen.add_argument(
-        "--top-p", type=top_p, default=None, help="with --sample: 1 is off (default: the generation config's)"
-    )
-    gen.add_argument("--seed", type=random_seed, default=None, help="with --sample: the same seed gives the same text")
-    gen.add_argument("--no-heal", dest="heal", action="store_false", help=NO_HEAL)
-    gen.set_defaults(func=cmd_generate)
-
-    add_train_parser(sub)
-    add_pretrain_parser(sub)
-    add_pretrain_translation_parser(sub)
-    add_bench_parser(sub)
-
-    cal = sub.add_parser(
-        "calibrate",
-        help="measure which tree budget decodes fastest here (what --tree auto uses)",
-        description="Predicts the tokens/s of the chain and of every tree budget 1..64 for each drafter from "
-        "acceptance statistics (shipped with a built-in model, else measured on its prompts) and this machine's "
-        "cost curve t(q), and caches the fastest for this model, dtype, machine, threads, drafter and k.",
-    )
-    cal.add_argument("--model", default=DEFAULT_MODEL, help="saved BlockwiseLM or transformers folder")
-    cal.add_argument("--drafter", choices=DRAFTER_CHOICES, default="auto", help="auto: choose the drafters too")
-    cal.add_argument("--k", type=positive_int, default=None, help="block size (default: the heads' k)")
-    cal.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto")
-    cal.add_argument("--refresh", action="store_true", help="measure again even if cached")
-    cal.set_defaults(func=cmd_calibrate)
-
-    exp = sub.add_parser(
-        "export",
-        help="write trained heads in a serving engine's format (vLLM's Medusa speculator)",
-        description="Writes medusa heads as vLLM loads a Medusa speculator (config.json, model.safetensors with "
-        "the base's output layer once and the draft vocabulary as token_map), whole or not at all, and prints the "
-        "vllm command that serves them. A base saved together with its heads is written to OUT/base as well.",
-    )
-    exp.add_argument("--model", required=True, help="a saved BlockwiseLM with medusa heads")
-    exp.add_argument("--format", choices=EXPORT_FORMATS, default="vllm-medusa")
-    exp.add_argument("--out", required=True, help="an empty folder, or an earlier export to replace")
-    exp.add_argument("--dtype", choices=("saved", *DTYPES), default="saved", help="saved: as the heads were saved")
-    exp.set_defaults(func=cmd_export)
-
-    bible = sub.add_parser(
-        "bible",
-        help="write the English-Spanish verse pairs (KJV, Reina-Valera 1909) for translation",
-        description="Reads the engKJV2006eb and spaRV1909eb SWORD modules with pysword and writes train.tsv, "
-        "valid.tsv and test.tsv (reference, English, Spanish), split by a hash of book and chapter. Get the "
-        "modules with: apt-get download sword-text-kjv sword-text-sparv; dpkg-deb -x each .deb into DIR; then "
-        "--modules DIR/usr/share/sword.",
-    )
-    bible.add_argument("--modules", required=True, help="SWORD module folder (the one holding mods.d/)")
-    bible.add_argument("--out", default="runs/bible", help="where the .tsv files go")
-    bible.add_argument(
-        "--extra-sources",
-        type=lambda text: list(dict.fromkeys(name.lower() for name in text.split(",") if name)),
-        default=[],
-        help="comma-separated English modules whose training-chapter text goes to OUT/sources-NAME.txt, one "
-        "source a line, for train --distill-sources: web (World English Bible: sword-text-web), mhcc, scofield, "
-        "tdavid (commentaries: sword-comm-*), or a module's own name",
-    )
-    bible.set_defaults(func=cmd_bible)
-
-    demo = sub.add_parser("demo", help="show blockwise decoding against greedy on the built-in model")
-    demo.add_argument("--model", default=None, help="a saved BlockwiseLM (default: the built-in model)")
-    demo.add_argument(
-        "--task", choices=("code", "translate"), default="code", help="translate: an encoder-decoder, Bible verses"
-    )
-    demo.add_argument("--max-new-tokens", type=positive_int, default=128)
-    demo.add_argument("--k", type=positive_int, default=None, help="block size (default: the heads' k)")
-    demo.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto", help="auto: bf16 where native, else fp32")
-    demo.add_argument(
-        "--drafter", choices=DRAFTER_CHOICES, default="auto", help="where proposals come from (auto: measured)"
-    )
-    demo.add_argument(
-        "--tree",
-        type=tree_budget,
-        default="default",
-        help="N candidates a call, expected (ranked; default, greedy), auto (measured; default, sampling), off",
-    )
-    demo.add_argument("--no-heal", dest="heal", action="store_false", help=NO_HEAL)
-    demo.set_defaults(func=cmd_demo)
+    for add_parser in COMMANDS:
+        add_parser(sub)
 
     args = parser.parse_args(argv)
     if args.threads:
@@ -757,16 +690,6 @@ def main(argv: list[str] | None = None) -> None:
 
 
 TRAINING = ("train", "pretrain", "pretrain-translation")
-
-
-def is_text(value: str) -> bool:
-    """False for what cannot be encoded as UTF-8: bytes the shell passed that are not UTF-8
-    (decoded by Python as lone surrogates), or a lone surrogate from a JSON file."""
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 def stay_offline() -> None:

@@ -11,6 +11,7 @@ import pytest
 
 from blockdecode import BlockwiseLM
 from blockdecode.bench import PRESETS, BenchConfig, Run, block_stats, run_bench
+from blockdecode.bench.suite import default_prompts, methods_for
 from blockdecode.cli import main
 from blockdecode.corpus import train_tokenizer
 from blockdecode.toy import toy_model
@@ -280,3 +281,20 @@ def test_an_interrupted_bench_leaves_the_old_folder_or_the_new_one(tmp_path: Pat
     write_report(report, out)
     assert sorted(p.name for p in out.iterdir()) == sorted(new)
     assert json.loads((out / "bench.json").read_text()) == json.loads(new["bench.json"])
+
+
+def test_more_prompts_than_shipped_are_capped_with_one_note(setup: dict) -> None:
+    """--n-prompts beyond the model's prompts.json measures each prompt once, and says so."""
+    with pytest.warns(UserWarning, match=r"100000 prompts asked for; .*prompts\.json holds 2: each is measured once"):
+        texts = default_prompts(setup["root"], 100000)
+    assert texts == json.loads((setup["root"] / "prompts.json").read_text())
+
+
+def test_a_k_beyond_the_heads_names_the_rows_it_drops(setup: dict) -> None:
+    """--k 16 on heads of k=4: the heads' rows at 16 are dropped, and the note says which and why."""
+    lm = BlockwiseLM.from_pretrained(setup["root"] / "model")
+    cfg = quick_config(setup, ks=[2, 16], trees=[8], static_cache=True)
+    with pytest.warns(UserWarning, match=r"--k 16: the heads propose at most k=4, so k=16 gets n-gram rows alone"):
+        names = [m.name for m in methods_for(cfg, lm, None, [])]
+    assert "heads k=2" in names and "n-gram k=16" in names and "heads k=16" not in names
+    assert "heads tree 8 k=2" in names  # the trees at the largest k that fits

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import re
 import shutil
@@ -576,3 +577,33 @@ def test_a_library_warning_is_one_line_of_the_command(tmp_path: Path, capsys: py
     warned = [line for line in lines if "tensor(s)" in line]
     assert len(warned) == 1 and warned[0].startswith(f"warning: {tmp_path}: ")
     assert not any("UserWarning" in line or ".py:" in line for line in lines)
+
+
+def test_every_command_is_declared_beside_its_handler() -> None:
+    """main() reads as a table: each command's flags come from its own add_<command>_parser, beside
+    the cmd_<command> that runs it."""
+    import inspect
+
+    from blockdecode import cli
+
+    sub = argparse.ArgumentParser().add_subparsers()
+    for add_parser in cli.COMMANDS:
+        add_parser(sub)
+    for name, parser in sub.choices.items():
+        command = name.replace("-", "_")
+        assert parser.get_default("func") is getattr(cli, f"cmd_{command}")
+        assert any(add.__name__ == f"add_{command}_parser" for add in cli.COMMANDS)
+    assert len(inspect.getsource(cli.main).splitlines()) < 35
+
+
+def test_calibrate_refuses_a_k_beyond_the_heads_before_it_announces_anything(capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(SystemExit, match="k must be between 1 and the heads' block size 10, got 16"):
+        main(["calibrate", "--k", "16"])
+    assert "choosing" not in capsys.readouterr().err
+
+
+def test_pretrain_checks_its_settings_before_it_writes_the_corpus(tmp_path: Path) -> None:
+    corpus = tmp_path / "corpus"
+    with pytest.raises(SystemExit, match="steps must be positive, got 0"):
+        main(["pretrain", "--corpus", str(corpus), "--out", str(tmp_path / "run"), "--steps", "0"])
+    assert not corpus.exists() and not (tmp_path / "run").exists()

@@ -13,6 +13,7 @@ ceiling it sets, k̂ · t(1) / t(k); efficiency = speedup / ceiling is what the 
 from __future__ import annotations
 
 import time
+import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -141,12 +142,15 @@ def default_prompts(model_dir: Path, n: int, translate: bool = False) -> list[st
     Bible verses for a translation model)."""
     path = model_dir / "prompts.json"
     if path.is_file():
-        prompts = read_prompts(path)
+        prompts, source = read_prompts(path), str(path)
     elif translate:
-        prompts = list(HELD_OUT_VERSES)
+        prompts, source = list(HELD_OUT_VERSES), "the built-in held-out verses"
     else:
         prompts = ["def main():\n", "class Parser:\n    def __init__(self, text):\n", "import os\nimport sys\n\n"]
-    return [prompts[i % len(prompts)] for i in range(n)]
+        source = "the built-in code openings"
+    if n > len(prompts):  # a prompt measured twice adds time, not evidence
+        warnings.warn(f"{n} prompts asked for; {source} holds {len(prompts)}: each is measured once", stacklevel=2)
+    return prompts[:n]
 
 
 def methods_for(cfg: BenchConfig, lm: BlockwiseLM, draft, prompts: list[torch.LongTensor]) -> list[Method]:
@@ -188,6 +192,16 @@ def methods_for(cfg: BenchConfig, lm: BlockwiseLM, draft, prompts: list[torch.Lo
                 )
             )
     top = max(cfg.ks)
+    if top > lm.k:
+        beyond = ", ".join(str(k) for k in cfg.ks if k > lm.k)
+        fits = [k for k in cfg.ks if k <= lm.k]
+        kept = f"at k={max(fits)} (the largest k that fits)" if fits else "nowhere: no k given fits them"
+        warnings.warn(
+            f"--k {beyond}: the heads propose at most k={lm.k}, so k={beyond} gets n-gram rows alone; the rescored "
+            f"lattice and the static cache's heads, measured at the largest k only, are dropped; the trees and "
+            f"sampling's heads rows are measured {kept}",
+            stacklevel=2,
+        )
     if top <= lm.k:  # Kim et al.'s rescoring of the heads' lattice by an n-gram model of the context
         ms.append(Method(f"heads-rescored k={top}", "heads", blockwise("heads-rescored", top), k=top))
     if cfg.static_cache:  # the same calls with a preallocated cache, against the same greedy baseline

@@ -1,0 +1,34 @@
+"""The command line's value types: each bad value is refused in one line that names it."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pytest
+
+from blockdecode.flags import comma_names, listed, positive_int, read_value_map, tree_budget
+
+
+def test_a_binary_value_map_is_refused_naming_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "values.bin"
+    path.write_bytes(bytes(range(256)))
+    with pytest.raises(ValueError, match=rf"^--value-map {path}: not a readable JSON file") as err:
+        read_value_map(str(path))
+    assert "\n" not in str(err.value)
+
+
+def test_a_value_map_reads_nulls_as_values_missing(tmp_path: Path) -> None:
+    path = tmp_path / "values.json"
+    path.write_text("[1, null, 2.5]")
+    values = read_value_map(str(path))
+    assert values[0] == 1.0 and values[1] != values[1] and values[2] == 2.5
+
+
+def test_flag_values() -> None:
+    assert tree_budget("off") is None and tree_budget("expected") == "expected" and tree_budget("8") == 8
+    assert listed(positive_int)("2,4") == [2, 4] and listed(positive_int)("off") == []
+    assert comma_names("WEB,mhcc,web") == ["web", "mhcc"]
+    for bad in ("0", "x"):
+        with pytest.raises(argparse.ArgumentTypeError, match="must be"):
+            tree_budget(bad)
