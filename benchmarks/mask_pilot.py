@@ -48,6 +48,7 @@ from blockdecode.adapter import adapter_for  # noqa: E402
 from blockdecode.bench.report import cpu_name  # noqa: E402
 from blockdecode.data import fingerprint, load_tokens, pack, split  # noqa: E402
 from blockdecode.distill import distill_sequences  # noqa: E402
+from blockdecode.flags import config_from  # noqa: E402
 from blockdecode.hardware import native_bf16  # noqa: E402
 from blockdecode.heads import most_frequent, short_projection  # noqa: E402
 from blockdecode.hf import dtype_name, resolve_eos, vocab_size  # noqa: E402
@@ -102,7 +103,10 @@ class MaskRun:
     loss_chunk: int = 2048
 
 
-MUST_MATCH = ("k", "rank", "alpha", "every", "draft_vocab", "batch_size", "seed")
+MUST_MATCH = (
+    *("k", "rank", "alpha", "every", "draft_vocab", "batch_size", "seed"),
+    *("lr", "warmup_steps", "mixed_precision"),  # the optimisation too: changed, a resume would train another run
+)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -378,22 +382,9 @@ def distilled(base, cfg: TrainConfig, corpus: Path, eval_rows: int) -> tuple[tor
 def train_masks(args, base, masks: MaskDrafts, rows, heldout, steps: int) -> tuple[MaskDrafts, list[dict]]:
     """The masks trained for `steps` (`--minutes`: as many as the budget buys, stopping once it is
     spent); their training records."""
-    run = MaskRun(
-        out=str(Path(args.out) / "masks"),
-        steps=steps,
-        k=args.k,
-        rank=args.rank,
-        alpha=args.alpha,
-        every=args.every,
-        draft_vocab=args.draft_vocab,
-        batch_size=args.batch_size,
-        lr=args.lr,
-        mixed_precision=args.precision,
-        budget_s=60 * args.minutes if args.minutes else None,
-        eval_every=args.eval_every,
-        checkpoint_every=args.checkpoint_every,
-        resume=args.resume,
-    )
+    budget = 60 * args.minutes if args.minutes else None
+    run = config_from(MaskRun, args, out=str(Path(args.out) / "masks"), steps=steps, mixed_precision=args.precision,
+                      budget_s=budget)  # fmt: skip
     loop = training.Loop(training.LoopConfig.of(run))
     task = MaskTraining(run, base, masks, rows, heldout[:PROGRESS_ROWS], args.prompt_len)
     state = loop.resume(run, MUST_MATCH, task.data_digest)
@@ -505,6 +496,7 @@ def paper_heads(cfg: TrainConfig, costs: dict, costs_file: Path, cpu_s: float, h
     if "heads_step_cpu_s" not in costs:
         probe = StepClock()
         folder = Path(cfg.out).with_name("paper-heads-probe")
+        shutil.rmtree(folder, ignore_errors=True)  # a killed probe's: a fresh run would refuse its folder
         train(replace(cfg, out=str(folder), steps=4, eval_every=4, checkpoint_every=4, log_every=1, resume=False),
               callback=probe)  # fmt: skip
         shutil.rmtree(folder)

@@ -48,8 +48,8 @@ from blockdecode.plan import make_plan  # noqa: E402
 from blockdecode.reference import greedy_generate  # noqa: E402
 from blockdecode.timing import forward_cost  # noqa: E402
 
-# Llama shapes from the built-in model's up to about 1B parameters (the last is Llama-3.2-1B's, with a
-# 32k vocabulary). Tiny ones for tests are given as "tiny:<hidden>x<layers>".
+# Llama shapes from the built-in model's up to about 1B parameters (Llama-3.2-1B's, with a 32k vocabulary),
+# and Llama-3.1-8B's, for a GPU (not in the default sweep). Tiny ones for tests are given as "tiny:<hidden>x<layers>".
 SHAPE = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size")
 SIZES: dict[str, dict] = {
     "10M": dict(zip(SHAPE, (384, 4, 6, 1024, 8192))),
@@ -57,6 +57,7 @@ SIZES: dict[str, dict] = {
     "150M": dict(zip(SHAPE, (768, 12, 12, 2048, 32000))),
     "400M": dict(zip(SHAPE, (1024, 24, 16, 2816, 32000))),
     "1B": dict(zip(SHAPE, (2048, 16, 32, 8192, 32000)), num_key_value_heads=8),
+    "8B": dict(zip(SHAPE, (4096, 32, 32, 14336, 128256)), num_key_value_heads=8),  # Llama-3.1-8B's: for a GPU
 }
 COST_QS = (1, 2, 4, 8, 16, 32)
 EMBED_SCALE = 30.0  # the embeddings' size against the layers' random outputs
@@ -64,7 +65,11 @@ EMBED_SCALE = 30.0  # the embeddings' size against the layers' random outputs
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--sizes", default=",".join(SIZES), help=f"comma-separated: {', '.join(SIZES)}, or tiny:HxL")
+    p.add_argument(
+        "--sizes",
+        default=",".join(s for s in SIZES if s != "8B"),
+        help=f"comma-separated: {', '.join(SIZES)}, or tiny:HxL",
+    )
     p.add_argument("--out", default="benchmarks/results/sizes.json")
     p.add_argument("--k", type=int, default=8, help="block size of the scripted drafters")
     p.add_argument("--tree", type=int, default=16, help="node budget of the two drafters' tree")
@@ -74,6 +79,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--threads", type=int, default=torch.get_num_threads())
     p.add_argument("--dtype", choices=("auto", "bf16", "fp32"), default="auto", help="auto: bf16 where native")
+    p.add_argument("--device", default="cpu", help="cpu, or cuda: the models and every engine but llama.cpp there")
     p.add_argument("--profile-prompts", type=int, default=8, help="held-out prompts the drafters' accuracy is read on")
     p.add_argument("--profile-tokens", type=int, default=128, help="tokens decoded on each of them")
     args = p.parse_args(argv)
@@ -83,6 +89,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             p.error(f"--{name.replace('_', '-')} must be a positive integer, got {getattr(args, name)}")
     if args.k < 2:
         p.error(f"--k must be at least 2, got {args.k}")
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        p.error(f"--device {args.device}: this torch has no CUDA device")
     for size in args.sizes.split(","):
         if size not in SIZES and not _tiny(size):
             p.error(f"unknown size {size!r}: choose {', '.join(SIZES)}, or tiny:<hidden>x<layers>")
@@ -98,22 +106,25 @@ def _tiny(size: str) -> dict | None:
     return dict(zip(SHAPE, (hidden, layers, 4, 2 * hidden, 512)))
 
 
-def build(size: str, dtype: torch.dtype, seed: int = 0) -> LlamaForCausalLM:
+def build(size: str, dtype: torch.dtype, seed: int = 0, device: str = "cpu") -> LlamaForCausalLM:
     """A Llama of this size with random weights (transformers' own initialisation, seeded), whose greedy
     text is a walk through a random permutation of the vocabulary: the embeddings are scaled so the
     newest token's dominates the residual stream, and the output projection's row for token i is the
     embedding of the token that i follows. A random model's logits are otherwise nearly flat, and bf16
     rounding would flip greedy's argmax between engines and between one-token and k-token calls; here
     the argmax wins by a wide margin, and every engine's output can be checked against greedy's. The
-    compute, and so the timing, is a Llama's of this shape."""
+    compute, and so the timing, is a Llama's of this shape. Built on `device`: an 8B model's initialisation
+    would take minutes on a CPU."""
     shape = SIZES.get(size) or _tiny(size)
     config = LlamaConfig(**shape, max_position_embeddings=1024, tie_word_embeddings=False)
     torch.manual_seed(seed)
-    model = LlamaForCausalLM(config)
+    with torch.device(device):
+        model = LlamaForCausalLM(config)
     with torch.no_grad():
         embed = model.model.embed_tokens.weight
         embed.mul_(EMBED_SCALE)
-        model.lm_head.weight.copy_(embed[torch.randperm(config.vocab_size)])
+        order = torch.randperm(config.vocab_size, generator=torch.Generator().manual_seed(seed))
+        model.lm_head.weight.copy_(embed[order.to(embed.device)])
     return model.to(dtype).eval()
 
 
@@ -224,10 +235,12 @@ def llama_cpp_installed() -> bool:
 
 def measure_size(size: str, args: argparse.Namespace, dtype: torch.dtype, profiles: dict) -> dict:
     """Every figure of one size: parameters, cost curve, and each engine's tokens per second."""
-    model = build(size, dtype)
+    model = build(size, dtype, device=args.device)
     vocab = model.config.vocab_size
     gen = torch.Generator().manual_seed(1)
-    prompts = [torch.randint(0, vocab, (1, args.prompt_len), generator=gen) for _ in range(args.prompts)]
+    prompts = [
+        torch.randint(0, vocab, (1, args.prompt_len), generator=gen).to(args.device) for _ in range(args.prompts)
+    ]
     cost = forward_cost(model, prompts[0], COST_QS, reps=3)
     n = args.new_tokens
     references = {
@@ -250,7 +263,7 @@ def measure_size(size: str, args: argparse.Namespace, dtype: torch.dtype, profil
         Method(f"blockdecode heads chain k={args.k}", "heads", scripted(False), k=args.k),
         Method(f"blockdecode heads+ngram tree {args.tree} k={args.k}", "heads", scripted(True), k=args.k),
     ]
-    llama = "measured" if llama_cpp_installed() else "not installed"
+    llama = "measured" if llama_cpp_installed() and args.device == "cpu" else "not installed"
     with tempfile.TemporaryDirectory(prefix="sizes-") as folder:  # the GGUF, gone after its size
         if llama == "measured":
             path = Path(folder) / "model.gguf"
@@ -275,6 +288,10 @@ def measure_size(size: str, args: argparse.Namespace, dtype: torch.dtype, profil
         },  # fmt: skip
         "cost_ratio": {q: cost[q] / cost[1] for q in COST_QS},
         "one_token_call_ms": 1000 * cost[1],
+        "forward_ms": {q: 1000 * cost[q] for q in COST_QS},  # a bare forward of q tokens over the prompt
+        # each engine's wall time per model call, loop included, beside the forward of as many tokens
+        "ms_per_call": {name: 1000 * r["tokens_per_call"] / r["tokens_per_s"] for name, r in by.items()},
+        "mean_verified": {name: r["mean_verified"] for name, r in by.items() if "mean_verified" in r},
         "llama_cpp": llama,
         "tokens_per_s": {name: r["tokens_per_s"] for name, r in by.items()},
         "speedup_over_transformers": {name: r["speedup"] for name, r in by.items()},
@@ -325,6 +342,7 @@ def main(argv: list[str] | None = None) -> dict:
     report = {
         "environment": {
             "cpu": cpu_name(),
+            "device": torch.cuda.get_device_name(args.device) if args.device.startswith("cuda") else "cpu",
             "threads": args.threads,
             "dtype": str(dtype).removeprefix("torch."),
             "torch": torch.__version__,

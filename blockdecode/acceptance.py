@@ -8,6 +8,7 @@ at least one token. Only `exact` reproduces greedy decoding; the others say so."
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -51,6 +52,13 @@ class Acceptance:
             "distance": f"distance:{self.eps:g}",
             "min-block": f"min-block:{self.min_block}",
         }[self.rule]
+
+    @property
+    def key(self) -> str:
+        """The rule as a cache key: its spec, and a distance rule's value map by digest (two maps, two rules)."""
+        if self.rule != "distance":
+            return self.spec
+        return f"{self.spec} values {hashlib.sha256(self.values.cpu().numpy().tobytes()).hexdigest()[:16]}"
 
     def check(self, k: int, vocab_size: int) -> None:
         """Refuse a rule that cannot apply to this decode: a minimum block beyond k, a value

@@ -14,12 +14,13 @@ A setting's speed is what a call gains over what a call costs.
   each setting's own time per call outside the forward (its drafters, the tree, the bookkeeping),
   timed on one short decode.
 
-The fastest prediction is kept in the user's cache under a key naming the model's weights, dtype,
-device, threads, CPU, drafters and k, so another model or setting is measured anew, never served
-another's choice. The cache is read once per process and holds at most `CACHE_ENTRIES` choices, the
-oldest dropped. It can never stop a decode: a damaged file or entry is noted and measured again, a
-choice is merged into the file under a lock (two calibrations at once both stay), and one that
-cannot be stored is used anyway."""
+What a call gains is measured under the acceptance rule the decode will use: a relaxed one lets more
+stand (a model ships exact acceptance's statistics only). The fastest prediction is kept in the user's
+cache under a key naming the model's weights, dtype, device, threads, CPU, drafters, acceptance rule
+and k, so another model or setting is measured anew, never served another's choice. The cache is
+read once per process and holds at most `CACHE_ENTRIES` choices, the oldest dropped. It can never
+stop a decode: a damaged file or entry is noted and measured again, a choice is merged into the file
+under a lock (two calibrations at once both stay), and one that cannot be stored is used anyway."""
 
 from __future__ import annotations
 
@@ -37,6 +38,7 @@ from pathlib import Path
 
 import torch
 
+from blockdecode.acceptance import EXACT, Acceptance
 from blockdecode.adapter import takes_tree_masks
 from blockdecode.decode import decode
 from blockdecode.drafters import CHOICES, drafter_names
@@ -203,12 +205,12 @@ def fingerprint(model: torch.nn.Module) -> str:
     return known[1]
 
 
-def calibration_key(lm, drafter: str, k: int) -> str:
+def calibration_key(lm, drafter: str, k: int, acceptance: Acceptance = EXACT) -> str:
     device = next(lm.parameters()).device
     machine = torch.backends.cpu.get_cpu_capability() if device.type == "cpu" else torch.cuda.get_device_name(device)
     chosen_among = "auto:" + ",".join(CHOICES) if drafter == "auto" else drafter  # a new source is measured anew
     parts = [fingerprint(lm), dtype_name(lm.base.dtype), str(device), f"{torch.get_num_threads()} threads"]
-    return "|".join([*parts, machine, chosen_among, f"k={k}"])
+    return "|".join([*parts, machine, chosen_among, f"acceptance={acceptance.key}", f"k={k}"])
 
 
 def t_at(t: dict[int, float], q: int) -> float:
@@ -245,15 +247,17 @@ def shared(spec) -> bool:
     return isinstance(spec, Sequence) and len(spec) > 1
 
 
-def acceptance_statistics(lm, prompts: list[torch.LongTensor], spec, k: int, trees: bool) -> dict:
+def acceptance_statistics(
+    lm, prompts: list[torch.LongTensor], spec, k: int, trees: bool, acceptance: Acceptance = EXACT
+) -> dict:
     """Per call, what the largest tree accepted (node indices) and verified, and what the chain gained
-    and verified, over `prompts`: the machine-independent half of a prediction."""
+    and verified, over `prompts` under `acceptance`: the machine-independent half of a prediction."""
     stats = {"tree": {"paths": [], "verified": []}, "chain": {"gained": [], "verified": []}}
     settings = [("tree", LARGEST)] if trees else []
     if not shared(spec):
         settings.append(("chain", None))
     for mode, tree in settings:
-        plan = make_plan(lm.base, spec, k, tree, eos_token_id=[], lm=lm)
+        plan = make_plan(lm.base, spec, k, tree, acceptance, eos_token_id=[], lm=lm)
         for ids in prompts:
             s = decode(lm.base, ids, STAT_TOKENS, plan).stats
             stats[mode]["verified"] += s.verified
@@ -264,10 +268,12 @@ def acceptance_statistics(lm, prompts: list[torch.LongTensor], spec, k: int, tre
     return stats
 
 
-def loop_seconds(lm, prompt: torch.LongTensor, spec, k: int, tree: int | None, t: dict[int, float]) -> float:
+def loop_seconds(
+    lm, prompt: torch.LongTensor, spec, k: int, tree: int | None, t: dict[int, float], acceptance: Acceptance = EXACT
+) -> float:
     """Seconds a call spends outside its forward with this setting: one short decode, the median of
     each call's wall time less t(tokens it verified)."""
-    plan = make_plan(lm.base, spec, k, tree, eos_token_id=[], lm=lm)
+    plan = make_plan(lm.base, spec, k, tree, acceptance, eos_token_id=[], lm=lm)
     decode(lm.base, prompt, 4, plan)  # warm-up
     stamps: list[float] = []
     out = decode(lm.base, prompt, COST_TOKENS, plan, on_block=lambda _: stamps.append(time.perf_counter()))
@@ -355,16 +361,27 @@ def one_at_a_time(choose: Callable[..., Calibration]) -> Callable[..., Calibrati
 
 @one_at_a_time
 def calibrate(
-    lm, prompts: list[torch.LongTensor], drafter="auto", k: int | None = None, refresh: bool = False, show: bool = True
+    lm,
+    prompts: list[torch.LongTensor],
+    drafter="auto",
+    k: int | None = None,
+    refresh: bool = False,
+    show: bool = True,
+    acceptance: Acceptance = EXACT,
 ) -> Calibration:
     """The fastest setting for `lm` here (and for drafter="auto" the fastest drafters of CHOICES),
     from the cache when it was chosen for exactly this model and setting, else predicted now and
-    stored. `drafter` is a name or a drafter object. One line on stderr says when it measures."""
+    stored. `drafter` is a name or a drafter object. `acceptance`: the rule the decode will use, which
+    what stands is measured under (min-block applies to chains only: it has no tree to choose).
+    One line on stderr says when it measures."""
     check_model(lm.base)
     check_loaded(lm, "the BlockwiseLM")  # its heads too: the fingerprint reads every weight
-    k = lm.k if k is None else block_size(k)
+    if acceptance.rule == "min-block":
+        raise ValueError(f"{acceptance.spec} forces a chain's first proposals: there is no tree to calibrate for it")
+    heads = isinstance(drafter, str) and (drafter == "auto" or "heads" in drafter)  # checked before it says a word
+    k = lm.k if k is None else block_size(k, lm.k if heads else None)
     name = drafter if isinstance(drafter, str) else make_plan(lm.base, drafter, k, 1, lm=lm).drafter_name
-    key = calibration_key(lm, name, k)
+    key = calibration_key(lm, name, k, acceptance)
     names = CHOICES if name == "auto" else (name,)
     spec = {n: (n if isinstance(drafter, str) else drafter) for n in names}
     entry = _entries().get(key)
@@ -396,13 +413,14 @@ def calibrate(
     prompts = [ids[:, -room:] if room else ids for ids in prompts[:STAT_PROMPTS]]
     device = next(lm.parameters()).device
     prompts = [ids.to(device) for ids in prompts]
-    shipped = shipped_statistics(lm, k, names) if isinstance(drafter, str) else None
-    stats = shipped or {n: acceptance_statistics(lm, prompts, spec[n], k, trees) for n in names}
+    exact = isinstance(drafter, str) and acceptance.rule == "exact"  # what a model ships was measured so
+    shipped = shipped_statistics(lm, k, names) if exact else None
+    stats = shipped or {n: acceptance_statistics(lm, prompts, spec[n], k, trees, acceptance) for n in names}
     t = forward_cost(lm.base, prompts[0], COST_POINTS, reps=5)
     predicted = {}
     for n in names:
-        loop_tree = loop_seconds(lm, prompts[0], spec[n], k, LARGEST, t) if trees else 0.0
-        loop_chain = 0.0 if shared(spec[n]) else loop_seconds(lm, prompts[0], spec[n], k, None, t)
+        loop_tree = loop_seconds(lm, prompts[0], spec[n], k, LARGEST, t, acceptance) if trees else 0.0
+        loop_chain = 0.0 if shared(spec[n]) else loop_seconds(lm, prompts[0], spec[n], k, None, t, acceptance)
         predicted[n] = predict(stats[n], t, loop_tree, loop_chain)
     best = max(((n, b) for n in names for b in predicted[n]), key=lambda nb: predicted[nb[0]][nb[1]])
     result = Calibration(

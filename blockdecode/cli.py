@@ -19,6 +19,7 @@ from blockdecode.flags import (
     Parser,
     check_drafter,
     comma_names,
+    config_from,
     is_text,
     listed,
     positive_int,
@@ -33,8 +34,7 @@ from blockdecode.flags import (
 from blockdecode.hardware import MIXED_PRECISIONS
 from blockdecode.heads import HEAD_TYPES
 from blockdecode.hf import DTYPE_CHOICES, DTYPES, dtype_for, dtype_name, is_seq2seq, load_config, load_tokenizer
-from blockdecode.io import check_writable, read_prompts
-
+from blockdecode.io import check_writable
 
 NO_HEAL = (
     "continue a prompt that ends mid-token (in a bare newline or space) from its last token as it is, "
@@ -46,7 +46,7 @@ def cmd_generate(args: argparse.Namespace) -> None:
     from blockdecode.acceptance import parse_acceptance
     from blockdecode.adapter import check_prompt
     from blockdecode.healing import heal_prompts
-    from blockdecode.hf import vocab_size
+    from blockdecode.hf import model_folder, vocab_size
     from blockdecode.model import has_heads, load
     from blockdecode.reference import first_divergence, greedy_generate
 
@@ -66,15 +66,17 @@ def cmd_generate(args: argparse.Namespace) -> None:
 
     dtype = dtype_for(args.dtype)
     model, tokenizer = load(args.model, dtype, args.k, args.head_type)
-    if not has_heads(args.model):
-        print(f"note: {args.model} has no trained heads; using untrained {args.head_type} heads", file=sys.stderr)
+    if not has_heads(model_folder(args.model)):
+        print(
+            f"note: {args.model} has no trained heads; using untrained {model.config.head_type} heads", file=sys.stderr
+        )
     ids = check_prompt(model.base, tokenizer(args.prompt, return_tensors="pt").input_ids, args.max_new_tokens)
     seq2seq = is_seq2seq(model.base)  # the output is the decoder's: a translation, not a continuation
     heal = tokenizer if args.heal and not seq2seq else None
     healing = heal_prompts(heal, ids) if heal is not None else None
     if healing is not None and healing.healed:
         print(f"{healing.note()} (--no-heal: off)", file=sys.stderr)
-    prompts = model_prompts(args.model, tokenizer) or [ids]  # "auto" times on the model's own prompts
+    prompts = model.prompts or [ids]  # "auto" times on the model's own prompts
     with warnings.catch_warnings():  # a tree the plan cannot use is said once, as its note below
         warnings.simplefilter("ignore")
         plan = model.plan(
@@ -133,7 +135,9 @@ def add_generate_parser(sub) -> None:
         default="default",
         help="N candidates a call, expected (ranked; default, greedy), auto (measured; default, sampling), off",
     )
-    p.add_argument("--head-type", choices=HEAD_TYPES, default="paper", help="for a model without heads")
+    p.add_argument(
+        "--head-type", choices=HEAD_TYPES, default=None, help="for a model without trained heads (default: paper)"
+    )
     p.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto", help="auto: bf16 where native, else fp32")
     p.add_argument("--compare", action="store_true", help="also run transformers greedy and compare outputs")
     p.add_argument(
@@ -159,18 +163,10 @@ def add_generate_parser(sub) -> None:
     p.set_defaults(func=cmd_generate)
 
 
-def model_prompts(model_dir: str, tokenizer, n: int = 4) -> list:
-    """The held-out prompts shipped beside a model (prompts.json), as token ids; none if it has none."""
-    path = Path(model_dir) / "prompts.json"
-    texts = read_prompts(path)[:n] if path.is_file() else []
-    return [tokenizer(t, return_tensors="pt").input_ids for t in texts]
-
-
 def cmd_train(args: argparse.Namespace) -> None:
     from blockdecode.train import TrainConfig, train, training_summary
 
-    fields = set(TrainConfig.__dataclass_fields__)
-    cfg = TrainConfig(**{name: value for name, value in vars(args).items() if name in fields and value is not None})
+    cfg = config_from(TrainConfig, args)
     model = train(cfg)
     if os.environ.get("RANK", "0") == "0":  # once, not once per process under a launcher
         print(f"saved {model.config.head_type} heads (k={model.k}) to {cfg.out}", file=sys.stderr)
@@ -178,6 +174,7 @@ def cmd_train(args: argparse.Namespace) -> None:
 
 
 def add_train_parser(sub) -> None:
+    from blockdecode.train import RESUME_MUST_MATCH
     from blockdecode.train_config import BASE_LOSS_ON, HEAD_LOSSES, MODES, TARGETS, TrainConfig
 
     d = TrainConfig(base="", data=["-"], out="")
@@ -231,7 +228,7 @@ def add_train_parser(sub) -> None:
     p.add_argument("--eval-new-tokens", type=int, default=d.eval_new_tokens, help="tokens decoded per eval prompt")
     p.add_argument("--log-every", type=int, default=d.log_every)
     p.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every)
-    p.add_argument("--resume", action="store_true", help="continue from the checkpoint in --out")
+    p.add_argument("--resume", action="store_true", help=RESUME)
     p.add_argument("--seed", type=random_seed, default=d.seed)
     p.add_argument("--mixed-precision", choices=MIXED_PRECISIONS, default=d.mixed_precision)
     p.add_argument(
@@ -263,23 +260,26 @@ def add_train_parser(sub) -> None:
         default=d.doubling_gain,
         help="stop once the held-out block grows less than this over a doubling of steps (tokens); 0: off",
     )
+    say_what_may_change(p, TrainConfig, RESUME_MUST_MATCH)
     p.set_defaults(func=cmd_train)
 
 
 def cmd_pretrain(args: argparse.Namespace) -> None:
     from blockdecode.pretrain import CorpusConfig, PretrainConfig, prepare_corpus, pretrain
+    from blockdecode.training import check_new_run
 
-    # Every setting is checked, and --out found writable, before the corpus is read or written.
+    # Every setting is checked, and --out found writable and free, before the corpus is read or written.
     cfg = config_from(PretrainConfig, args)
-    corpus = config_from(CorpusConfig, argparse.Namespace(**{**vars(args), "out": args.corpus}))
+    corpus = config_from(CorpusConfig, args, out=args.corpus)
     check_writable(Path(args.out))
+    check_new_run(cfg.out, cfg.resume)
     prepare_corpus(corpus)
     pretrain(cfg)
     print(f"saved the base model and its tokenizer to {Path(cfg.out) / 'model'}", file=sys.stderr)
 
 
 def add_pretrain_parser(sub) -> None:
-    from blockdecode.pretrain import PretrainConfig
+    from blockdecode.pretrain import RESUME_MUST_MATCH, PretrainConfig
 
     d = PretrainConfig(corpus="", out="")
     p = sub.add_parser(
@@ -300,6 +300,7 @@ def add_pretrain_parser(sub) -> None:
     ints += ("seq_len", "warmup_steps", "eval_every", "eval_batches", "checkpoint_every")
     add_run_arguments(p, d, ints, ("lr", "min_lr", "weight_decay"))
     p.add_argument("--no-compile", dest="compile", action="store_false", help="train without torch.compile")
+    say_what_may_change(p, PretrainConfig, RESUME_MUST_MATCH)
     p.set_defaults(func=cmd_pretrain)
 
 
@@ -311,13 +312,19 @@ def add_run_arguments(p, defaults, ints: tuple[str, ...], floats: tuple[str, ...
             p.add_argument(f"--{name.replace('_', '-')}", type=kind, default=getattr(defaults, name))
     p.add_argument("--seed", type=random_seed, default=defaults.seed)
     p.add_argument("--mixed-precision", choices=MIXED_PRECISIONS, default=defaults.mixed_precision)
-    p.add_argument("--resume", action="store_true", help="continue from the checkpoint in --out")
+    p.add_argument("--resume", action="store_true", help=RESUME)
 
 
-def config_from(cls, args: argparse.Namespace):
-    """The dataclass `cls` from the parsed arguments that name its fields."""
-    fields = set(cls.__dataclass_fields__)
-    return cls(**{name: value for name, value in vars(args).items() if name in fields and value is not None})
+RESUME = "continue from the checkpoint in --out, refused if a setting that decides what is trained differs"
+
+
+def say_what_may_change(p: argparse.ArgumentParser, config: type, must_match: tuple[str, ...]) -> None:
+    """Each flag of a run's setting that a resume does not check says in its help that it may change
+    (`must_match`: those it checks; the data's or corpus' content is checked by its fingerprint)."""
+    fixed = (*must_match, "data", "corpus", "out", "resume")
+    for action in p._actions:
+        if action.dest in config.__dataclass_fields__ and action.dest not in fixed:
+            action.help = f"{action.help or ''} (may change on --resume)".lstrip()
 
 
 def cmd_pretrain_translation(args: argparse.Namespace) -> None:
@@ -329,7 +336,7 @@ def cmd_pretrain_translation(args: argparse.Namespace) -> None:
 
 
 def add_pretrain_translation_parser(sub) -> None:
-    from blockdecode.translation import TranslationConfig
+    from blockdecode.translation import RESUME_MUST_MATCH, TranslationConfig
 
     d = TranslationConfig(corpus="", out="")
     p = sub.add_parser(
@@ -348,6 +355,7 @@ def add_pretrain_translation_parser(sub) -> None:
     ints = ("vocab_size", "hidden_size", "encoder_layers", "decoder_layers", "heads", "intermediate_size", "context")
     ints += ("steps", "batch_tokens", "warmup_steps", "eval_every", "eval_verses", "checkpoint_every")
     add_run_arguments(p, d, ints, ("lr", "min_lr", "weight_decay", "label_smoothing"))
+    say_what_may_change(p, TranslationConfig, RESUME_MUST_MATCH)
     p.set_defaults(func=cmd_pretrain_translation)
 
 
@@ -467,7 +475,7 @@ def cmd_calibrate(args: argparse.Namespace) -> None:
     from blockdecode.model import load
 
     model, tokenizer = load(args.model, dtype_for(args.dtype), args.k)
-    prompts = model_prompts(args.model, tokenizer) or [tokenizer(t, return_tensors="pt").input_ids for t in PROMPTS]
+    prompts = model.prompts or [tokenizer(t, return_tensors="pt").input_ids for t in PROMPTS]
     result = calibrate(model, prompts, args.drafter, args.k, refresh=args.refresh)
     chosen = f"trees of {result.tree}" if result.tree else "the chain"
     if not result.predicted:  # nothing could be measured: what --tree auto does instead, and why

@@ -24,8 +24,9 @@ from blockdecode.adapter import check_attention_mask, check_prompt, open_decoder
 from blockdecode.drafters import Drafter, check_ids, check_paths, check_proposal
 from blockdecode.expected import OFFERED, Lattice, Scored, batch_width
 from blockdecode.healing import Healing, check_healing
-from blockdecode.hf import eval_mode, is_seq2seq, vocab_size
+from blockdecode.hf import dtype_name, eval_mode, is_seq2seq, vocab_size
 from blockdecode.plan import DecodePlan, make_plan
+from blockdecode.reference import near_tie
 from blockdecode.rules import greedy_rules
 from blockdecode.sampling import check_generator, sampling_settings, speculative_sample
 from blockdecode.tree import Tree
@@ -39,7 +40,13 @@ class DecodeStats:
     accepted, as node indices (a chain's 1..a; a tree's in insertion order, so what a smaller
     budget would have gained is the part of the path within it). An encoder-decoder's `calls`
     are its decoder's; its encoder's one pass is `encoder_calls`. `sampling` holds the settings of a
-    sampled output ("" for greedy); `note` says where the decode differs from what was asked."""
+    sampled output ("" for greedy); `note` says where the decode differs from what was asked, and its
+    near ties. `near_ties`: (position, gap) where greedy's choice was closer than the model's dtype
+    resolves (`reference.near_tie`), so that another pass, `transformers`' own or this one at other
+    shapes, may choose the runner-up there: the position is the token's index in `sequences`, prompt
+    included (as `generate --compare` counts), the gap its top-2 score gap, from the scores each call
+    already took the argmax of. Exact greedy decoding only (empty under sampling or a relaxed rule); a
+    batch's are in each row's `row_stats`."""
 
     calls: int = 0
     encoder_calls: int = 0
@@ -51,11 +58,12 @@ class DecodeStats:
     seconds: float = 0.0
     acceptance: str = "exact"  # anything else: the output is not the exact greedy output
     sampling: str = ""  # set: sampled, exact in distribution, not greedy's output
+    near_ties: list[tuple[int, float]] = field(default_factory=list)
     note: str = ""
 
     @property
     def exact(self) -> bool:
-        """Whether the output is greedy decoding's own."""
+        """Whether the output is greedy decoding's own (which, at `near_ties`, another pass may not repeat)."""
         return self.acceptance == "exact" and not self.sampling
 
     @property
@@ -87,6 +95,7 @@ class DecodeStats:
             total.block_sizes += s.block_sizes
             total.verified += s.verified
             total.accepted_nodes += s.accepted_nodes
+            total.near_ties += s.near_ties
             for name, n in s.supplied.items():
                 total.supplied[name] = total.supplied.get(name, 0) + n
             total.new_tokens += s.new_tokens
@@ -109,6 +118,7 @@ class DecodeStats:
             "acceptance": self.acceptance,
             "sampling": self.sampling,
             "exact": self.exact,
+            "near_ties": [list(tie) for tie in self.near_ties],
             "note": self.note,
         }
 
@@ -166,7 +176,8 @@ def decode(
         logits, h = base.prefill(start, padding)
         for i, row in enumerate(run.active):
             scores = run.rules.apply(logits[i, -1:].float(), run.rule_length(row), allowed=run.allowed(row))
-            run.gain(row, accept(plan, Tree(), scores, generator).gained, [0])
+            first = accept(plan, Tree(), scores, generator)
+            run.gain(row, first.gained, [0], top2=first.top2)
         newest, h_last = run.newest(), h[:, -1].clone()  # not a view a drafter can write to
         newest, h_last = run.drop_finished(base, newest, h_last)
         while run.active:
@@ -178,10 +189,11 @@ def decode(
             accepted = [accept(plan, c, s, generator) for c, s in zip(candidates, scores)]
             if run.rankers:  # what stood teaches each row's ranking
                 for row, a in zip(run.active, accepted):
-                    run.rankers[row].observe(a.path, None if a.chances is None else a.chances.tolist())
+                    run.rankers[row].observe(a.path, None if a.chances is None else a.chances.tolist(), a.stood)
             base.keep_paths([a.path for a in accepted])  # each row: the newest token and its accepted path
             for row, c, a in zip(run.active, candidates, accepted):
-                run.gain(row, a.gained, a.path, verified=len(c) + 1, owners=[c.owners[i - 1] for i in a.path[1:]])
+                owners = [c.owners[i - 1] for i in a.path[1:]]
+                run.gain(row, a.gained, a.path, verified=len(c) + 1, owners=owners, top2=a.top2)
             last = [a.path[-1] for a in accepted]
             newest = torch.stack([a.after[i] for a, i in zip(accepted, last)]).view(-1, 1)
             h_last = h[torch.arange(len(last)), last]
@@ -289,6 +301,8 @@ class Accepted(NamedTuple):
     gained: list[int]  # its tokens, ending with the model's own token after the path
     after: torch.Tensor  # the token the model takes after every node
     chances: torch.Tensor | None  # under sampling, each candidate's chance to stand if its parent does
+    stood: list[int]  # every node that stands with its whole path: the path's, and siblings a relaxed rule keeps
+    top2: torch.Tensor | None  # exact greedy: the two best scores [len(path), 2] where each gained token was chosen
 
 
 def accept(
@@ -298,7 +312,8 @@ def accept(
     scores, and the model's token is the argmax. Sampling (a chain): speculative sampling, and the
     model's token a draw; a candidate's chance to stand is p(x) at its parent, as a drafter's guess is
     certain (q(x) = 1), so a ranking learns the expected outcome rather than one draw. One host sync a
-    call."""
+    call; exact greedy keeps, on the device, the two best scores at the path's nodes, where its tokens
+    were chosen (`Run.near_ties` reads them once a decode)."""
     ids = torch.tensor(candidates.tokens, dtype=torch.long, device=scores.device)
     chances = None
     if plan.sampling is None:
@@ -313,7 +328,13 @@ def accept(
     host = torch.cat([right.long(), after]).tolist()
     m = len(candidates)
     path = candidates.accepted_path(host[:m])
-    return Accepted(path, [candidates.tokens[i - 1] for i in path[1:]] + [host[m + path[-1]]], after, chances)
+    stood = [i for i, ok in enumerate(candidates.standing(host[:m])) if ok]
+    top2 = None
+    if plan.sampling is None and plan.acceptance.rule == "exact":  # the rows each gained token is the argmax of
+        rows = scores[: len(path)] if path[-1] == len(path) - 1 else scores[path]  # a prefix (a chain's): a view
+        top2 = rows.topk(2, dim=-1).values
+    gained = [candidates.tokens[i - 1] for i in path[1:]] + [host[m + path[-1]]]
+    return Accepted(path, gained, after, chances, stood, top2)
 
 
 class Run:
@@ -337,6 +358,8 @@ class Run:
             self.seq[row, : len(tokens)] = start.new_tensor(tokens)
         sampling = plan.sampling.spec if plan.sampling else ""
         self.stats = [DecodeStats(acceptance=plan.acceptance.spec, sampling=sampling, note=plan.note) for _ in rows]
+        self.dtype = model.dtype  # what near ties are judged by
+        self.decided: list[list[tuple[int, torch.Tensor]]] = [[] for _ in rows]  # (position, top two scores)
         self.active = list(range(len(rows)))
         self.done = [False] * len(rows)
         self.begun = time.perf_counter()
@@ -361,12 +384,23 @@ class Run:
         """New tokens the row may still gain."""
         return self.max_new_tokens - self.new[row]
 
-    def gain(self, row: int, gained: list[int], path: list[int], verified: int = 0, owners: Sequence[str] = ()) -> None:
+    def gain(
+        self,
+        row: int,
+        gained: list[int],
+        path: list[int],
+        verified: int = 0,
+        owners: Sequence[str] = (),
+        top2: torch.Tensor | None = None,
+    ) -> None:
         """Append what a call gained for `row`, up to and including an EOS (generate stops there);
-        `owners`: the drafter that proposed each accepted node of `path`."""
+        `owners`: the drafter that proposed each accepted node of `path`; `top2`: the two best scores
+        where each token was chosen, kept on the device for `near_ties`."""
         stop = next((i for i, t in enumerate(gained) if t in self.plan.eos), None)
         if stop is not None:
             gained, self.done[row] = gained[: stop + 1], True
+        if top2 is not None:
+            self.decided[row].append((self.prompt_len + self.new[row], top2[: len(gained)]))
         n = self.length(row)
         self.seq[row, n : n + len(gained)] = torch.tensor(gained)
         self.tokens[row] += gained
@@ -396,8 +430,22 @@ class Run:
         self.active = [self.active[i] for i in keep]
         return newest[keep], h_last[keep]
 
+    def near_ties(self) -> None:
+        """Each row's near ties, from the two best scores at every position decided, read from the device
+        once a decode (no sync a call), and said in its note."""
+        found = [(row, at + j) for row, kept in enumerate(self.decided) for at, top2 in kept for j in range(len(top2))]
+        if not found:
+            return
+        scores = torch.cat([top2 for kept in self.decided for _, top2 in kept]).tolist()
+        for (row, position), (best, second) in zip(found, scores):
+            if near_tie(best - second, best, self.dtype):
+                self.stats[row].near_ties.append((position, best - second))
+        for stats in self.stats:
+            stats.note = "; ".join(filter(None, [stats.note, ties_note(stats.near_ties, self.dtype)]))
+
     def output(self, base) -> BlockwiseOutput:
         seconds = time.perf_counter() - self.begun
+        self.near_ties()
         for stats in self.stats:
             stats.calls, stats.encoder_calls = 1 + len(stats.block_sizes), base.encoder_calls
             stats.seconds = seconds
@@ -414,7 +462,10 @@ class Run:
             total = self.stats[0]
         else:
             first = self.stats[0]
-            total = DecodeStats(acceptance=first.acceptance, sampling=first.sampling, note=first.note)
+            tied = ", ".join(str(row) for row, stats in enumerate(self.stats) if stats.near_ties)
+            ties = f"near ties ({dtype_name(self.dtype)}) in rows {tied}, each in its row_stats" if tied else ""
+            note = "; ".join(filter(None, [self.plan.note, ties]))
+            total = DecodeStats(acceptance=first.acceptance, sampling=first.sampling, note=note)
             total.block_sizes, total.verified = (
                 per_call(s.block_sizes for s in self.stats),
                 per_call(s.verified for s in self.stats),
@@ -423,6 +474,17 @@ class Run:
             total.supplied = DecodeStats.pooled(self.stats).supplied
         total.calls, total.encoder_calls = base.calls, base.encoder_calls
         return BlockwiseOutput(sequences=sequences, stats=total, row_stats=self.stats)
+
+
+def ties_note(ties: Sequence[tuple[int, float]], dtype: torch.dtype, shown: int = 5) -> str:
+    """What a row's note says of its near ties: "2 near ties (bf16): positions 17 (gap 0), 40 (gap 0.0625);
+    another pass may flip them", the first `shown` of them named (all are in `near_ties`); "" for none."""
+    if not ties:
+        return ""
+    s, where = "s" if len(ties) > 1 else "", ", ".join(f"{position} (gap {gap:.3g})" for position, gap in ties[:shown])
+    more = f" and {len(ties) - shown} more" if len(ties) > shown else ""
+    them = "them" if len(ties) > 1 else "it"
+    return f"{len(ties)} near tie{s} ({dtype_name(dtype)}): position{s} {where}{more}; another pass may flip {them}"
 
 
 def per_call(rows: Iterable[list[int]]) -> list[int]:

@@ -122,6 +122,12 @@ def as_drafters(drafter: object) -> tuple[BaseDrafter, ...]:
     given = list(drafter) if isinstance(drafter, Sequence) and not isinstance(drafter, str | bytes) else [drafter]
     if not given:
         raise ValueError("no drafter given: pass a drafter, a list of them, or a name")
+    names = [d for d in given if isinstance(d, str)]
+    if names:  # generate and model.plan take names, in one string
+        raise TypeError(
+            f"{reprlib.repr(drafter)}: a list of drafters, or a DecodePlan's, holds Drafter objects, not names: "
+            f"name drafters in one string, {'+'.join(names)!r}, for generate or model.plan"
+        )
     return tuple(as_drafter(d) for d in given)
 
 
@@ -224,6 +230,11 @@ class HeadsDrafter(BaseDrafter):
     @property
     def name(self) -> str:
         return "heads-rescored" if self.rescore else "heads"
+
+    @property
+    def k(self) -> int | None:
+        """The heads' block size: they propose at most k-1 tokens (None: heads that do not say)."""
+        return getattr(self.heads, "k", None)
 
     def __repr__(self) -> str:
         return f"HeadsDrafter(rescore={self.rescore:g})" if self.rescore else "HeadsDrafter()"
@@ -569,6 +580,11 @@ class ScriptedDrafter(BaseDrafter):
     def __init__(
         self, reference: torch.LongTensor, vocab_size: int, accuracy: float | Sequence[float] = 1.0, seed: int = 0
     ):
+        if not isinstance(reference, torch.Tensor) or reference.dtype not in (torch.int64, torch.int32):
+            raise TypeError(
+                f"reference must be a LongTensor of token ids (e.g. greedy's output sequences), got "
+                f"{type(reference).__name__} {reprlib.repr(reference)}"
+            )
         rates = [accuracy] if isinstance(accuracy, (int, float)) else list(accuracy)
         if not rates or not all(isinstance(a, (int, float)) and 0.0 <= a <= 1.0 for a in rates):
             raise ValueError(f"accuracy must lie in [0, 1] (or be a list of such, one a depth), got {accuracy}")

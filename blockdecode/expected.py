@@ -9,11 +9,12 @@ path before them, so they may follow any node one depth above, another drafter's
 
 A node's chance p is its sources' best estimate, each the prior moved by this sequence's outcomes (a
 Beta posterior per drafter and key, `Estimates`), capped by what its likelier siblings leave (at most
-one of them stands). A node's path probability is the product of p down its path, so a child never
-outranks its parent and the N best nodes always form a tree. The tree keeps the n best, where n
-maximises the expected tokens per second of the call, (1 + the kept path probabilities' sum) / t(n + 1),
-t the machine's cost curve. After the call every kept node whose parent stood is one trial of the
-source whose estimate placed it: a hit if it stood.
+one of them stands; under a relaxed rule the cap bounds the chance that any does). A node's path
+probability is the product of p down its path, so a child never outranks its parent and the N best
+nodes always form a tree. The tree keeps the n best, where n maximises the expected tokens per second
+of the call, (1 + the kept path probabilities' sum) / t(n + 1), t the machine's cost curve. After the
+call every kept node whose parent stood is one trial of the source whose estimate placed it: a hit if
+it stood under the acceptance rule decoded with (under topk:2, one of the model's two best there).
 
 Exactness never depends on any of this: it decides only which candidates are verified."""
 
@@ -24,7 +25,7 @@ import heapq
 import itertools
 import sys
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -408,11 +409,15 @@ class Ranker:
                 best, rate = n + 1, (1.0 + total) * rates[n + 2]
         return order, best, rate / rates[best + 1], memo
 
-    def observe(self, path: Sequence[int], chances: Sequence[float] | None = None) -> None:
-        """The last tree's outcome: `path`, the accepted node indices from the root (0). `chances`, where
-        known (under sampling: each node's p(x) at its parent, `decode.accept`), is what every node
-        whose parent stood learns instead of whether it stood: its expected outcome, not one draw."""
-        stood = set(path)
+    def observe(
+        self, path: Sequence[int], chances: Sequence[float] | None = None, stood: Iterable[int] | None = None
+    ) -> None:
+        """The last tree's outcome: `path`, the accepted node indices from the root (0); `stood`, every node
+        that stands with its whole path under the rule decoded with (default: the path's own; under topk:2 a
+        sibling of the path may stand too, a hit for its source). `chances`, where known (under sampling:
+        each node's p(x) at its parent, `decode.accept`), is what every node whose parent stood learns
+        instead of whether it stood: its expected outcome, not one draw."""
+        stood = set(path if stood is None else stood)
         if self._asked is not None:  # what the drafter last asked added, of what the others left: its yield
             drafter, before, most = self._asked
             added = sum(self._kept[i - 1][1].drafter == drafter for i in path[1:]) / max(most - before, 1e-9)

@@ -96,6 +96,14 @@ def listed(kind: Callable[[str], object]) -> Callable[[str], list]:
     return values
 
 
+def config_from(cls, args: argparse.Namespace, **overrides):
+    """The dataclass `cls` from the parsed arguments that name its fields (those given, not None),
+    with `overrides` for the fields whose value is not a flag's as it stands."""
+    fields = set(cls.__dataclass_fields__)
+    given = {name: value for name, value in vars(args).items() if name in fields and value is not None}
+    return cls(**{**given, **overrides})
+
+
 def comma_names(text: str) -> list[str]:
     """Comma-separated names, lower-cased, each once, in their order."""
     return list(dict.fromkeys(name.lower() for name in text.split(",") if name))

@@ -70,7 +70,7 @@ class PaperHeads(nn.Module):
     def __init__(self, cfg: HeadsConfig):
         super().__init__()
         n, d = cfg.k - 1, cfg.hidden_size
-        self.n, self.d = n, d
+        self.n, self.d, self.k = n, d, cfg.k
         self.up = nn.Linear(d, n * cfg.head_hidden_size)
         self.down = nn.Linear(n * cfg.head_hidden_size, n * d)
         # Zero output: untrained heads leave h unchanged, so each proposes the base model's
@@ -92,6 +92,7 @@ class MedusaHeads(nn.Module):
 
     def __init__(self, cfg: HeadsConfig):
         super().__init__()
+        self.k = cfg.k
         self.blocks = nn.ModuleList(nn.Linear(cfg.hidden_size, cfg.hidden_size) for _ in range(cfg.k - 1))
         for block in self.blocks:
             nn.init.zeros_(block.weight)
@@ -119,7 +120,7 @@ class HydraHeads(nn.Module):
     def __init__(self, cfg: HeadsConfig):
         super().__init__()
         d, w, n = cfg.hidden_size, cfg.head_hidden_size, cfg.k - 1
-        self.embed_size = cfg.embed_size
+        self.embed_size, self.k = cfg.embed_size, cfg.k
         self.up = nn.ModuleList(nn.Linear(d + cfg.embed_size, w) for _ in range(n))
         self.down = nn.ModuleList(nn.Linear(w, d) for _ in range(n))
         for layer in self.down:  # zero output: every state is h, every head proposes the base's next token
@@ -156,8 +157,9 @@ def path_tokens(newest: torch.LongTensor, ids: torch.LongTensor, k: int) -> torc
 
 
 def build_heads(cfg: HeadsConfig) -> nn.Module:
-    """The head module for cfg.head_type; with a draft vocabulary, its `token_map` buffer (saved with
-    the weights): the ids the heads score, the most frequent targets once training has set them."""
+    """The head module for cfg.head_type, its `k` the block size its k-1 heads serve; with a draft vocabulary,
+    its `token_map` buffer (saved with the weights): the ids the heads score, the most frequent targets once
+    training has set them."""
     heads = {"paper": PaperHeads, "medusa": MedusaHeads, "hydra": HydraHeads}[cfg.head_type](cfg)
     if cfg.draft_vocab:
         heads.register_buffer("token_map", torch.arange(cfg.draft_vocab))

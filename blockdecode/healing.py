@@ -117,6 +117,11 @@ def heal_prompts(
 ) -> Healing:
     """`input_ids` [B, T] (padded on the left where `attention_mask` is 0) healed with `tokenizer`'s
     vocabulary: each row that ends mid-token loses its last token, the rest are kept."""
+    if not isinstance(tokenizer, PreTrainedTokenizerBase):
+        raise TypeError(
+            f"token healing takes the model's tokenizer (heal=tokenizer, as load() returns it), got "
+            f"{type(tokenizer).__name__} {tokenizer!r}"
+        )
     vocabulary = Vocabulary(tokenizer)
     ids = input_ids.view(-1, input_ids.shape[-1])
     mask = torch.ones_like(ids) if attention_mask is None else attention_mask.view(ids.shape).long()

@@ -9,15 +9,18 @@ import hashlib
 import inspect
 import logging
 import operator
+import os
 import threading
 import warnings
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
+import httpx2
 import torch
-from huggingface_hub import constants
-from huggingface_hub.errors import StrictDataclassError
+from huggingface_hub import HfApi, constants, snapshot_download
+from huggingface_hub.errors import HfHubHTTPError, HFValidationError, RepositoryNotFoundError, StrictDataclassError
+from huggingface_hub.utils import validate_repo_id
 from safetensors import SafetensorError
 from transformers import (
     AutoConfig,
@@ -31,11 +34,13 @@ from transformers import (
     StaticCache,
 )
 
+from blockdecode import builtin
 from blockdecode.hardware import auto_dtype
 from blockdecode.io import CheckpointError, one_line, read_json
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 DTYPE_CHOICES = ("auto", *DTYPES)  # "auto": bf16 where the device computes it natively, else fp32
+LOADABLE = (*DTYPES.values(), torch.float16)  # fp16 too from Python, for a GPU that lacks bf16
 CACHE_IMPLEMENTATIONS = ("dynamic", "static")
 # What transformers raises for config values it refuses, or that cannot build a model from the weights given.
 CONFIG_FAULTS = (StrictDataclassError, ValueError, TypeError, KeyError, IndexError, ZeroDivisionError, RuntimeError)
@@ -46,11 +51,26 @@ TOKENIZER_FILES = (
     "added_tokens.json",
     "vocab.json",
 )
+HUB_TIMEOUT = 5
+"""Seconds the hub has to say whether it holds a model: a name it lacks, or a hub out of reach, fails soon,
+where huggingface_hub's own downloads retry for about 25 s."""
+HUB_FILES = ["*.json", "*.safetensors", "*.txt", "*.model", "*.tiktoken"]
+"""What a model is fetched with: its configs, weights and tokenizer, not other frameworks' copies of the weights."""
 
 
 def dtype_name(dtype: torch.dtype) -> str:
     """'fp32' / 'bf16' for the dtypes blockdecode names, torch's own name for any other."""
     return next((name for name, d in DTYPES.items() if d == dtype), str(dtype).removeprefix("torch."))
+
+
+def check_dtype(dtype: object) -> torch.dtype:
+    """`dtype` if blockdecode loads models in it; else one error naming it before any file is read (transformers
+    would blame the model's config.json)."""
+    if dtype not in LOADABLE:
+        error = ValueError if isinstance(dtype, torch.dtype) else TypeError
+        accepted = ", ".join(map(str, LOADABLE))
+        raise error(f"dtype must be {accepted}, got {dtype!r} (from a name: blockdecode.hf.dtype_for('bf16'))")
+    return dtype
 
 
 def dtype_for(name: str, device: torch.device | str = "cpu") -> torch.dtype:
@@ -67,16 +87,61 @@ def is_seq2seq(model: PreTrainedModel) -> bool:
     return bool(getattr(model.config, "is_encoder_decoder", False))
 
 
-def load_base(path: str, dtype: torch.dtype = torch.float32, **kwargs) -> PreTrainedModel:
-    """A causal LM, or an encoder-decoder (seq2seq) LM, from a folder (or a hub name, where the hub
-    is allowed). A damaged or inconsistent file (weights cut short, a config.json that is not JSON,
-    holds values transformers refuses or does not fit the weights) is one CheckpointError naming
-    it, not a traceback or transformers' load report."""
-    if not Path(path).is_dir() and constants.is_offline_mode():
+def model_folder(name: str | os.PathLike) -> Path:
+    """The folder a model name stands for, as every loader resolves one: a folder as it is, else a hub name
+    fetched into huggingface_hub's cache where the hub is allowed (HF_HUB_OFFLINE=0; the CLI stays offline
+    unless told). Anything else fails in one line: a file, a path that does not exist, a hub name offline,
+    one the hub lacks or keeps private, or a hub that does not answer within HUB_TIMEOUT seconds."""
+    path = Path(name)
+    if path.is_dir():
+        return path
+    if path.exists():
+        raise CheckpointError(f"{path} is a file, not a model folder (one with config.json and the weights)")
+    try:
+        validate_repo_id(str(name))
+    except HFValidationError:  # a path, not a hub name
+        raise CheckpointError(f"no such directory: {path} does not exist{_not_installed(path)}") from None
+    if constants.is_offline_mode():
         raise CheckpointError(
-            f"{path} is not a folder here, and blockdecode stays offline: download it yourself, or set "
+            f"{name} is not a folder here, and blockdecode stays offline: download it yourself, or set "
             f"HF_HUB_OFFLINE=0 to let it be fetched from the hub"
         )
+    hub = constants.ENDPOINT
+    try:  # asked once, without retries; then fetched at the commit it named
+        sha = HfApi(endpoint=hub).model_info(str(name), timeout=HUB_TIMEOUT).sha
+        return Path(snapshot_download(str(name), revision=sha, allow_patterns=HUB_FILES, etag_timeout=HUB_TIMEOUT))
+    except RepositoryNotFoundError:
+        raise CheckpointError(
+            f"{name} is not a folder here, nor a model the hub ({hub}) lets this machine read (missing, private or "
+            "gated)"
+        ) from None
+    except HfHubHTTPError as err:
+        status = f"HTTP {err.response.status_code} ({type(err).__name__})"
+        raise CheckpointError(f"{name} is not a folder here, and the hub ({hub}) answered {status}") from None
+    except (httpx2.HTTPError, OSError) as err:
+        raise CheckpointError(
+            f"{name} is not a folder here, and the hub ({hub}) cannot be reached ({type(err).__name__}: "
+            f"{one_line(err)}): check the connection, or download the model yourself"
+        ) from None
+
+
+def _not_installed(path: Path) -> str:
+    """How to build `path` if it is a built-in model's folder."""
+    hints = {
+        builtin.DEFAULT_MODEL: ": the built-in model is not installed; `make default-model` builds it",
+        builtin.DEFAULT_TRANSLATION_MODEL: ": the built-in translation model is not installed; "
+        "`bash recipes/translation.sh` builds one (then pass its folder with --model)",
+    }
+    return hints.get(str(path), "")
+
+
+def load_base(path: str, dtype: torch.dtype = torch.float32, **kwargs) -> PreTrainedModel:
+    """A causal LM, or an encoder-decoder (seq2seq) LM, from a folder (or a hub name, where the hub
+    is allowed: `model_folder`). A damaged or inconsistent file (weights cut short, a config.json that
+    is not JSON, holds values transformers refuses or does not fit the weights) is one CheckpointError
+    naming it, not a traceback or transformers' load report."""
+    check_dtype(dtype)
+    path = str(model_folder(path))
     config = load_config(path)
     auto = AutoModelForSeq2SeqLM if getattr(config, "is_encoder_decoder", False) else AutoModelForCausalLM
     try:
@@ -144,8 +209,9 @@ def _quiet(logger: str) -> Iterator[None]:
 
 
 def load_tokenizer(path: str | Path, kind: type = AutoTokenizer):
-    """A tokenizer of class `kind` from a folder (or a hub name); a damaged file is a
+    """A tokenizer of class `kind` from a folder (or a hub name: `model_folder`); a damaged file is a
     CheckpointError naming it."""
+    path = model_folder(path)
     try:
         return kind.from_pretrained(path)
     except Exception as err:  # the tokenizers library raises a bare Exception for a damaged file

@@ -14,13 +14,13 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from blockdecode import builtin, expected
+from blockdecode import expected
 from blockdecode.acceptance import Acceptance, parse_acceptance
 from blockdecode.adapter import check_attention_mask, check_prompt, row_tokens, takes_tree_masks
 from blockdecode.calibrate import calibrate
 from blockdecode.decode import BlockwiseOutput, decode
 from blockdecode.drafters import Drafter, HeadsDrafter
-from blockdecode.heads import HeadsConfig, build_heads
+from blockdecode.heads import HEAD_TYPES, HeadsConfig, build_heads
 from blockdecode.healing import check_healing, heal_prompts
 from blockdecode.hf import (
     check_loaded,
@@ -28,11 +28,12 @@ from blockdecode.hf import (
     eval_mode,
     load_base,
     load_tokenizer,
+    model_folder,
     output_projection,
     same_weights,
     weights_signature,
 )
-from blockdecode.io import CheckpointError, reading_folder, saving_folder, write_text
+from blockdecode.io import CheckpointError, read_prompts, reading_folder, saving_folder, write_text
 from blockdecode.plan import DecodePlan, block_size, check_settings, make_plan, max_tree
 from blockdecode.sampling import check_generator, sampling_settings
 
@@ -47,35 +48,45 @@ def _location(name: str) -> str | None:
     return str(Path(name).resolve()) if Path(name).is_dir() else name
 
 
-def _missing(path: Path) -> CheckpointError:
-    hints = {
-        builtin.DEFAULT_MODEL: ": the built-in model is not installed; `make default-model` builds it",
-        builtin.DEFAULT_TRANSLATION_MODEL: ": the built-in translation model is not installed; "
-        "`bash recipes/translation.sh` builds one (then pass its folder with --model)",
-    }
-    return CheckpointError(f"no such directory: {path} does not exist{hints.get(str(path), '')}")
-
-
 def has_heads(directory: str | os.PathLike) -> bool:
     """Whether `directory` holds a saved BlockwiseLM rather than a plain transformers model."""
     return (Path(directory) / HEADS_CONFIG).is_file()
 
 
 def load(
-    directory: str | os.PathLike, dtype: torch.dtype = torch.float32, k: int | None = None, head_type: str = "paper"
+    directory: str | os.PathLike,
+    dtype: torch.dtype = torch.float32,
+    k: int | None = None,
+    head_type: str | None = None,
 ) -> tuple[BlockwiseLM, object]:
     """A BlockwiseLM in eval mode and its tokenizer, from a saved BlockwiseLM or from a plain
-    transformers model folder; the latter gets untrained `head_type` heads for block size k
-    (default 8): exact, though they rarely propose well."""
-    path = Path(directory)
-    if not path.is_dir():
-        raise _missing(path)
+    transformers model (a folder, or a hub name: `hf.model_folder`); the latter gets untrained
+    `head_type` heads ("paper" by default) for block size k (default 8): exact, though they rarely
+    propose well. A head_type other than the saved heads' is refused, not ignored. The prompts the
+    folder ships (prompts.json) become `model.prompts`, what `model.plan()` measures on."""
+    if head_type is not None and head_type not in HEAD_TYPES:
+        raise ValueError(f"unknown head_type {head_type!r}: choose one of {', '.join(HEAD_TYPES)}")
+    path = model_folder(directory)
     if has_heads(path):
         model = BlockwiseLM.from_pretrained(path, dtype=dtype)
+        if head_type not in (None, model.config.head_type):
+            raise ValueError(
+                f"{directory} holds trained {model.config.head_type} heads, not head_type={head_type!r}: leave "
+                "head_type out (it chooses the untrained heads a plain transformers model gets)"
+            )
     else:
-        model = BlockwiseLM.from_base(load_base(str(path), dtype), k=k or 8, head_type=head_type)
+        model = BlockwiseLM.from_base(load_base(str(path), dtype), k=k or 8, head_type=head_type or "paper")
     tokenizer = load_tokenizer(path if (path / "tokenizer.json").is_file() else model.base_location)
+    model.prompts = model_prompts(path, tokenizer)
     return model.to(dtype).eval(), tokenizer
+
+
+def model_prompts(directory: str | os.PathLike, tokenizer, n: int = 4) -> list[torch.LongTensor]:
+    """The first `n` held-out prompts shipped beside a model (prompts.json), as [1, T] token ids; none
+    if it has none."""
+    path = Path(directory) / "prompts.json"
+    texts = read_prompts(path)[:n] if path.is_file() else []
+    return [tokenizer(t, return_tensors="pt").input_ids for t in texts]
 
 
 def check_beside_plan(settings: dict[str, object]) -> None:
@@ -88,6 +99,13 @@ def check_beside_plan(settings: dict[str, object]) -> None:
             f"plan= replaces every decode setting, so {', '.join(given)} would be ignored: pass "
             f"{'it' if len(given) == 1 else 'them'} to lm.plan(...) instead"
         )
+
+
+def _no_prompts(tree: str) -> ValueError:
+    return ValueError(
+        f"tree={tree!r} measures this machine on prompts, and the model ships none (prompts.json in its folder): pass "
+        "prompts=[input_ids], or a fixed tree (tree=N, or tree=None for a chain)"
+    )
 
 
 def _given(value: object, default: object) -> bool:
@@ -109,6 +127,7 @@ class BlockwiseLM(nn.Module):
         self.base = base
         self.config = config
         self.base_location = base_location
+        self.prompts: list[torch.LongTensor] = []  # what plan() measures on unless given some: load() sets them
         projection = output_projection(base)
         base_hidden = projection.weight.shape[1]
         base_vocab = projection.weight.shape[0]
@@ -213,21 +232,24 @@ class BlockwiseLM(nn.Module):
 
         `drafter="auto"` with `tree="auto"` takes the drafters and budget predicted fastest for this
         model, dtype and machine (`blockdecode.calibrate`: about a second the first time, then cached;
-        `prompts` are what it times on); "auto" with any other tree is the heads. `tree="default"` is
-        "expected" for named drafters (each call's candidates ranked by their chance to stand:
-        `_ranked_plan`), but "auto" under an approximate acceptance rule, which a ranking does not learn,
-        and under sampling, whose seed repeats a run only if its proposals do, which a ranking's
-        timing-led choices do not; it is the drafter's own chain for a drafter object. With
+        `prompts` are what it times on, by default the model's own: `self.prompts`); "auto" with any other
+        tree is the heads. `tree="default"` is
+        "expected" for named drafters (each call's candidates ranked by their chance to stand under the
+        acceptance rule decoded with: `_ranked_plan`), but "auto" under min-block:L, which forces a chain's
+        first proposals (there: the heads' chain), and under sampling, whose seed repeats a run only if its
+        proposals do, which a ranking's timing-led choices do not; it is the drafter's own chain for a
+        drafter object. `tree="auto"` calibrates under the acceptance rule decoded with. With
         `tree="auto"`, sampling verifies one chain a call, and so does each row of a batch (`rows` > 1):
         there "auto" is the drafter whose chain the calibration predicts fastest (it measures greedy's
         acceptance, which a draw at a low temperature mostly follows). Every setting is checked before
         anything is measured."""
         k = self.k if k is None else k
         drafter = "auto" if drafter is None else drafter
+        prompts = list(prompts) or [ids.to(self.base.device) for ids in self.prompts]  # the folder's prompts.json
         sampling = sampling_settings(self.base, do_sample, temperature, top_k, top_p)
-        if tree == "default":  # ranked each call, greedy and exact only: a ranking learns exact acceptance, and
-            # its choices follow the machine's timings, so a sampled run would not repeat with its seed
-            ranked = parse_acceptance(acceptance).rule == "exact" and sampling is None
+        if tree == "default":  # ranked each call, greedy only: its choices follow the machine's timings, so a
+            # sampled run would not repeat with its seed; a ranking learns what stands under any rule but min-block
+            ranked = parse_acceptance(acceptance).rule != "min-block" and sampling is None
             tree = ("expected" if ranked else "auto") if isinstance(drafter, str) else None
         if tree == "expected":  # every drafter's candidates ranked by their chance to stand, the size chosen each call
             settings = (acceptance, eos_token_id, cache_implementation)
@@ -242,8 +264,8 @@ class BlockwiseLM(nn.Module):
             check_settings(self.base, k, None, acceptance, eos_token_id, cache_implementation)
         if tree == "auto":
             if not prompts:
-                raise ValueError("tree='auto' needs a prompt to measure on: pass prompts=[input_ids]")
-            chosen = calibrate(self, list(prompts), drafter, k)
+                raise _no_prompts("auto")
+            chosen = calibrate(self, prompts, drafter, k, acceptance=parse_acceptance(acceptance))
             chains = rows > 1 or sampling is not None
             if isinstance(drafter, str):
                 drafter = chosen.best_chain() if chains else chosen.drafter
@@ -261,7 +283,7 @@ class BlockwiseLM(nn.Module):
         whose chain is expected to gain the most, its length chosen so; a batch, each row's chain from its
         likeliest drafter, all of one length chosen so (`expected.batch_width`)."""
         if not prompts:
-            raise ValueError("tree='expected' needs a prompt to measure the cost curve on: pass prompts=[input_ids]")
+            raise _no_prompts("expected")
         drafter = "heads+ngram" if drafter == "auto" else drafter
         check_settings(self.base, k, None, acceptance, eos_token_id, cache_implementation)  # before anything is timed
         check_loaded(self, "the BlockwiseLM")
@@ -341,6 +363,11 @@ class BlockwiseLM(nn.Module):
             top_p=top_p,
         )
         if plan is not None:
+            if not isinstance(plan, DecodePlan):
+                raise TypeError(
+                    f"plan takes a DecodePlan from model.plan(...), got {type(plan).__name__} {plan!r}: a drafter by "
+                    "name goes to drafter="
+                )
             check_beside_plan(settings)
         healing = None
         if heal is not None:
@@ -393,9 +420,7 @@ class BlockwiseLM(nn.Module):
     ) -> BlockwiseLM:
         """Load heads saved by save_pretrained, on `base` or on the base model they name; a save
         running meanwhile waits until this load is done (`io.reading_folder`)."""
-        directory = Path(directory)
-        if not directory.is_dir():
-            raise _missing(directory)
+        directory = model_folder(directory)
         with reading_folder(directory, HEADS_CONFIG):
             return cls._from_folder(directory, base, **base_kwargs)
 

@@ -54,7 +54,8 @@ class DecodePlan:
     def __post_init__(self) -> None:
         """A plan built by hand is checked as make_plan checks one (what needs the model aside)."""
         object.__setattr__(self, "drafters", as_drafters(self.drafters))
-        object.__setattr__(self, "k", block_size(self.k))
+        heads = [d.k for d in self.drafters if isinstance(d, HeadsDrafter) and d.k is not None]
+        object.__setattr__(self, "k", block_size(self.k, min(heads, default=None)))
         if self.tree is not None:
             object.__setattr__(self, "tree", at_least(self.tree, 1, TREE))
             if self.tree > MAX_TREE:
@@ -182,6 +183,9 @@ def make_plan(
     elif note:
         warnings.warn(f"{note}: decoding with one chain from {drafters[0]!r} instead of a tree", stacklevel=2)
         tree, drafters = None, drafters[:1]
-    if ranking is not None and rule.rule != "exact":
-        raise ValueError("a ranking learns what stands under exact acceptance: rank with acceptance='exact'")
+    if ranking is not None and rule.rule == "min-block":  # the ranking learns what stands under any other rule
+        raise ValueError(
+            f"{rule.spec} forces a chain's first proposals, and a ranking chooses how many to verify: decode "
+            "min-block with tree=None"
+        )
     return DecodePlan(drafters, k, tree, rule, eos, cache_implementation, sampling, ranking, note)

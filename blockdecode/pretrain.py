@@ -8,6 +8,7 @@ function of (seed, step), so a stopped run resumes exactly where it was."""
 from __future__ import annotations
 
 import contextlib
+import math
 import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,9 +27,11 @@ from blockdecode.corpus import (
     corpus_files,
     is_heldout,
     read_text,
+    stdlib_files,
     train_tokenizer,
 )
 from blockdecode.data import fingerprint
+from blockdecode.hardware import MIXED_PRECISIONS
 from blockdecode.hf import load_tokenizer
 from blockdecode.io import atomic_write, check_writable, load_npy, read_json, save_npy, write_json
 
@@ -49,6 +52,18 @@ class CorpusConfig:
     max_files: int | None = None  # a small slice, for tests and quick trials
     tokenizer: str | None = None  # a folder with tokenizer.json to use instead of training one
 
+    def __post_init__(self) -> None:
+        least = 256 + len(SPECIAL_TOKENS)  # the byte-level BPE's alphabet and its special tokens, before any merge
+        if self.tokenizer is None and not least <= self.vocab_size <= 65536:
+            raise ValueError(
+                f"--vocab-size {self.vocab_size} must lie in [{least}, 65536]: the byte-level BPE holds its 256 bytes "
+                "and special tokens before any merge, and the corpus stores ids as uint16"
+            )
+        if not 0 <= self.heldout_fraction < 1:
+            raise ValueError(f"heldout_fraction must lie in [0, 1), got {self.heldout_fraction}")
+        if self.max_files is not None and self.max_files < 1:
+            raise ValueError(f"--max-files must be positive, got {self.max_files}")
+
 
 def split_of(f: SourceFile, fraction: float) -> str:
     if not is_heldout(f.name, fraction):
@@ -63,10 +78,10 @@ def prepare_corpus(cfg: CorpusConfig, show: bool = True) -> PreTrainedTokenizerF
     out = Path(cfg.out)
     if (out / "tokenizer.json").is_file() and (out / "files.json").is_file():
         return load_tokenizer(out, PreTrainedTokenizerFast)
-    if cfg.vocab_size > 65536:
-        raise ValueError(f"vocab_size {cfg.vocab_size} does not fit the corpus' uint16 token arrays")
     check_writable(out, "--corpus")
     root = Path(cfg.root or sysconfig.get_paths()["stdlib"])
+    if cfg.root and not stdlib_files(root):  # else --packages' source alone would be the corpus, unasked
+        raise ValueError(f"--root {cfg.root} is not a folder of .py files")
     files = corpus_files(root, cfg.packages)[: cfg.max_files]
     if not files:
         raise ValueError(f"no .py files under {root}")
@@ -138,6 +153,18 @@ class PretrainConfig:
         for name in positive:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if not math.isfinite(self.lr) or self.lr <= 0:
+            raise ValueError(f"lr must be a finite number > 0, got {self.lr}")
+        if not 0 <= self.min_lr <= self.lr:
+            raise ValueError(f"min_lr must lie in [0, lr={self.lr}], got {self.min_lr}")
+        if not math.isfinite(self.weight_decay) or self.weight_decay < 0:
+            raise ValueError(f"weight_decay must be a finite number >= 0, got {self.weight_decay}")
+        if self.warmup_steps < 0:
+            raise ValueError(f"warmup_steps must be >= 0, got {self.warmup_steps}")
+        if self.mixed_precision not in MIXED_PRECISIONS:
+            raise ValueError(
+                f"unknown mixed precision {self.mixed_precision!r}: choose one of {', '.join(MIXED_PRECISIONS)}"
+            )
         if self.seq_len > self.context:
             raise ValueError(f"seq_len {self.seq_len} exceeds the model's context of {self.context}")
         if self.hidden_size % self.heads or self.heads % self.kv_heads:
@@ -198,7 +225,9 @@ def heldout_loss(model: LlamaForCausalLM, batches: list[torch.LongTensor], autoc
 RESUME_MUST_MATCH = (
     *("hidden_size", "layers", "heads", "kv_heads", "intermediate_size", "context", "tie_embeddings"),
     *("batch_size", "seq_len", "lr", "min_lr", "warmup_steps", "weight_decay", "mixed_precision", "seed"),
+    "eval_batches",  # the held-out measure: another makes the loss curve jump mid-run
 )
+"""What a resume must keep; steps, the cadence of logs, evaluations and checkpoints, and compile may change."""
 
 
 def lm_loss(model: LlamaForCausalLM, batch: torch.LongTensor) -> torch.Tensor:

@@ -42,6 +42,13 @@ def greedy_generate(
     )
 
 
+def near_tie(gap: float, top_logit: float, dtype: torch.dtype) -> bool:
+    """Whether a top-2 logit gap is within what `dtype`'s rounding can flip, so that another pass (other
+    shapes, another summation order) may choose the runner-up: a few units in the last place of the top
+    logit, and never below fp32's 1e-4, the tests' tolerance."""
+    return gap < max(1e-4, 4 * torch.finfo(dtype).eps * abs(top_logit))
+
+
 @dataclass
 class Divergence:
     """The first position where two outputs differ, and how close the reference's call was there."""
@@ -51,9 +58,8 @@ class Divergence:
     top_logit: float = float("nan")  # the reference's best logit there: the scale rounding works at
 
     def near_tie(self, dtype: torch.dtype) -> bool:
-        """Whether the gap is within what `dtype`'s rounding can flip: a few units in the last place
-        of the top logit (and never below fp32's 1e-4, the tests' tolerance)."""
-        return self.top2_gap < max(1e-4, 4 * torch.finfo(dtype).eps * abs(self.top_logit))
+        """Whether the reference's call there was a near tie in `dtype` (`near_tie`)."""
+        return near_tie(self.top2_gap, self.top_logit, dtype)
 
     def __str__(self) -> str:
         return f"first differing token at position {self.position}; reference top-2 logit gap there {self.top2_gap:.3g}"

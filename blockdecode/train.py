@@ -357,6 +357,7 @@ def training_summary(out: str | Path) -> str:
 
 
 RESUME_MUST_MATCH = (
+    "base",  # the path, as for init_heads: the features and distilled rows are its outputs
     "k",
     "mode",
     "head_type",
@@ -368,6 +369,13 @@ RESUME_MUST_MATCH = (
     "batch_size",
     "seq_len",
     "init_heads",
+    "holdout",  # the split: another moves rows between training and held-out
+    *("lr", "base_lr", "weight_decay", "warmup_steps", "mixed_precision"),  # the optimisation
+    *("head_loss", "head_weights", "base_loss_weight"),  # the objective
+    *("eval_batches", "eval_prompts", "eval_prompt_len", "eval_new_tokens"),  # the held-out measure the stop rules read
     *("distill_prompts", "distill_prompt_len", "distill_new_tokens", "distill_beams"),  # the distilled data
     "distill_sources",  # the paths; their content is in the data digest
 )
+"""What a resume must keep: everything that decides what is trained, on what, and how it is measured.
+The rest may change (steps, the cadence of logs, evaluations and checkpoints, the stop rules, loss_chunk,
+distill_batch_size and the cache folders): they change when and how fast, not what."""

@@ -7,6 +7,8 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from blockdecode.io import check_writable
+
 MODES = {
     "frozen": "base frozen (inference mode), heads trained on the data; decoding stays the original model's",
     "finetune": "base and heads trained together, the base's own loss kept in the objective; the result is a new base",
@@ -121,6 +123,11 @@ class TrainConfig:
         for name in NON_NEGATIVE_FIELDS:
             if not getattr(self, name) >= 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.draft_vocab < 0 or self.draft_vocab == 1:
+            raise ValueError(
+                f"--draft-vocab must be 0 (the whole vocabulary) or at least 2, got {self.draft_vocab}: heads that "
+                "score one token always propose it, and learn nothing"
+            )
         if self.seq_len <= self.k:
             raise ValueError(f"seq_len ({self.seq_len}) must exceed k ({self.k}) for every head to have targets")
         if not self.data:
@@ -138,6 +145,10 @@ class TrainConfig:
             )
         if self.distill_sources and not self.distill:
             raise ValueError(f"distill_sources are prompts to distil: for the distill modes, not {self.mode}")
+        caches = {"--feature-cache": self.feature_cache, "--distill-cache": self.distill and self.distill_cache}
+        for flag, folder in caches.items():
+            if folder:  # a file there would fail only after the base loads, as a bare "Not a directory"
+                check_writable(Path(folder), flag)
         if self.distill and self.distill_prompt_len + self.distill_new_tokens <= self.k:
             raise ValueError(
                 f"distilled rows of {self.distill_prompt_len} + {self.distill_new_tokens} tokens are too short "

@@ -251,12 +251,25 @@ class Task(ABC):
         return None
 
 
+def check_new_run(out: str | Path, resume: bool) -> None:
+    """Refuse to start afresh in a folder that holds a run (its checkpoint or its metrics log):
+    a fresh run would replace them, and its outputs, without a word."""
+    out = Path(out)
+    found = [name for name in ("checkpoint/state.pt", "metrics.jsonl") if (out / name).is_file()]
+    if found and not resume:
+        raise ValueError(
+            f"--out {out} already holds a run ({' and '.join(found)}): pass --resume to continue it, or give a "
+            "fresh --out"
+        )
+
+
 class Loop:
     """The one training loop: precision, the schedule's steps, resume, log / evaluation /
     checkpoint cadence, the metrics log, the final save and the plot, for any `Task`, on one
     process or under `accelerate launch`. Only the main process writes."""
 
     def __init__(self, cfg: LoopConfig, show: bool = True, **accelerator_kwargs):
+        check_new_run(cfg.out, cfg.resume)  # on every process, so all stop alike, before anything loads
         self.cfg, self.out = cfg, Path(cfg.out)
         self.accelerator = accelerator(**accelerator_kwargs)
         self.precision = Precision(cfg.mixed_precision, self.accelerator.device)

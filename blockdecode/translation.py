@@ -74,6 +74,11 @@ class TranslationConfig:
         for name in ("vocab_size", "hidden_size", "encoder_layers", "decoder_layers", "heads", "steps"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.tokenizer is None and self.vocab_size < 258:  # else the tokenizer silently has 258
+            raise ValueError(
+                f"--vocab-size {self.vocab_size} is below 258: the byte-level BPE holds its 256 bytes, {EOS} and {PAD} "
+                "before any merge"
+            )
         if self.hidden_size % self.heads:
             raise ValueError(f"heads ({self.heads}) must divide hidden_size ({self.hidden_size})")
         if self.batch_tokens < self.context:
@@ -84,7 +89,10 @@ RESUME_MUST_MATCH = (
     *("vocab_size", "hidden_size", "encoder_layers", "decoder_layers", "heads", "intermediate_size", "context"),
     *("batch_tokens", "lr", "min_lr", "warmup_steps", "weight_decay", "label_smoothing"),
     *("mixed_precision", "seed"),
+    "eval_verses",  # the held-out BLEU's verses: others make its curve jump mid-run
 )
+"""What a resume must keep; steps and the cadence of logs, evaluations and checkpoints may change, and a
+resumed run reads the tokenizer it saved, whatever --tokenizer says."""
 
 
 def prepare(cfg: TranslationConfig, show: bool = True) -> tuple[PreTrainedTokenizerFast, dict[str, list]]:

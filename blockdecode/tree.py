@@ -64,12 +64,18 @@ class Tree:
             mask[i] |= mask[parent]
         return mask
 
-    def accepted_path(self, right: Sequence[bool]) -> list[int]:
-        """The deepest node whose whole path is right (right[i-1] for node i), as the list of node
-        indices from the root (0) down to it; [0] when no child of the root is right."""
+    def standing(self, right: Sequence[bool]) -> list[bool]:
+        """Whether each node, the root first, stands: it and every node above it are right (right[i-1]
+        for node i). Under exact acceptance they form one path; a relaxed rule may let siblings stand."""
         ok = [True]  # the root
         for i, parent in enumerate(self.parents, start=1):
             ok.append(ok[parent] and bool(right[i - 1]))
+        return ok
+
+    def accepted_path(self, right: Sequence[bool]) -> list[int]:
+        """The deepest node whose whole path is right (right[i-1] for node i), as the list of node
+        indices from the root (0) down to it; [0] when no child of the root is right."""
+        ok = self.standing(right)
         best = max(range(len(ok)), key=lambda i: (ok[i] and (self.depths[i - 1] if i else 0), -i))
         path = []
         while best:

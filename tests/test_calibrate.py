@@ -10,6 +10,7 @@ import torch
 from conftest import NO_EOS, assert_greedy_equal, hf_greedy, make_prompt, perturb_heads
 
 from blockdecode import BlockwiseLM, NgramDrafter, calibrate
+from blockdecode.acceptance import parse_acceptance
 from blockdecode.hf import weights_digest
 from blockdecode.toy import toy_model
 
@@ -30,7 +31,9 @@ def measured(monkeypatch: pytest.MonkeyPatch) -> list:
         return {b: 100.0 + (50.0 if b == 16 else b / 2) for b in range(0, calibrate.LARGEST + 1)}
 
     monkeypatch.setattr(calibrate, "predict", fake_predict)
-    monkeypatch.setattr(calibrate, "acceptance_statistics", lambda lm, p, spec, k, trees: {"spec": str(spec)})
+    monkeypatch.setattr(
+        calibrate, "acceptance_statistics", lambda lm, p, spec, k, trees, rule: {"spec": str(spec), "rule": rule.spec}
+    )
     monkeypatch.setattr(calibrate, "loop_seconds", lambda *a: 1e-3)
     monkeypatch.setattr(calibrate, "forward_cost", lambda model, context, qs, reps: {1: 1e-3})
     return calls
@@ -81,6 +84,26 @@ def test_another_model_dtype_or_drafter_is_measured_anew(
     auto = calibrate.calibration_key(lm, "auto", 4)
     monkeypatch.setattr(calibrate, "CHOICES", (*calibrate.CHOICES, "heads-rescored"))
     assert calibrate.calibration_key(lm, "auto", 4) != auto  # "auto" chosen among other sources: measured anew
+
+
+def test_auto_under_a_relaxed_rule_is_measured_under_it_and_cached_apart(
+    cache: Path, measured: list, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 47: `tree="auto"` under topk:2 measures what stands under topk:2, never the exact statistics a
+    model ships, and keeps its choice under a key of its own, apart from exact's."""
+    lm = BlockwiseLM.from_base(toy_model("llama", seed=2), k=4)
+    prompts = [make_prompt(5, 512)]
+    monkeypatch.setattr(calibrate, "shipped_statistics", lambda *a: pytest.fail("exact's shipped statistics read"))
+    plan = lm.plan("heads", tree="auto", acceptance="topk:2", prompts=prompts)
+    assert plan.tree == 16 and plan.acceptance.spec == "topk:2" and measured[-1]["rule"] == "topk:2"
+    relaxed = calibrate.calibrate(lm, prompts, "heads", acceptance=parse_acceptance("topk:2"))
+    assert len(measured) == 1 and "acceptance=topk:2" in relaxed.key  # served from the cache: the same rule
+    assert calibrate.calibrate(lm, prompts, "heads", acceptance=parse_acceptance("topk:3")).key != relaxed.key
+    values = [float(i % 7) for i in range(512)]
+    maps = [parse_acceptance("distance:1", values=v) for v in (values, values[::-1])]
+    assert len({calibrate.calibration_key(lm, "heads", 4, rule) for rule in maps}) == 2  # two value maps, two rules
+    with pytest.raises(ValueError, match="min-block:2 forces a chain's first proposals"):
+        calibrate.calibrate(lm, prompts, "heads", acceptance=parse_acceptance("min-block:2"))
 
 
 def test_the_chain_can_win_and_auto_stays_exact(cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -158,7 +181,7 @@ def test_tree_auto_chooses_the_drafters_too_and_decoding_stays_exact(
         seen.append(stats["name"])
         return {b: best[stats["name"]] - abs(b - 8) for b in range(0, 65)}
 
-    monkeypatch.setattr(calibrate, "acceptance_statistics", lambda lm, p, spec, k, trees: {"name": spec})
+    monkeypatch.setattr(calibrate, "acceptance_statistics", lambda lm, p, spec, k, trees, rule: {"name": spec})
     monkeypatch.setattr(calibrate, "predict", fake_predict)
     model = toy_model("llama", seed=6)
     ids = make_prompt(12, 512, seed=1)

@@ -607,3 +607,12 @@ def test_pretrain_checks_its_settings_before_it_writes_the_corpus(tmp_path: Path
     with pytest.raises(SystemExit, match="steps must be positive, got 0"):
         main(["pretrain", "--corpus", str(corpus), "--out", str(tmp_path / "run"), "--steps", "0"])
     assert not corpus.exists() and not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("command", ["train", "pretrain", "pretrain-translation"])
+def test_the_help_says_which_settings_may_change_on_resume(command: str, capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    flags = " ".join(capsys.readouterr().out.split())  # argparse wraps the help: one line of it
+    assert re.search(r"--steps STEPS[^-]*\(may change on --resume\)", flags)
+    assert not re.search(r"--lr LR[^-]*\(may change on --resume\)", flags)

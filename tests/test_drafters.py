@@ -345,3 +345,11 @@ def test_the_built_in_model_loaded_under_inference_mode_decodes_exactly() -> Non
     for tree in (None, 16):
         out = lm.generate(ids, 24, eos_token_id=NO_EOS, drafter="heads", tree=tree)
         assert_greedy_equal(lm.base, ids, out.sequences, hf_greedy(lm.base, ids, 24, eos_token_id=NO_EOS))
+
+
+def test_drafters_given_the_wrong_way_are_one_clear_error() -> None:
+    lm = BlockwiseLM.from_base(tiny("llama"), k=4)
+    with pytest.raises(TypeError, match=r"reference must be a LongTensor of token ids .*got list \[1, 2, 3\]"):
+        ScriptedDrafter([1, 2, 3], 512)
+    with pytest.raises(TypeError, match=r"holds Drafter objects, not names: .* in one string, .heads\+ngram."):
+        lm.generate(make_prompt(4, 512), 8, drafter=["heads", "ngram"])

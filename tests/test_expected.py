@@ -9,8 +9,8 @@ import pytest
 import torch
 from conftest import NO_EOS, assert_greedy_equal, hf_greedy, make_prompt, perturb_heads, tiny, vocab_size
 
-from blockdecode import BlockwiseLM, NgramDrafter, ScriptedDrafter
-from blockdecode.calibrate import record_rates
+from blockdecode import BaseDrafter, BlockwiseLM, NgramDrafter, ScriptedDrafter, expected
+from blockdecode.calibrate import explain_ranking, record_rates
 from blockdecode.expected import (
     PRIOR_WEIGHT,
     PRIORS,
@@ -84,6 +84,57 @@ def test_a_drafter_that_turns_wrong_loses_its_nodes_and_is_tried_again_later():
     assert 0 in sizes[80:] and 1 in sizes[80:]  # dropped, and tried again as the past fades
 
 
+def test_a_sibling_a_relaxed_rule_keeps_stands_too():
+    """Under topk:2 two children of one node may both stand: each is a hit for its source, though only one
+    is on the accepted path (issue 47: the ranking learns what stands under the rule decoded with)."""
+    ranker = Ranker(FLAT)
+    tree = ranker.tree([scored([1], "a", 0.9), scored([2], "b", 0.2)], cap=64)
+    assert tree.parents == [0, 0]
+    ranker.observe([0, 1], stood=[0, 1, 2])
+    hit = (0.2 * PRIOR_WEIGHT + 1) / (PRIOR_WEIGHT + 1)
+    assert ranker.estimates.chance(Source("b", ("any",), 0.2)) == pytest.approx(hit)
+
+
+class RunnerUp(BaseDrafter):
+    """Stands in for the heads: proposes the base model's second choice at every depth, so exact acceptance
+    never keeps one and topk:2 keeps them all."""
+
+    def __init__(self, model: torch.nn.Module):
+        self.model = model
+
+    @property
+    def name(self) -> str:
+        return "heads"
+
+    def propose(self, tokens: torch.LongTensor, hidden: torch.Tensor, n: int) -> torch.LongTensor:
+        ids = tokens
+        for _ in range(n):
+            ids = torch.cat([ids, self.model(ids).logits[:, -1].topk(2).indices[:, 1:]], dim=1)
+        return ids[:, tokens.shape[1] :]
+
+
+def test_the_default_under_topk_ranks_the_heads_and_accepts_at_least_what_exact_does(monkeypatch):
+    """Issue 47: topk:2 used to fall back to a calibration of exact acceptance, which dropped the heads whose
+    second guesses are what topk:2 keeps. The default now ranks n-gram lookup's and the heads' candidates by
+    what stands under topk:2, and learns it: on heads whose guesses are all second choices, it takes them."""
+    model = tiny("llama")
+    lm = BlockwiseLM.from_base(model, k=6)
+    monkeypatch.setattr(BlockwiseLM, "drafter", lambda self, rescore=0.0: RunnerUp(self.base))
+    monkeypatch.setattr(expected, "model_ranking", lambda lm, context, cache="dynamic": Ranking(tuple(FLAT.items())))
+    prompts = [make_prompt(10, vocab_size(model), seed=s) for s in range(3)]
+    blocks = {}
+    for rule in ("exact", "topk:2"):
+        plan = lm.plan(acceptance=rule, eos_token_id=NO_EOS, prompts=prompts)
+        assert plan.ranking is not None and plan.drafter_name == "ngram+heads" and plan.acceptance.spec == rule
+        outs = [lm.generate(ids, 30, plan=plan) for ids in prompts]
+        blocks[rule] = sum(sum(o.stats.block_sizes) for o in outs) / sum(len(o.stats.block_sizes) for o in outs)
+        if rule == "topk:2":
+            assert sum(o.stats.supplied.get("heads", 0) for o in outs) > 0.6 * sum(o.stats.new_tokens for o in outs)
+            rows, _ = explain_ranking(lm, plan, prompts[0], 30)
+            assert dict((name, after) for name, _, after, _ in rows)["heads any"] > 0.9  # learnt: they stand
+    assert blocks["topk:2"] >= blocks["exact"] and blocks["topk:2"] > 4
+
+
 def test_untried_estimates_start_at_the_prior_and_a_prior_counts_a_few_trials():
     estimates = Estimates()
     source = Source("s", ("k",), 0.3)
@@ -99,11 +150,12 @@ def test_a_cost_curve_must_be_positive():
         Ranker({0: 1.0})
 
 
-def test_a_ranking_needs_exact_acceptance_and_ranks_a_chain_under_sampling():
+def test_a_ranking_takes_any_rule_but_min_block_and_ranks_a_chain_under_sampling():
     model = toy_model("llama")
     ranking = Ranking(((1, 1.0), (8, 1.0)))
-    with pytest.raises(ValueError, match="acceptance='exact'"):
-        make_plan(model, NgramDrafter(), 4, 8, acceptance="topk:2", ranking=ranking)
+    assert make_plan(model, NgramDrafter(), 4, 8, acceptance="topk:2", ranking=ranking).acceptance.spec == "topk:2"
+    with pytest.raises(ValueError, match="min-block:2 forces a chain's first proposals, and a ranking chooses"):
+        make_plan(model, NgramDrafter(), 4, acceptance="min-block:2", ranking=ranking)
     with pytest.warns(UserWarning, match="sampling verifies one chain"):
         plan = make_plan(model, NgramDrafter(), 4, 8, ranking=ranking, sampling=sampling_settings(model, True))
     assert plan.tree is None and plan.ranking is ranking and plan.setting == "ranked chain"

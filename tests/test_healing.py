@@ -284,3 +284,10 @@ def test_decoding_other_prompts_than_the_healed_ones_is_refused() -> None:
     healing = heal_prompts(tok, ids)
     with pytest.raises(ValueError, match="healing was made for other prompts"):
         decode(model, ids, 4, make_plan(model, NgramDrafter(), k=3), healing=healing)
+
+
+@pytest.mark.parametrize("heal", [True, "tok"])
+def test_healing_takes_the_tokenizer_only(heal: object) -> None:
+    lm = BlockwiseLM.from_base(tiny("llama"), k=4)
+    with pytest.raises(TypeError, match=rf"token healing takes the model's tokenizer .*got \w+ {heal!r}$"):
+        lm.generate(torch.tensor([[1, 2, 3]]), 8, heal=heal)

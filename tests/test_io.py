@@ -134,3 +134,13 @@ def test_checkpoint_refuses_other_data_but_not_a_checkpoint_without_a_fingerprin
         load_checkpoint(path, Settings(), ("seed",), "bbbb")
     save_checkpoint(path, {"step": 4, "config": {"seed": 0}})  # written before data had fingerprints
     assert load_checkpoint(path, Settings(), ("seed",), "bbbb")["step"] == 4
+
+
+def test_a_setting_the_checkpoint_predates_is_no_mismatch(tmp_path: Path) -> None:
+    """A checkpoint saved before `steps` was checked (or existed) still resumes; a saved one that differs does not."""
+    path = tmp_path / "state.pt"
+    save_checkpoint(path, {"step": 3, "config": {"seed": 0}})
+    assert load_checkpoint(path, Settings(steps=20), ("seed", "steps"))["step"] == 3
+    save_checkpoint(path, {"step": 3, "config": {"seed": 0, "steps": None}})  # saved, as None: a difference
+    with pytest.raises(ValueError, match="has steps=None, this run asks for 20"):
+        load_checkpoint(path, Settings(steps=20), ("seed", "steps"))

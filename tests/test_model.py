@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -425,3 +426,133 @@ def test_a_broken_model_is_one_clear_error_before_it_is_called(damage: str, erro
     ):
         with pytest.raises(error, match=match):
             run()
+
+
+@pytest.fixture
+def shipped(tiny_base, tmp_path: Path) -> Path:
+    """tiny_base's folder with trained k=4 paper heads, its tokenizer and a prompts.json, as a model ships."""
+    from blockdecode.model import load as load_folder
+
+    lm, tok = load_folder(tiny_base.dir, k=4)
+    perturb_heads(lm, seed=1).save_pretrained(tmp_path / "shipped", tokenizer=tok)
+    (tmp_path / "shipped" / "prompts.json").write_text(json.dumps(["the quick", "brown fox"]))
+    return tmp_path / "shipped"
+
+
+def test_plan_without_prompts_measures_on_the_models_own(shipped: Path) -> None:
+    """`model.plan()` as docs/usage.md writes it: the ranked tree measured on the folder's prompts.json."""
+    from blockdecode.model import load as load_folder
+
+    lm, tok = load_folder(shipped)
+    assert [p.tolist() for p in lm.prompts] == [tok("the quick", return_tensors="pt").input_ids.tolist(),
+                                                tok("brown fox", return_tensors="pt").input_ids.tolist()]  # fmt: skip
+    plan = lm.plan()
+    assert plan.ranking is not None and plan.drafter_name == "ngram+heads"
+    bare = BlockwiseLM.from_base(tiny("llama"), k=4)  # in memory: no prompts to measure on
+    for tree in ("expected", "auto"):
+        with pytest.raises(ValueError, match=rf"tree='{tree}' measures .* ships none .*pass prompts=\[input_ids\]"):
+            bare.plan(tree=tree)
+
+
+def test_load_refuses_a_head_type_it_would_ignore(shipped: Path, tiny_base) -> None:
+    from blockdecode.model import load as load_folder
+
+    for directory in (shipped, tiny_base.dir):
+        with pytest.raises(ValueError, match="^unknown head_type 'bogus': choose one of paper, medusa, hydra$"):
+            load_folder(directory, k=4, head_type="bogus")
+    with pytest.raises(ValueError, match="holds trained paper heads, not head_type='hydra': leave head_type out"):
+        load_folder(shipped, head_type="hydra")
+    assert load_folder(shipped, head_type="paper")[0].config.head_type == "paper"
+    assert load_folder(tiny_base.dir, head_type="hydra")[0].config.head_type == "hydra"
+
+
+@pytest.mark.parametrize("dtype, error", [("bf16", TypeError), (torch.int64, ValueError), (torch.float64, ValueError)])
+def test_load_refuses_a_dtype_by_itself(shipped: Path, dtype, error: type) -> None:
+    """Not as a fault of the folder's config.json, which transformers would blame."""
+    from blockdecode.model import load as load_folder
+
+    accepted = "torch.float32, torch.bfloat16, torch.float16"
+    with pytest.raises(error, match=rf"^dtype must be {accepted}, got .*dtype_for") as err:
+        load_folder(shipped, dtype=dtype)
+    assert "config.json" not in str(err.value)
+
+
+def test_a_file_is_not_a_model_folder(tmp_path: Path) -> None:
+    from blockdecode.model import load as load_folder
+
+    (tmp_path / "hostname").write_text("box\n")
+    for run in (load_folder, BlockwiseLM.from_pretrained):
+        with pytest.raises(CheckpointError, match=r"hostname is a file, not a model folder"):
+            run(tmp_path / "hostname")
+
+
+def test_generate_refuses_a_plan_that_is_not_one() -> None:
+    lm = BlockwiseLM.from_base(tiny("llama"), k=4)
+    with pytest.raises(TypeError, match=r"plan takes a DecodePlan from model.plan\(...\), got str 'heads'"):
+        lm.generate(make_prompt(4, 512), 8, plan="heads")
+
+
+def test_a_hub_name_offline_says_how_to_fetch_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    from huggingface_hub import constants
+
+    from blockdecode.model import load as load_folder
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    with pytest.raises(CheckpointError, match="^nobody/no-such-model is not a folder here.*HF_HUB_OFFLINE=0 to let it"):
+        load_folder("nobody/no-such-model")
+
+
+def test_a_hub_out_of_reach_fails_in_one_line_within_seconds(monkeypatch: pytest.MonkeyPatch) -> None:
+    """load() and the train path (hf.load_base, hf.load_tokenizer) ask the hub once, with no retries: the hub is
+    a closed local port here, so nothing leaves the machine (huggingface_hub alone retried for about 25 s)."""
+    from huggingface_hub import constants
+
+    from blockdecode.hf import load_base, load_tokenizer
+    from blockdecode.model import load as load_folder
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(constants, "ENDPOINT", "http://127.0.0.1:9")
+    for run in (load_folder, load_base, load_tokenizer, BlockwiseLM.from_pretrained):
+        start = time.perf_counter()
+        with pytest.raises(CheckpointError) as err:
+            run("nobody/no-such-model")
+        assert time.perf_counter() - start < 5
+        said = str(err.value)
+        assert "\n" not in said and said.startswith("nobody/no-such-model is not a folder here, and the hub")
+        assert "http://127.0.0.1:9) cannot be reached (ConnectError" in said
+
+
+def test_a_hub_name_is_fetched_once_the_hub_knows_it(shipped: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A name the hub holds is fetched at the commit it names, then loaded as a folder; one it lacks is one line.
+    The hub's answers are stand-ins: nothing leaves the machine."""
+    import httpx2
+    from huggingface_hub import constants
+    from huggingface_hub.errors import RepositoryNotFoundError
+
+    from blockdecode import hf
+    from blockdecode.model import load as load_folder
+
+    fetched = []
+
+    class Hub:
+        def __init__(self, endpoint: str) -> None:
+            pass
+
+        def model_info(self, name: str, timeout: float):
+            assert timeout == hf.HUB_TIMEOUT
+            if name != "someone/model":
+                response = httpx2.Response(404, request=httpx2.Request("GET", f"http://hub/api/models/{name}"))
+                raise RepositoryNotFoundError("404 Client Error.\n\nRepository Not Found", response=response)
+            return SimpleNamespace(sha="a" * 40)
+
+    def snapshot_download(name: str, revision: str, allow_patterns: list[str], etag_timeout: float) -> str:
+        fetched.append((name, revision))
+        return str(shipped)
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(hf, "HfApi", Hub)
+    monkeypatch.setattr(hf, "snapshot_download", snapshot_download)
+    lm, _ = load_folder("someone/model")
+    assert fetched == [("someone/model", "a" * 40)] and lm.k == 4 and len(lm.prompts) == 2
+    with pytest.raises(CheckpointError, match="^nobody/no-such-model is not a folder here, nor a model the hub .*$"):
+        load_folder("nobody/no-such-model")

@@ -123,3 +123,12 @@ def test_a_setting_given_beside_a_plan_is_refused_by_name(settings: dict) -> Non
     assert counting.calls == 0
     defaults = dict(drafter="auto", tree="default", cache_implementation="dynamic", do_sample=False, k=None)
     assert lm.generate(make_prompt(4, 512), 8, plan=plan, **defaults).stats.new_tokens > 0  # defaults spelled out
+
+
+def test_a_hand_built_plan_refuses_a_k_beyond_the_heads(lm: BlockwiseLM) -> None:
+    """Checked with the plan, naming both ks, not mid-decode as a fault of the heads' proposals."""
+    with pytest.raises(ValueError, match=r"^k must be between 1 and the heads' block size 4, got 30$"):
+        DecodePlan((lm.drafter(),), 30)
+    with pytest.raises(ValueError, match=r"heads' block size 4, got 5$"):
+        DecodePlan((NgramDrafter(), lm.drafter()), 5, tree=8)
+    assert DecodePlan((lm.drafter(),), 4).k == 4 and DecodePlan((NgramDrafter(),), 30).k == 30

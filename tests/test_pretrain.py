@@ -6,6 +6,7 @@ runs in seconds so none of it can silently rot."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import sysconfig
 from pathlib import Path
@@ -19,7 +20,7 @@ from blockdecode import training
 from blockdecode.cli import main
 from blockdecode.corpus import SPECIAL_TOKENS, corpus_files, is_heldout, stdlib_files
 from blockdecode.model import BlockwiseLM
-from blockdecode.pretrain import CorpusConfig, PretrainConfig, prepare_corpus, pretrain, windows
+from blockdecode.pretrain import RESUME_MUST_MATCH, CorpusConfig, PretrainConfig, prepare_corpus, pretrain, windows
 from blockdecode.train import TrainConfig, train
 from tests.conftest import NO_EOS, assert_greedy_equal, hf_greedy, keep_checkpoint_at
 
@@ -163,11 +164,44 @@ def test_a_damaged_corpus_array_is_named_with_what_to_do(corpus: Path, tmp_path:
         ({"seq_len": 128}, "exceeds the model's context"),
         ({"heads": 3}, "must divide"),
         ({"steps": 0}, "steps must be positive"),
+        ({"lr": 0.0}, "lr must be a finite number > 0"),
+        ({"lr": 1e-3, "min_lr": 2e-3}, r"min_lr must lie in \[0, lr=0.001\], got 0.002"),
+        ({"warmup_steps": -1}, "warmup_steps must be >= 0"),
+        ({"mixed_precision": "fp8"}, "unknown mixed precision 'fp8'"),
     ],
 )
 def test_bad_pretrain_configs_fail_clearly(change: dict, message: str) -> None:
+    """Refused when the config is made, so the CLI can make it before it prepares any corpus."""
     with pytest.raises(ValueError, match=message):
         PretrainConfig(corpus="c", out="o", **{**TINY, **change})
+
+
+def test_a_vocab_size_below_the_byte_alphabet_is_refused_naming_the_least() -> None:
+    """The BPE gave 257 tokens for --vocab-size 10, without a word."""
+    with pytest.raises(ValueError, match=r"^--vocab-size 10 must lie in \[257, 65536\]: the byte-level BPE holds"):
+        CorpusConfig(out="c", vocab_size=10)
+    with pytest.raises(ValueError, match=r"^--vocab-size 70000 must lie in \[257, 65536\]"):
+        CorpusConfig(out="c", vocab_size=70000)
+    assert CorpusConfig(out="c", vocab_size=10, tokenizer="t").vocab_size == 10  # a given tokenizer decides
+
+
+@pytest.mark.parametrize("root", ["missing", "no .py files"])
+def test_a_root_without_python_files_is_refused_before_anything_is_written(tmp_path: Path, root: str) -> None:
+    """Else the default --packages (torch's source) silently made the whole corpus."""
+    folder = tmp_path / "src"
+    if root == "no .py files":
+        folder.mkdir()
+        (folder / "notes.txt").write_text("no code here")
+    with pytest.raises(SystemExit, match=f"^error: --root {re.escape(str(folder))} is not a folder of .py files$"):
+        main(["pretrain", "--corpus", str(tmp_path / "c"), "--out", str(tmp_path / "o"), "--root", str(folder)])
+    assert sorted(p.name for p in tmp_path.iterdir()) == (["src"] if folder.exists() else [])
+
+
+def test_every_setting_is_checked_on_resume_or_allowed_to_change() -> None:
+    may_change = {"steps", "eval_every", "log_every", "checkpoint_every", "compile"}
+    others = {"corpus", "out", "resume"}  # the corpus is checked by its content and vocabulary
+    must = set(RESUME_MUST_MATCH)
+    assert not must & may_change and must | may_change | others == set(PretrainConfig.__dataclass_fields__)
 
 
 def test_an_out_or_corpus_that_cannot_be_written_is_refused_before_the_corpus_is_read(tmp_path: Path) -> None:

@@ -67,3 +67,11 @@ def test_a_toy_llama_written_as_gguf_continues_as_transformers_does(sizes, tmp_p
     sizes.write_gguf(model, path, bf16=bf16)
     got = sizes.llama_cpp_greedy(path, threads=1, context=64)(ids, 24).sequence
     assert got == ref
+
+
+def test_a_gpu_asked_for_where_there_is_none_is_refused(sizes, capsys):
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    with pytest.raises(SystemExit):
+        sizes.parse_args(["--device", "cuda"])
+    assert "--device cuda: this torch has no CUDA device" in capsys.readouterr().err

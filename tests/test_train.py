@@ -40,7 +40,14 @@ from blockdecode.io import read_jsonl  # noqa: E402
 from blockdecode.model import HEADS_CONFIG, HEADS_WEIGHTS  # noqa: E402
 from blockdecode.objective import Objective  # noqa: E402
 from blockdecode.toy import toy_model  # noqa: E402
-from blockdecode.train import batch_indices, doubling_gain, plateaued, sampled_heads, train  # noqa: E402
+from blockdecode.train import (  # noqa: E402
+    RESUME_MUST_MATCH,
+    batch_indices,
+    doubling_gain,
+    plateaued,
+    sampled_heads,
+    train,
+)
 from blockdecode.train_config import TrainConfig  # noqa: E402
 
 # ----------------------------------------------------------------------------- fixtures and helpers
@@ -414,7 +421,16 @@ def test_npy_token_data_trains(tiny_base, tmp_path):
 
 
 @pytest.mark.parametrize(
-    "changed", [{"k": 3}, {"mode": "finetune"}, {"seed": 7}, {"batch_size": 4}, {"distill_prompts": 9}]
+    "changed",
+    [
+        {"k": 3},
+        {"mode": "finetune"},
+        {"seed": 7},
+        {"batch_size": 4},
+        {"distill_prompts": 9},
+        {"holdout": 0.1},
+        {"lr": 0.01},
+    ],  # fmt: skip
 )
 def test_resume_with_a_different_config_is_refused(tiny_base, tmp_path, changed):
     out = tmp_path / "out"
@@ -431,6 +447,30 @@ def test_resume_with_a_different_config_is_refused(tiny_base, tmp_path, changed)
     assert_nothing_saved(out)
     assert (out / "metrics.jsonl").read_bytes() == metrics
     assert (out / "checkpoint" / "state.pt").read_bytes() == checkpoint
+
+
+RESUME_MAY_CHANGE = {
+    *("steps", "eval_every", "log_every", "checkpoint_every", "patience", "min_delta", "doubling_gain"),
+    *("loss_chunk", "distill_batch_size", "distill_cache", "feature_cache"),
+}
+
+
+def test_every_setting_is_checked_on_resume_or_allowed_to_change():
+    """A new setting must be sorted: into RESUME_MUST_MATCH, or here, and into docs/training.md's list."""
+    others = {"out", "resume", "data"}  # the data is checked by content (test_resume_checks_the_data_content...)
+    must = set(RESUME_MUST_MATCH)
+    assert not must & RESUME_MAY_CHANGE
+    assert must | RESUME_MAY_CHANGE | others == set(TrainConfig.__dataclass_fields__)
+
+
+def test_a_fresh_run_into_a_finished_run_is_refused_and_leaves_its_files(tiny_base, tmp_path):
+    out = tmp_path / "out"
+    train(make_cfg(tiny_base, out, steps=3, log_every=1, eval_every=3, eval_prompts=1, checkpoint_every=3))
+    before = {str(p.relative_to(out)): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
+    assert {"checkpoint/state.pt", "metrics.jsonl", HEADS_WEIGHTS, HEADS_CONFIG} <= set(before)
+    with pytest.raises(ValueError, match=f"^--out {re.escape(str(out))} already holds a run .*--resume.*fresh --out"):
+        train(make_cfg(tiny_base, out, steps=2, log_every=1, eval_every=2, eval_prompts=1))
+    assert {str(p.relative_to(out)): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()} == before
 
 
 @pytest.mark.parametrize("steps", [6, 10])

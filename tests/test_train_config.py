@@ -3,6 +3,8 @@ anything loads or is written."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from conftest import make_cfg
 
@@ -25,9 +27,23 @@ from conftest import make_cfg
         (dict(mode="frozen", distill_sources=["more.txt"]), "for the distill modes, not frozen"),
         (dict(mode="finetune", feature_cache="f"), "--feature-cache is for the frozen-base modes"),
         (dict(mode="finetune+distill", feature_cache="f"), "--feature-cache is for the frozen-base modes"),
+        (dict(draft_vocab=1), "--draft-vocab must be 0 .* or at least 2, got 1: heads that score one token"),
+        (dict(draft_vocab=-4), "--draft-vocab must be 0 .* or at least 2, got -4"),
     ],
 )
 def test_config_rejects(tiny_base, tmp_path, overrides, match):
     with pytest.raises(ValueError, match=match):
         make_cfg(tiny_base, tmp_path / "out", **overrides)
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("flag, mode", [("--feature-cache", "frozen"), ("--distill-cache", "distill")])
+def test_a_cache_folder_that_is_a_file_is_named_with_its_flag(tiny_base, tmp_path, flag, mode):
+    """Not the bare "[Errno 20] Not a directory" it gave once the base had loaded."""
+    cache = tmp_path / "cache"
+    cache.write_text("")
+    field = flag[2:].replace("-", "_")
+    for given in (cache, cache / "sub"):
+        with pytest.raises(OSError, match=f"^{flag} {re.escape(str(given))} cannot be written: .* not a writable"):
+            make_cfg(tiny_base, tmp_path / "out", mode=mode, **{field: str(given)})
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cache"]

@@ -207,3 +207,21 @@ def test_a_non_finite_loss_stops_the_run_before_it_reaches_the_weights(tmp_path:
     with pytest.raises(ValueError, match=r"step \d+: the training loss is (nan|inf); stopped \(no checkpoint yet\)"):
         fit(ToyConfig(out=str(tmp_path), lr=1e30, checkpoint_every=100))
     assert not (tmp_path / "model.pt").exists()
+
+
+def files_in(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("left", ["a finished run", "a run killed before its first checkpoint"])
+def test_a_fresh_run_into_a_folder_that_holds_a_run_is_refused_and_changes_nothing(tmp_path: Path, left: str) -> None:
+    if left == "a finished run":
+        fit(ToyConfig(out=str(tmp_path)))
+    else:
+        with pytest.raises(Killed):
+            fit(ToyConfig(out=str(tmp_path), checkpoint_every=100), callback=kill_at(3))
+        assert not (tmp_path / "checkpoint" / "state.pt").exists()
+    before = files_in(tmp_path)
+    with pytest.raises(ValueError, match=r"^--out .* already holds a run .*: pass --resume to continue it, or give a"):
+        fit(ToyConfig(out=str(tmp_path), steps=2))
+    assert files_in(tmp_path) == before

@@ -20,6 +20,7 @@ from blockdecode.corpus import train_tokenizer
 from blockdecode.translation import (
     EOS,
     PAD,
+    RESUME_MUST_MATCH,
     TranslationConfig,
     collate,
     epoch_batches,
@@ -130,6 +131,19 @@ def test_cli_trains_the_translation_model_and_a_draft_that_shares_its_tokenizer(
         main(["pretrain-translation", "--corpus", str(CORPUS), "--out", str(tmp_path / "x"), *args, "--tokenizer",
               str(other)])  # fmt: skip
     assert not (tmp_path / "x").exists()
+
+
+def test_a_vocab_size_below_the_byte_alphabet_is_refused() -> None:
+    with pytest.raises(ValueError, match="^--vocab-size 10 is below 258: the byte-level BPE holds its 256 bytes"):
+        TranslationConfig(corpus="c", out="o", vocab_size=10)
+    assert TranslationConfig(corpus="c", out="o", vocab_size=10, tokenizer="t").vocab_size == 10  # the tokenizer's
+
+
+def test_every_setting_is_checked_on_resume_or_allowed_to_change() -> None:
+    may_change = {"steps", "eval_every", "log_every", "checkpoint_every"}
+    others = {"corpus", "out", "resume", "tokenizer"}  # the pairs by their tokens; a resume reads its saved tokenizer
+    must = set(RESUME_MUST_MATCH)
+    assert not must & may_change and must | may_change | others == set(TranslationConfig.__dataclass_fields__)
 
 
 def test_a_context_no_training_pair_fits_is_one_line(tmp_path: Path) -> None:

@@ -44,6 +44,16 @@ def test_the_accepted_path_is_the_deepest_all_right_one() -> None:
     assert Tree().accepted_path([]) == [0]
 
 
+def test_every_node_right_down_its_whole_path_stands_siblings_too() -> None:
+    """What a ranking learns from (issue 47): under a relaxed rule a sibling of the accepted path may stand."""
+    tree = Tree()
+    for path in ([5, 6, 7], [5, 9], [4]):
+        tree.add_path(path, 10, 8)
+    assert tree.standing([True, True, False, True, True]) == [True, True, True, False, True, True]
+    assert tree.standing([True, False, True, True, False]) == [True, True, False, False, True, False]
+    assert Tree().standing([]) == [True]
+
+
 def test_lattice_paths_come_best_first_and_prefix_closed() -> None:
     probs = torch.tensor([[0.6, 0.3], [0.9, 0.05], [0.5, 0.4]])
     tokens = torch.tensor([[1, 2], [3, 4], [5, 6]])
