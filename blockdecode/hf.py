@@ -6,6 +6,7 @@ Nothing here knows about blockwise decoding; everything above goes through these
 from __future__ import annotations
 
 import hashlib
+import importlib
 import inspect
 import logging
 import operator
@@ -16,7 +17,6 @@ from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
-import httpx2
 import torch
 from huggingface_hub import HfApi, constants, snapshot_download
 from huggingface_hub.errors import HfHubHTTPError, HFValidationError, RepositoryNotFoundError, StrictDataclassError
@@ -118,11 +118,22 @@ def model_folder(name: str | os.PathLike) -> Path:
     except HfHubHTTPError as err:
         status = f"HTTP {err.response.status_code} ({type(err).__name__})"
         raise CheckpointError(f"{name} is not a folder here, and the hub ({hub}) answered {status}") from None
-    except (httpx2.HTTPError, OSError) as err:
+    except (*transport_errors(), OSError) as err:
         raise CheckpointError(
             f"{name} is not a folder here, and the hub ({hub}) cannot be reached ({type(err).__name__}: "
             f"{one_line(err)}): check the connection, or download the model yourself"
         ) from None
+
+
+def transport_errors() -> tuple[type[Exception], ...]:
+    """What huggingface_hub's HTTP client raises when a hub is out of reach: httpx2's from huggingface_hub 2
+    on, httpx's before (transformers takes either)."""
+    for client in ("httpx2", "httpx"):
+        try:
+            return (importlib.import_module(client).HTTPError,)
+        except ImportError:
+            continue
+    return ()
 
 
 def _not_installed(path: Path) -> str:
