@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from blockdecode.flags import comma_names, listed, positive_int, read_value_map, tree_budget
+from blockdecode.flags import comma_names, config_from, listed, positive_int, read_value_map, tree_budget
 
 
 def test_a_binary_value_map_is_refused_naming_the_file(tmp_path: Path) -> None:
@@ -32,3 +33,17 @@ def test_flag_values() -> None:
     for bad in ("0", "x"):
         with pytest.raises(argparse.ArgumentTypeError, match="must be"):
             tree_budget(bad)
+
+
+def test_a_config_takes_the_flags_that_name_its_fields_and_the_overrides() -> None:
+    """How a run's dataclass is built from its command's flags: one builder for the CLI and the benchmarks."""
+
+    @dataclass
+    class Run:
+        out: str
+        steps: int = 10
+        lr: float = 1e-3
+
+    args = argparse.Namespace(out="root", steps=None, lr=0.5, unrelated=1)
+    assert config_from(Run, args) == Run("root", 10, 0.5)  # None: the field's default
+    assert config_from(Run, args, out="root/masks", steps=3) == Run("root/masks", 3, 0.5)
