@@ -8,6 +8,7 @@ from blockdecode.heads import HeadsConfig
 from blockdecode.healing import Healing, heal_prompts
 from blockdecode.model import BlockwiseLM, CheckpointError, load
 from blockdecode.plan import DecodePlan, make_plan
+from blockdecode.suffix import SuffixDrafter
 
 __all__ = [
     "BaseDrafter",
@@ -25,6 +26,7 @@ __all__ = [
     "Healing",
     "NgramDrafter",
     "ScriptedDrafter",
+    "SuffixDrafter",
     "blockwise_generate",
     "decode",
     "export_heads",
