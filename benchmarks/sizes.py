@@ -18,6 +18,7 @@ Every figure goes to --out (JSON), with a plot of the speedups against model siz
 
     python benchmarks/sizes.py                          # 10M .. 1B, about 15 minutes on 2 cores
     python benchmarks/sizes.py --sizes 10M,50M --new-tokens 32
+    python benchmarks/sizes.py --device cuda --sizes 1B,8B --embed-scale 120   # on a GPU; 8B ties at 30
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ from blockdecode.hardware import auto_dtype  # noqa: E402
 from blockdecode.hf import load_tokenizer  # noqa: E402
 from blockdecode.io import read_prompts, save_figure, write_json  # noqa: E402
 from blockdecode.plan import make_plan  # noqa: E402
-from blockdecode.reference import greedy_generate  # noqa: E402
+from blockdecode.reference import greedy_generate, near_tie  # noqa: E402
 from blockdecode.timing import forward_cost  # noqa: E402
 
 # Llama shapes from the built-in model's up to about 1B parameters (Llama-3.2-1B's, with a 32k vocabulary),
@@ -80,6 +81,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=torch.get_num_threads())
     p.add_argument("--dtype", choices=("auto", "bf16", "fp32"), default="auto", help="auto: bf16 where native")
     p.add_argument("--device", default="cpu", help="cpu, or cuda: the models and every engine but llama.cpp there")
+    p.add_argument(
+        "--embed-scale",
+        type=float,
+        default=EMBED_SCALE,
+        help="how much the embeddings are scaled, so greedy's argmax wins by a wide margin (a deep, wide model "
+        "needs more: check the near ties each row reports)",
+    )
     p.add_argument("--profile-prompts", type=int, default=8, help="held-out prompts the drafters' accuracy is read on")
     p.add_argument("--profile-tokens", type=int, default=128, help="tokens decoded on each of them")
     args = p.parse_args(argv)
@@ -106,7 +114,9 @@ def _tiny(size: str) -> dict | None:
     return dict(zip(SHAPE, (hidden, layers, 4, 2 * hidden, 512)))
 
 
-def build(size: str, dtype: torch.dtype, seed: int = 0, device: str = "cpu") -> LlamaForCausalLM:
+def build(
+    size: str, dtype: torch.dtype, seed: int = 0, device: str = "cpu", embed_scale: float = EMBED_SCALE
+) -> LlamaForCausalLM:
     """A Llama of this size with random weights (transformers' own initialisation, seeded), whose greedy
     text is a walk through a random permutation of the vocabulary: the embeddings are scaled so the
     newest token's dominates the residual stream, and the output projection's row for token i is the
@@ -122,10 +132,23 @@ def build(size: str, dtype: torch.dtype, seed: int = 0, device: str = "cpu") -> 
         model = LlamaForCausalLM(config)
     with torch.no_grad():
         embed = model.model.embed_tokens.weight
-        embed.mul_(EMBED_SCALE)
+        embed.mul_(embed_scale)
         order = torch.randperm(config.vocab_size, generator=torch.Generator().manual_seed(seed))
         model.lm_head.weight.copy_(embed[order.to(embed.device)])
     return model.to(dtype).eval()
+
+
+@torch.inference_mode()
+def near_tie_share(model: LlamaForCausalLM, references: list[torch.LongTensor], prompt_len: int) -> float:
+    """The share of greedy's steps whose top-2 logit gap is within the dtype's rounding (`reference.near_tie`):
+    where a k-token call may break the tie otherwise than a one-token call, and a drafter copying the one-token
+    reference stops standing. The sweep's models should have none (a deeper, wider one needs a larger scale)."""
+    ties = steps = 0
+    for ref in references:
+        top = model(ref).logits[0, prompt_len - 1 : -1].float().topk(2, dim=-1).values
+        ties += sum(near_tie(float(a - b), float(a), model.dtype) for a, b in top.tolist())
+        steps += top.shape[0]
+    return ties / steps
 
 
 def drafter_profiles(k: int, n_prompts: int, new_tokens: int = 128) -> dict[str, list[float]]:
@@ -235,7 +258,7 @@ def llama_cpp_installed() -> bool:
 
 def measure_size(size: str, args: argparse.Namespace, dtype: torch.dtype, profiles: dict) -> dict:
     """Every figure of one size: parameters, cost curve, and each engine's tokens per second."""
-    model = build(size, dtype, device=args.device)
+    model = build(size, dtype, device=args.device, embed_scale=args.embed_scale)
     vocab = model.config.vocab_size
     gen = torch.Generator().manual_seed(1)
     prompts = [
@@ -297,6 +320,7 @@ def measure_size(size: str, args: argparse.Namespace, dtype: torch.dtype, profil
         "speedup_over_transformers": {name: r["speedup"] for name, r in by.items()},
         "tokens_per_call": {name: r["tokens_per_call"] for name, r in by.items() if name != "transformers greedy"},
         "identical_to_greedy": {name: r["identical_to_greedy"] for name, r in by.items()},
+        "greedy_near_tie_share": near_tie_share(model, list(references.values()), args.prompt_len),
     }
     if "llama.cpp greedy" in by:
         lc = by["llama.cpp greedy"]

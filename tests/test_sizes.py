@@ -37,6 +37,7 @@ def test_a_tiny_sweep_writes_every_figure_and_its_plot(sizes, tmp_path):
     for row in rows:
         assert list(row["cost_ratio"]) == [1, 2, 4, 8, 16, 32] and row["cost_ratio"][1] == 1.0
         assert all(row["identical_to_greedy"].values())  # every engine continues as greedy does
+        assert row["greedy_near_tie_share"] == 0.0  # so a drafter copying greedy's text can stand
         assert row["llama_cpp"] in ("measured", "not installed")
         assert len(row["speedup_over_transformers"]) == (4 if row["llama_cpp"] == "measured" else 3)
         if row["llama_cpp"] == "measured":  # one round: each over llama.cpp is its time against llama.cpp's
@@ -75,3 +76,12 @@ def test_a_gpu_asked_for_where_there_is_none_is_refused(sizes, capsys):
     with pytest.raises(SystemExit):
         sizes.parse_args(["--device", "cuda"])
     assert "--device cuda: this torch has no CUDA device" in capsys.readouterr().err
+
+
+def test_an_unscaled_sweep_model_is_seen_to_tie(sizes):
+    """The near-tie share tells a sweep model too flat to compare engines on: unscaled embeddings give ties."""
+    model = sizes.build("tiny:64x2", torch.bfloat16, embed_scale=0.0)
+    ids = torch.randint(0, model.config.vocab_size, (1, 24), generator=torch.Generator().manual_seed(1))
+    reference = greedy_generate(model, ids, 8, eos_token_id=[], min_new_tokens=8)
+    assert sizes.near_tie_share(model, [reference], 24) > 0.5
+    assert sizes.near_tie_share(sizes.build("tiny:64x2", torch.bfloat16), [reference], 24) == 0.0
