@@ -24,6 +24,7 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import statistics
 import sys
 import tempfile
@@ -145,6 +146,7 @@ def run_one(args: argparse.Namespace, base: Path, files: list[Path], root: Path,
         distill_new_tokens=args.seq_len - args.distill_prompt_len,  # distilled rows as long as seq_len
         distill_cache=str(root / "distill-cache"),
     )
+    shutil.rmtree(cfg.out, ignore_errors=True)  # the benchmark's own run: timed afresh, never resumed
     load = loadavg()
     start = time.perf_counter()
     model = train(cfg)
