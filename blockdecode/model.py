@@ -233,16 +233,15 @@ class BlockwiseLM(nn.Module):
         `drafter="auto"` with `tree="auto"` takes the drafters and budget predicted fastest for this
         model, dtype and machine (`blockdecode.calibrate`: about a second the first time, then cached;
         `prompts` are what it times on, by default the model's own: `self.prompts`); "auto" with any other
-        tree is the heads. `tree="default"` is
-        "expected" for named drafters (each call's candidates ranked by their chance to stand under the
-        acceptance rule decoded with: `_ranked_plan`), but "auto" under min-block:L, which forces a chain's
-        first proposals (there: the heads' chain), and under sampling, whose seed repeats a run only if its
-        proposals do, which a ranking's timing-led choices do not; it is the drafter's own chain for a
-        drafter object. `tree="auto"` calibrates under the acceptance rule decoded with. With
-        `tree="auto"`, sampling verifies one chain a call, and so does each row of a batch (`rows` > 1):
-        there "auto" is the drafter whose chain the calibration predicts fastest (it measures greedy's
-        acceptance, which a draw at a low temperature mostly follows). Every setting is checked before
-        anything is measured."""
+        tree is the heads. `tree="default"` is "expected" for named drafters (each call's candidates ranked
+        by their chance to stand under the acceptance rule decoded with: `_ranked_plan`), but "auto" under
+        min-block:L, which forces a chain's first proposals (there: the heads' chain), and under sampling,
+        whose seed repeats a run only if its proposals do, which a ranking's timing-led choices do not; it
+        is the drafter's own chain for a drafter object. `tree="auto"` calibrates under the acceptance rule
+        decoded with. With `tree="auto"`, sampling verifies one chain a call, and so does each row of a
+        batch (`rows` > 1): there "auto" is the drafter whose chain the calibration predicts fastest (it
+        measures greedy's acceptance, which a draw at a low temperature mostly follows). Every setting is
+        checked before anything is measured."""
         k = self.k if k is None else k
         drafter = "auto" if drafter is None else drafter
         prompts = list(prompts) or [ids.to(self.base.device) for ids in self.prompts]  # the folder's prompts.json
