@@ -243,7 +243,8 @@ def predict(plan: DecodePlan, run: Run, hidden: torch.Tensor, depth: int) -> lis
             if chain:
                 made = [drafter.chain_scored(tokens[0], hidden, depth)]
             else:
-                made = drafter.propose_scored(tokens[0], hidden, depth, min(plan.tree, OFFERED))
+                reach = ranker.reach(drafter.name, depth)  # no deeper than its trees lately went, and one more
+                made = drafter.propose_scored(tokens[0], hidden, reach, min(plan.tree, OFFERED))
             ranker.timed(drafter.name, time.perf_counter() - start)
             found += [clip(s, depth, run.vocab) for s in made]
         return [ranker.tree([ranker.best_chain(found, cap)] if chain else found, cap)]

@@ -42,7 +42,8 @@ COST_POINTS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 65)  # t(q) is measured here and 
 DECAY = 0.93  # every call, past outcomes count this much less: a drafter dropped for a while is tried again
 PRIOR_WEIGHT = 4.0  # trials a prior counts for: a few dozen calls of outcomes outweigh it
 _LEARN = 0.2  # how fast a drafter's measured time and yield follow the sequence
-_RETRY = 0.98  # each call a drafter is not asked, its yield keeps this much of its distance from 1
+_RETRY = 0.995  # each call a drafter is not asked, its yield keeps this much of its distance from 1
+_REACH_DECAY = 0.8  # each call, how much of a drafter's deepest kept node it is still asked past
 CONFIDENCE_BINS = 10  # the heads' probabilities, mapped to acceptance by a curve learnt per bin
 
 
@@ -197,6 +198,12 @@ class Node:
     sources: list[Source] = field(default_factory=list)
 
 
+def offered_by(found: Scored | Lattice) -> str:
+    """The drafter that offered a path or a lattice."""
+    sources = found.sources[0] if isinstance(found, Lattice) and found.sources else found.sources
+    return sources[0].drafter if sources else ""
+
+
 def _by_chance(entry: tuple) -> float:
     """Sort key: the likeliest first."""
     return -entry[0]
@@ -220,6 +227,7 @@ class Ranker:
         self.seconds_of: dict[str, float] = {}  # each drafter's time to propose, lately
         self.yields: dict[str, float] = {}  # each drafter's accepted proposals, lately, per token the others left
         self._asked: tuple[str, float, float] | None = None  # (drafter, expected tokens without it, most)
+        self._reach: dict[str, float] = {}  # the deepest each drafter's nodes were kept, lately
 
     def seconds(self, q: int) -> float:
         """t(q), linear between the measured points: the first point's below them, proportional to q past them."""
@@ -253,12 +261,23 @@ class Ranker:
         best path probability first, each a path's next token or a lattice's guess one depth down."""
         order, best, expected, memo = self._rank(candidates, cap)
         tree, self._kept = Tree(), []
+        deepest = dict.fromkeys(map(offered_by, candidates), 0)
         for parent, token, sources, _ in order[:best]:
             decisive = max(sources, key=lambda source: memo.get(source, 0.0))  # whose estimate placed it
             tree.add(parent, token, decisive.drafter)
             self._kept.append((parent, decisive))
+            deepest[decisive.drafter] = max(deepest.get(decisive.drafter, 0), tree.depths[-1])
+        for drafter, depth in deepest.items():  # what this call's tree used of each drafter's offer
+            self._reach[drafter] = max(depth, _REACH_DECAY * self._reach.get(drafter, depth))
         self.sizes.append(len(tree))
         return tree
+
+    def reach(self, drafter: str, depth: int) -> int:
+        """How many tokens deep to ask `drafter` for this call: one past the deepest its nodes were kept
+        lately, at most `depth` (all of it at first). Trees seldom keep a lattice's long shots, and a
+        drafter asked for fewer tokens may do less work (the heads read fewer weights)."""
+        known = self._reach.get(drafter)
+        return depth if known is None else min(depth, int(known) + 1)
 
     def worth_asking(self, drafter: str, candidates: Sequence[Scored | Lattice], depth: int, cap: int) -> bool:
         """Whether asking `drafter` for candidates besides `candidates` is expected to pay for its time

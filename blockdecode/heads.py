@@ -80,10 +80,14 @@ class PaperHeads(nn.Module):
 
     takes_tokens = False
 
-    def forward(self, h: torch.Tensor, embeds: torch.Tensor | None = None) -> torch.Tensor:
-        """h [..., d] -> per-head hidden states [..., k-1, d] (`embeds`, the tokens' embeddings, unused)."""
-        delta = self.down(torch.relu(self.up(h))).unflatten(-1, (self.n, self.d))
-        return h.unsqueeze(-2) + delta
+    def forward(self, h: torch.Tensor, embeds: torch.Tensor | None = None, n: int | None = None) -> torch.Tensor:
+        """h [..., d] -> per-head hidden states [..., k-1, d] (`embeds`, the tokens' embeddings, unused);
+        `n`: the first n heads' alone, from the first rows of `down` (its weight is most of the heads' bytes,
+        read from memory each call: a drafter asked for fewer tokens reads fewer)."""
+        n = self.n if n is None else n
+        rows = slice(0, n * self.d)
+        delta = nn.functional.linear(torch.relu(self.up(h)), self.down.weight[rows], self.down.bias[rows])
+        return h.unsqueeze(-2) + delta.unflatten(-1, (n, self.d))
 
 
 class MedusaHeads(nn.Module):
@@ -100,11 +104,13 @@ class MedusaHeads(nn.Module):
 
     takes_tokens = False
 
-    def forward(self, h: torch.Tensor, embeds: torch.Tensor | None = None) -> torch.Tensor:
-        """h [..., d] -> per-head hidden states [..., k-1, d] (`embeds`, the tokens' embeddings, unused)."""
-        if not self.blocks:
+    def forward(self, h: torch.Tensor, embeds: torch.Tensor | None = None, n: int | None = None) -> torch.Tensor:
+        """h [..., d] -> per-head hidden states [..., k-1, d] (`embeds`, the tokens' embeddings, unused);
+        `n`: the first n heads' alone."""
+        blocks = self.blocks[:n]
+        if not blocks:
             return h.unsqueeze(-2)[..., :0, :]
-        return torch.stack([h + nn.functional.silu(block(h)) for block in self.blocks], dim=-2)
+        return torch.stack([h + nn.functional.silu(block(h)) for block in blocks], dim=-2)
 
 
 class HydraHeads(nn.Module):

@@ -325,6 +325,22 @@ def test_a_costly_drafter_is_asked_only_where_its_guesses_would_pay_for_its_time
     assert 0 < sum(later) <= 15
 
 
+def test_a_drafter_is_asked_one_token_past_the_deepest_its_nodes_were_kept_lately():
+    ranker = Ranker(FLAT)
+    assert ranker.reach("heads", 6) == 6  # never ranked: asked all of it
+    sure, long_shot = Source("heads", ("confidence", 9), 0.95), Source("heads", ("confidence", 0), 0.01)
+    sources = [[sure], [sure], [long_shot], [long_shot]]
+    lattice = Lattice([[1], [2], [3], [4]], sources, sources)
+    tree = Ranker({1: 1.0, 2: 1.2, 64: 13.4}).tree([lattice], cap=64)  # a node costs a fifth of a call
+    assert tree.tokens == [1, 2]  # the long shots at depths 3 and 4 are not kept
+    ranker = Ranker({1: 1.0, 2: 1.2, 64: 13.4})
+    ranker.tree([lattice], cap=64)
+    assert ranker.reach("heads", 6) == 3 and ranker.reach("ngram", 6) == 6
+    for _ in range(10):  # lately nothing of theirs kept: one token is still asked for, so they may come back
+        ranker.tree([Lattice([[1]], [[long_shot]], [[long_shot]])], cap=64)
+    assert ranker.reach("heads", 6) == 1
+
+
 def test_a_ranked_chain_of_two_drafters_takes_each_call_the_one_expected_to_stand():
     """n-gram lookup's chain and a perfect drafter's, on a prompt n-gram lookup cannot continue: the
     ranked chain learns to verify the perfect one, and stays greedy's output."""

@@ -66,6 +66,17 @@ def test_paper_heads_form() -> None:
     torch.testing.assert_close(module(h), h[:, None] + delta)
 
 
+@pytest.mark.parametrize("head_type", ["paper", "medusa"])
+def test_the_first_n_heads_alone_are_the_first_n_of_all(head_type: str) -> None:
+    """A drafter asked for fewer tokens computes fewer heads (the paper's from the first rows of `down`)."""
+    module = heads(5, head_type, head_hidden_size=8)
+    for p in module.parameters():
+        torch.nn.init.normal_(p)
+    h = torch.randn(2, 3, 16)
+    for n in range(5):
+        torch.testing.assert_close(module(h, None, n), module(h)[..., :n, :])
+
+
 def test_medusa_heads_form() -> None:
     """Medusa: an independent residual block h + SiLU(W h) per head."""
     module = heads(4, "medusa")
