@@ -70,9 +70,10 @@ class Acceptance:
                 f"the distance rule's value map covers {len(self.values)} tokens, the model's vocabulary {vocab_size}"
             )
 
-    def agree(self, draft: torch.Tensor, logits: torch.Tensor, greedy: torch.Tensor) -> torch.Tensor:
+    def agree(self, draft: torch.Tensor, logits: torch.Tensor | None, greedy: torch.Tensor) -> torch.Tensor:
         """Which proposals of `draft` [n] the rule lets stand, each on its own, given the block's
-        logits [n+1, V] and their argmax `greedy` [n+1]: a bool tensor [n], left on the device.
+        logits [n+1, V] and their argmax `greedy` [n+1]: a bool tensor [n], left on the device. The exact
+        rule compares ids alone (`logits` may be None).
         A proposal counts only if every one before it on its path counts too (`accepted`)."""
         n = draft.shape[0]
         agree = draft == greedy[:n]

@@ -320,7 +320,8 @@ def accept(
     if plan.sampling is None:
         after = scores.argmax(-1)  # [m+1]
         parents = torch.tensor([*candidates.parents, 0], device=scores.device)  # one row more, as agree() takes
-        right = plan.acceptance.agree(ids, scores[parents], after[parents])
+        parent_scores = None if plan.acceptance.rule == "exact" else scores[parents]  # exact compares ids alone
+        right = plan.acceptance.agree(ids, parent_scores, after[parents])
     else:
         probs = plan.sampling.probs(scores)
         one_hot = torch.nn.functional.one_hot(ids, scores.shape[-1]).float()  # a drafter's guess is certain
@@ -446,6 +447,8 @@ class Run:
 
     def output(self, base) -> BlockwiseOutput:
         seconds = time.perf_counter() - self.begun
+        for ranker in self.rankers[:1] if len(self.rankers) == 1 else ():  # a batch asks every drafter
+            self.plan.ranking.keep(ranker)
         self.near_ties()
         for stats in self.stats:
             stats.calls, stats.encoder_calls = 1 + len(stats.block_sizes), base.encoder_calls

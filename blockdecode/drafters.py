@@ -506,10 +506,12 @@ class NgramDrafter(BaseDrafter):
         longest comes first (up to `CONTEXT` tokens; the newest first on ties): where text repeats with
         variations (a loop that alternates two lines), that occurrence is the one being repeated, where
         the newest would be the other variant."""
+        last = seq[-1] if seq else None
+        ends = [j for j in range(len(seq) - 2, -1, -1) if seq[j] == last]  # where any match ends, newest first
         for size in range(min(self.max_ngram, len(seq) - 1), self.min_ngram - 1, -1):
             tail, end = seq[-size:], len(seq) - size
             found = []
-            for start in range(end - 1, -1, -1):
+            for start in (j - size + 1 for j in ends if j >= size - 1):
                 if seq[start : start + size] == tail:
                     found.append((start, shared_context(seq, start, end)))
                     if len(found) == OCCURRENCES:

@@ -61,13 +61,24 @@ class Ranking:
     """How a decode ranks its candidates: the machine's cost curve, (token count, seconds) pairs of one
     forward over a cached context, and the acceptance rates shipped with the model (`PRIORS`, by
     `source_name`), which replace the drafters' own priors where known. Each sequence ranks with its
-    own `Ranker`, from these."""
+    own `Ranker`, from these; it starts from what the last sequence ranked with them learnt of each
+    drafter's time and yield (`learnt`), so a drafter that did not pay there is not asked at once again:
+    a short decode would spend most of its calls learning that anew. Which candidates stand is learnt
+    afresh each sequence (a seeded sampled run repeats with its plan)."""
 
     cost: tuple[tuple[int, float], ...]
     rates: tuple[tuple[str, float], ...] = ()
+    learnt: dict[str, dict[str, float]] = field(default_factory=dict, compare=False, repr=False)
 
     def start(self, decay: float | None = None) -> Ranker:
-        return Ranker(dict(self.cost), dict(self.rates), DECAY if decay is None else decay)
+        ranker = Ranker(dict(self.cost), dict(self.rates), DECAY if decay is None else decay)
+        ranker.seconds_of.update(self.learnt.get("seconds", {}))
+        ranker.yields.update(self.learnt.get("yields", {}))
+        return ranker
+
+    def keep(self, ranker: Ranker) -> None:
+        """What a finished sequence's ranker learnt of its drafters' time and yield, for the next one."""
+        self.learnt.update(seconds=dict(ranker.seconds_of), yields=dict(ranker.yields))
 
 
 def source_name(drafter: str, key: tuple) -> str:
@@ -228,6 +239,7 @@ class Ranker:
         self.yields: dict[str, float] = {}  # each drafter's accepted proposals, lately, per token the others left
         self._asked: tuple[str, float, float] | None = None  # (drafter, expected tokens without it, most)
         self._reach: dict[str, float] = {}  # the deepest each drafter's nodes were kept, lately
+        self._last: tuple[tuple, int, tuple] | None = None  # this call's last ranking: its candidates, cap, result
 
     def seconds(self, q: int) -> float:
         """t(q), linear between the measured points: the first point's below them, proportional to q past them."""
@@ -260,7 +272,7 @@ class Ranker:
         """The tree of at most `cap` nodes whose expected tokens per second is the largest: nodes taken
         best path probability first, each a path's next token or a lattice's guess one depth down."""
         order, best, expected, memo = self._rank(candidates, cap)
-        tree, self._kept = Tree(), []
+        tree, self._kept, self._last = Tree(), [], None
         deepest = dict.fromkeys(map(offered_by, candidates), 0)
         for parent, token, sources, _ in order[:best]:
             decisive = max(sources, key=lambda source: memo.get(source, 0.0))  # whose estimate placed it
@@ -332,7 +344,19 @@ class Ranker:
     def _rank(self, candidates: Sequence[Scored | Lattice], cap: int) -> tuple[list, int, float, dict]:
         """The candidate nodes best first, as (parent in the tree, token, sources, path probability); how
         many of them the tree keeps; the tokens it is expected to gain (1 + their path probabilities);
-        and each source's chance this call."""
+        and each source's chance this call. The same candidates ranked again within a call (asking a
+        drafter was not worth it: the tree is what was ranked to decide) are the last ranking's."""
+        last = self._last  # held, so no other object takes their ids
+        if (
+            last is None
+            or last[1] != cap
+            or len(last[0]) != len(candidates)
+            or any(a is not b for a, b in zip(last[0], candidates))
+        ):
+            self._last = last = (tuple(candidates), cap, self._ranked(candidates, cap))
+        return last[2]
+
+    def _ranked(self, candidates: Sequence[Scored | Lattice], cap: int) -> tuple[list, int, float, dict]:
         trie: list[Node] = []
         index: dict[tuple[int, int], int] = {}
         guesses: tuple[list[dict], list[dict]] = ([], [])  # per depth, each lattice token's sources: aside, on
@@ -437,6 +461,7 @@ class Ranker:
         each node's p(x) at its parent, `decode.accept`), is what every node whose parent stood learns
         instead of whether it stood: its expected outcome, not one draw."""
         stood = set(path if stood is None else stood)
+        self._last = None  # estimates change: no ranking made before holds
         if self._asked is not None:  # what the drafter last asked added, of what the others left: its yield
             drafter, before, most = self._asked
             added = sum(self._kept[i - 1][1].drafter == drafter for i in path[1:]) / max(most - before, 1e-9)

@@ -58,11 +58,12 @@ class Tree:
     def ancestry(self) -> torch.Tensor:
         """mask [n+1, n+1] bool over the root and the nodes: mask[i, j] when j is i or an ancestor."""
         n = len(self) + 1
-        mask = torch.eye(n, dtype=torch.bool)
-        mask[:, 0] = True
+        above: list[list[int]] = [[0]]  # each node's ancestors and itself, as indices
         for i, parent in enumerate(self.parents, start=1):
-            mask[i] |= mask[parent]
-        return mask
+            above.append([*above[parent], i])
+        mask = torch.zeros(n * n, dtype=torch.bool)
+        mask[[i * n + j for i, row in enumerate(above) for j in row]] = True  # one write, not a tensor op a node
+        return mask.view(n, n)
 
     def standing(self, right: Sequence[bool]) -> list[bool]:
         """Whether each node, the root first, stands: it and every node above it are right (right[i-1]

@@ -341,6 +341,20 @@ def test_a_drafter_is_asked_one_token_past_the_deepest_its_nodes_were_kept_latel
     assert ranker.reach("heads", 6) == 1
 
 
+def test_the_next_sequence_starts_from_what_the_last_learnt_of_each_drafters_time_and_yield():
+    ranking = Ranking(tuple(FLAT.items()))
+    first = ranking.start()
+    assert first.yields == {} and first.seconds_of == {}
+    first.timed("heads", 0.5)
+    first.yields["heads"] = 0.01  # the heads did not pay
+    first.estimates.update(Source("heads", ("any",), 0.5), 0.0)
+    ranking.keep(first)
+    second = ranking.start()
+    assert second.yields == {"heads": 0.01} and second.seconds_of == {"heads": 0.5}
+    assert not second.worth_asking("heads", [scored([1, 2, 3, 4], "ngram", 0.6)], 4, 64)  # not asked at once
+    assert second.estimates.counts == {}  # what stands is learnt afresh: a sampled run repeats with its seed
+
+
 def test_a_ranked_chain_of_two_drafters_takes_each_call_the_one_expected_to_stand():
     """n-gram lookup's chain and a perfect drafter's, on a prompt n-gram lookup cannot continue: the
     ranked chain learns to verify the perfect one, and stays greedy's output."""
