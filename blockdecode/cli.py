@@ -17,6 +17,7 @@ from blockdecode.export import EXPORT_FORMATS
 from blockdecode.flags import (
     DRAFTER_CHOICES,
     Parser,
+    check_corpus,
     check_drafter,
     comma_names,
     config_from,
@@ -63,6 +64,7 @@ def cmd_generate(args: argparse.Namespace) -> None:
     if args.sample and acceptance.rule != "exact":
         raise ValueError(f"--acceptance {args.acceptance} is approximate, which has no exact meaning with --sample")
     check_drafter(args.drafter, args.tree)
+    check_corpus(args.drafter, args.corpus)
 
     dtype = dtype_for(args.dtype)
     model, tokenizer = load(args.model, dtype, args.k, args.head_type)
@@ -85,7 +87,8 @@ def cmd_generate(args: argparse.Namespace) -> None:
     generator = torch.Generator(device=model.base.device)
     seed = generator.seed() if args.seed is None else args.seed  # a fresh one unless given, shown to repeat the run
     generator.manual_seed(seed)
-    out = model.generate(ids, args.max_new_tokens, plan=plan, generator=generator, heal=heal)
+    corpus = [Path(p) for p in args.corpus] if args.corpus else None
+    out = model.generate(ids, args.max_new_tokens, plan=plan, generator=generator, heal=heal, corpus=corpus)
     print(tokenizer.decode(out.sequences[0], skip_special_tokens=seq2seq))
     s = out.stats
     print(
@@ -160,7 +163,18 @@ def add_generate_parser(sub) -> None:
     )
     p.add_argument("--seed", type=random_seed, default=None, help="with --sample: the same seed gives the same text")
     p.add_argument("--no-heal", dest="heal", action="store_false", help=NO_HEAL)
+    add_corpus_flag(p)
     p.set_defaults(func=cmd_generate)
+
+
+def add_corpus_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--corpus",
+        action="append",
+        metavar="PATH",
+        help="with --drafter suffix or heads+suffix: a file or folder of text it also drafts from (repeatable; "
+        "indexed once, cached in ~/.cache/blockdecode/corpus)",
+    )
 
 
 def cmd_train(args: argparse.Namespace) -> None:
@@ -615,6 +629,7 @@ def cmd_demo(args: argparse.Namespace) -> None:
     if args.task == "code":
         causal_only(args.model, "demo")
     check_drafter(args.drafter, args.tree)
+    check_corpus(args.drafter, args.corpus)
     run_demo(
         args.model,
         max_new_tokens=args.max_new_tokens,
@@ -624,6 +639,7 @@ def cmd_demo(args: argparse.Namespace) -> None:
         tree=args.tree,
         task=args.task,
         heal=args.heal,
+        corpus=[Path(p) for p in args.corpus] if args.corpus else None,
     )
 
 
@@ -646,6 +662,7 @@ def add_demo_parser(sub) -> None:
         help="N candidates a call, expected (ranked; default, greedy), auto (measured; default, sampling), off",
     )
     p.add_argument("--no-heal", dest="heal", action="store_false", help=NO_HEAL)
+    add_corpus_flag(p)
     p.set_defaults(func=cmd_demo)
 
 

@@ -12,6 +12,7 @@ import os
 import statistics
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from transformers import PreTrainedModel
@@ -27,6 +28,7 @@ from blockdecode.hf import dtype_name, is_seq2seq, load_base, vocab_size
 from blockdecode.model import BlockwiseLM, load
 from blockdecode.plan import DecodePlan
 from blockdecode.reference import first_divergence
+from blockdecode.suffix import SuffixDrafter
 
 PROMPTS = (
     "class MLP(nn.Module):\n    def __init__(self, config):\n        super().__init__()",
@@ -41,6 +43,7 @@ DRAFTER_NAMES = {
     "heads": "{head_type} heads",
     "heads-rescored": "{head_type} heads rescored by an n-gram model of the context",
     "ngram": "n-gram drafter",
+    "suffix": "suffix lookup",
 }
 COLOURS = ("\x1b[48;5;24m", "\x1b[48;5;58m")
 RESET = "\x1b[0m"
@@ -144,12 +147,14 @@ def run_demo(
     tree: int | str | None = "default",
     task: str = "code",
     heal: bool = True,
+    corpus: list[Path] | None = None,
 ) -> list[DemoRow]:
     """Stream, time and compare every prompt; print the table; return its rows. `task`: "code"
     (a causal LM continues code) or "translate" (an encoder-decoder translates verses). `dtype`
     defaults to bf16 where this machine computes it natively, else fp32; in any dtype but bf16 the
     speedup is also stated against greedy in bf16. `heal`: a code prompt that ends mid-token is
-    healed (`blockdecode.healing`), with a line that says so."""
+    healed (`blockdecode.healing`), with a line that says so. `corpus`: files suffix lookup also drafts
+    from; it remembers no output here, as each prompt is decoded several times and would read its own."""
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # the demo's own output is the point
@@ -168,6 +173,8 @@ def run_demo(
     eos = None if translate else []  # a translation ends at its EOS; code runs the whole budget
     # by default each call's tree ranked by its candidates' chance to stand (blockdecode.expected)
     plan = model.plan(drafter, k, tree, eos_token_id=eos, prompts=list(ids_of.values()))
+    if any(isinstance(d, SuffixDrafter) for d in plan.drafters):
+        plan = model.with_sources(plan, remember=False, corpus=corpus)
     reference = None
     if dtype != torch.bfloat16:
         reference = load_base(model.base_location, torch.bfloat16).eval() if model.base_location else None

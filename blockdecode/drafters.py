@@ -609,6 +609,7 @@ DRAFTERS: dict[str, Callable[[object], BaseDrafter]] = {
     "heads": lambda lm: lm.drafter(),
     "heads-rescored": lambda lm: lm.drafter(rescore=1.0),
     "ngram": lambda lm: NgramDrafter(),
+    "suffix": lambda lm: __import__("blockdecode.suffix").suffix.for_model(lm),  # that module imports this one
 }
 """The drafters known by name: each made from a BlockwiseLM. "a+b" names several sharing one tree."""
 CHOICES = ("heads", "ngram", "heads+ngram")

@@ -13,7 +13,7 @@ from typing import NoReturn
 from blockdecode.drafters import CHOICES, DRAFTERS
 from blockdecode.plan import MAX_TREE
 
-DRAFTER_CHOICES = tuple(dict.fromkeys(("auto", *DRAFTERS, *CHOICES)))
+DRAFTER_CHOICES = tuple(dict.fromkeys(("auto", *DRAFTERS, *CHOICES, "heads+suffix")))
 
 
 class Parser(argparse.ArgumentParser):
@@ -113,6 +113,13 @@ def check_drafter(drafter: str, tree: int | str | None) -> None:
     """Drafters named together share a tree: without one they are refused here, before loading."""
     if "+" in drafter and tree is None:
         raise ValueError(f"--drafter {drafter} shares a tree among its drafters: give --tree N or auto, or one drafter")
+
+
+def check_corpus(drafter: str, corpus: list[str] | None) -> None:
+    """--corpus is read by suffix lookup alone: with other drafters it is refused here, before loading."""
+    if corpus and "suffix" not in drafter.split("+"):
+        raise ValueError(f"--corpus is read by suffix lookup, and --drafter {drafter} has none: add --drafter suffix "
+                         "or heads+suffix")  # fmt: skip
 
 
 def read_value_map(path: str) -> list[float]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import json
 import os
@@ -26,6 +27,7 @@ from blockdecode.hf import (
     check_loaded,
     context_length,
     eval_mode,
+    is_seq2seq,
     load_base,
     load_tokenizer,
     model_folder,
@@ -36,9 +38,14 @@ from blockdecode.hf import (
 from blockdecode.io import CheckpointError, read_prompts, reading_folder, saving_folder, write_text
 from blockdecode.plan import DecodePlan, block_size, check_settings, make_plan, max_tree
 from blockdecode.sampling import check_generator, sampling_settings
+from blockdecode.sources import Memory, SuffixArray, corpus_index
+from blockdecode.suffix import SuffixDrafter
 
 HEADS_CONFIG = "blockdecode.json"
 HEADS_WEIGHTS = "heads.safetensors"
+DEFAULT_DRAFTERS = "heads+ngram"
+"""What drafter="auto" decodes with in ranked trees and chains (tree="expected", the default)."""
+Corpus = str | os.PathLike | SuffixArray | Sequence[str | os.PathLike | SuffixArray]
 
 
 def _location(name: str) -> str | None:
@@ -78,6 +85,7 @@ def load(
         model = BlockwiseLM.from_base(load_base(str(path), dtype), k=k or 8, head_type=head_type or "paper")
     tokenizer = load_tokenizer(path if (path / "tokenizer.json").is_file() else model.base_location)
     model.prompts = model_prompts(path, tokenizer)
+    model.tokenizer = tokenizer
     return model.to(dtype).eval(), tokenizer
 
 
@@ -128,6 +136,8 @@ class BlockwiseLM(nn.Module):
         self.config = config
         self.base_location = base_location
         self.prompts: list[torch.LongTensor] = []  # what plan() measures on unless given some: load() sets them
+        self.tokenizer = None  # what a corpus given to generate is tokenized with: load() sets it
+        self.memory = Memory()  # this process's outputs, for suffix lookup (generate's remember)
         projection = output_projection(base)
         base_hidden = projection.weight.shape[1]
         base_vocab = projection.weight.shape[0]
@@ -283,7 +293,7 @@ class BlockwiseLM(nn.Module):
     def _sampling_drafter(self, drafter: str, k: int, acceptance, prompts) -> str:
         """The one drafter a sampled default verifies chains of: `drafter` if it names one, else the one
         whose chain the calibration predicts fastest (`blockdecode.calibrate`)."""
-        names = drafter_names("heads+ngram" if drafter == "auto" else drafter)
+        names = drafter_names(DEFAULT_DRAFTERS if drafter == "auto" else drafter)
         if len(names) == 1:
             return names[0]
         if not prompts:
@@ -299,7 +309,7 @@ class BlockwiseLM(nn.Module):
         likeliest drafter, all of one length chosen so (`expected.batch_width`)."""
         if not prompts:
             raise _no_prompts("expected")
-        drafter = "heads+ngram" if drafter == "auto" else drafter
+        drafter = DEFAULT_DRAFTERS if drafter == "auto" else drafter
         check_settings(self.base, k, None, acceptance, eos_token_id, cache_implementation)  # before anything is timed
         check_loaded(self, "the BlockwiseLM")
         ranking = expected.model_ranking(self, prompts[0], cache_implementation)
@@ -327,6 +337,8 @@ class BlockwiseLM(nn.Module):
         generator: torch.Generator | None = None,
         attention_mask: torch.Tensor | None = None,
         heal: PreTrainedTokenizerBase | None = None,
+        remember: bool = True,
+        corpus: Corpus | None = None,
     ) -> BlockwiseOutput:
         """Exact greedy decoding, several tokens per base-model call; or, with `do_sample=True`,
         sampling from exactly the distribution of `base.generate(do_sample=True, temperature=...,
@@ -361,7 +373,17 @@ class BlockwiseLM(nn.Module):
         (`blockdecode.healing`): its last token is dropped, and the new tokens write its text again as
         the model would have split it. `sequences` then holds the shorter prompt and the new tokens, which
         decode to the prompt's text and its continuation, exactly as `base.generate` gives them with the
-        healing's `prefix_allowed_tokens_fn`."""
+        healing's `prefix_allowed_tokens_fn`.
+
+        Suffix lookup (`drafter="suffix"` or `"heads+suffix"`, or a `SuffixDrafter` in the drafters or the
+        plan) drafts from three sources: the sequence itself; with `remember` (the default), this model's
+        earlier outputs in this process, each row's prompt and output as `generate` returned them (the
+        newest `sources.MemoryConfig.limit` tokens; `forget()` empties them), to which this decode's are
+        added; and `corpus`, files and folders (a `Path`, or a str naming an existing one; folders are
+        read recursively, files that are not UTF-8 text skipped), texts (any other str) or indexes from
+        `sources.corpus_index`, tokenized by `model.tokenizer` (set by `load`), indexed once and cached
+        (`sources.cache_dir()`). `remember=False`: the decode neither reads nor adds to the memory. A corpus
+        given where no drafter is a SuffixDrafter is refused."""
         input_ids = check_prompt(self.base, input_ids, max_new_tokens, attention_mask)  # before any planning
         mask = check_attention_mask(self.base, input_ids, attention_mask)
         check_generator(generator, self.base.device)
@@ -393,7 +415,60 @@ class BlockwiseLM(nn.Module):
             if plan is None:
                 rows = [input_ids.new_tensor([tokens]) for tokens in row_tokens(input_ids, mask)]
                 plan = self.plan(**settings, prompts=rows, rows=len(rows))
-            return decode(self.base, input_ids, max_new_tokens, plan, on_block, generator, mask, healing)
+            plan = self.with_sources(plan, remember, corpus, heal)
+            out = decode(self.base, input_ids, max_new_tokens, plan, on_block, generator, mask, healing)
+        if remember and any(isinstance(d, SuffixDrafter) for d in plan.drafters):
+            self.memory.add(self._rows_of(out, mask))
+        return out
+
+    def with_sources(
+        self,
+        plan: DecodePlan,
+        remember: bool = True,
+        corpus: Corpus | None = None,
+        tokenizer: PreTrainedTokenizerBase | None = None,
+    ) -> DecodePlan:
+        """`plan` with each SuffixDrafter made anew for one decode (`SuffixDrafter.using`), reading this
+        model's memory if `remember` and `corpus` beside its own (tokenized by `self.tokenizer`, else
+        `tokenizer`). A corpus given to a plan that holds no SuffixDrafter is refused (it would be ignored);
+        `remember=False` is always allowed: such a plan neither reads nor adds to the memory anyway."""
+        if not any(isinstance(d, SuffixDrafter) for d in plan.drafters):
+            if corpus is not None:
+                raise ValueError(
+                    f"corpus= would be ignored: only suffix lookup reads it, and this decode's drafters "
+                    f"({plan.drafter_name}) hold none: pass drafter='suffix' or 'heads+suffix'"
+                )
+            return plan
+        arrays = self._corpus(corpus, tokenizer) if corpus is not None else ()
+        memory = self.memory if remember else None
+        drafters = tuple(d.using(memory, arrays) if isinstance(d, SuffixDrafter) else d for d in plan.drafters)
+        return dataclasses.replace(plan, drafters=drafters)
+
+    def _corpus(self, corpus: Corpus, tokenizer: PreTrainedTokenizerBase | None) -> tuple[SuffixArray, ...]:
+        """The indexes of what `corpus` names (`sources.corpus_index`), one per tokenized part."""
+        items = [corpus] if isinstance(corpus, str | os.PathLike | SuffixArray) else list(corpus)
+        arrays = tuple(c for c in items if isinstance(c, SuffixArray))
+        named = [c for c in items if not isinstance(c, SuffixArray)]
+        if not named:
+            return arrays
+        tokenizer = self.tokenizer or tokenizer
+        if tokenizer is None:
+            raise ValueError(
+                "corpus= is tokenized with the model's tokenizer, and this BlockwiseLM has none: load it with "
+                "blockdecode.load, set model.tokenizer, or pass indexes from blockdecode.sources.corpus_index"
+            )
+        return (*arrays, corpus_index(tokenizer, named))
+
+    def _rows_of(self, out: BlockwiseOutput, mask: torch.Tensor | None) -> list[list[int]]:
+        """Each row's prompt (an encoder-decoder's decoder prompt) and new tokens, without padding."""
+        new = [stats.new_tokens for stats in out.row_stats]
+        width = out.sequences.shape[1] - max(new)
+        prompts = row_tokens(out.sequences[:, :width], None if is_seq2seq(self.base) else mask)
+        return [p + s[width : width + n] for p, s, n in zip(prompts, out.sequences.tolist(), new)]
+
+    def forget(self) -> None:
+        """Empty this model's remembered outputs (what suffix lookup reads with generate's remember)."""
+        self.memory.forget()
 
     def save_pretrained(
         self,

@@ -1,7 +1,7 @@
 """Suffix lookup: draft from a suffix automaton over every token seen, with count-based chances.
 
-`SuffixDrafter` finds the longest suffix of the sequence that occurred before, in this sequence or in a
-corpus given at construction (earlier outputs, a user's files, already tokenized), and proposes what
+`SuffixDrafter` finds the longest suffix of the sequence that occurred before, in this sequence, in a
+model's remembered outputs or in a corpus (`blockdecode.sources`: suffix arrays), and proposes what
 followed it: a trie of continuations, each node's chance its count over its siblings' total, so a path's
 probability is the share of earlier occurrences that went on that way.
 
@@ -30,17 +30,17 @@ of 8):
 
 from __future__ import annotations
 
+import copy
 import heapq
 import itertools
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 import torch
 
 from blockdecode.drafters import BaseDrafter
 from blockdecode.expected import Scored, Source, confidence_source
 from blockdecode.hf import as_integer, at_least
-
-DEPTH = 64  # the deepest continuation counted: a call asking for more gets this many
+from blockdecode.sources import DEPTH, Memory, SuffixArray
 
 
 class SuffixIndex:
@@ -116,6 +116,26 @@ class SuffixIndex:
             size = self.length[state]
         return found
 
+    def finder(self, context: Sequence[int], most: int) -> tuple[int, Callable[[int], int | None]]:
+        """The longest suffix of `context` (at most `most` tokens) held here, and a function giving the
+        state holding the suffix of each length up to it."""
+        found = self.levels(*self.match(context, most))[::-1]  # shortest first
+
+        def node(size: int) -> int | None:
+            return next((s for n, s in found if n >= size), None)
+
+        return (found[-1][0] if found else 0), node
+
+    def children(self, state: int) -> list[tuple[int, int, int, int]]:
+        """What followed the state's strings: (token, how often, where it last ended, its state)."""
+        count, newest = self.count, self.newest
+        return [(t, count[c], newest[c], c) for t, c in self.next[state].items()]
+
+    def went_on(self, state: int) -> int:
+        """How many occurrences of the state's strings went on."""
+        count = self.count
+        return sum(count[c] for c in self.next[state].values())
+
     def _state(self, length: int, link: int, nxt: dict | None = None, count: int = 0, newest: int = -1) -> int:
         self.next.append({} if nxt is None else nxt)
         self.link.append(link)
@@ -137,41 +157,65 @@ class SuffixIndex:
         return clone
 
 
-Place = list[tuple[SuffixIndex, int]]  # one string's state in each index that holds it
+Lookup = SuffixIndex | SuffixArray  # a source: the sequence's automaton, or a corpus's or memory's suffix array
+Place = list[tuple[Lookup, object]]  # one string's node in each source that holds it
 
 
 class SuffixDrafter(BaseDrafter):
     """Proposes what followed the longest earlier occurrence of the sequence's suffix (at most `max_match`
-    tokens), in this sequence or in `corpus` (token sequences given at construction), as a trie of
-    continuations whose chances are counts; for a tree, shorter matches fill the budget the longest leaves.
+    tokens), as a trie of continuations whose chances are counts; for a tree, shorter matches fill the
+    budget the longest leaves. Three sources: this sequence; `memory`, a model's earlier outputs
+    (`blockdecode.sources.Memory`, read as it stood when the decode began); and `corpus`, token sequences
+    or `SuffixArray`s (`blockdecode.sources.corpus_index`: files a user names, tokenized).
 
-    One rule ranks both sources: match length first (the longest suffix whose earlier occurrences went on
-    at least `min_count` times, in this sequence and the corpus together), then the counts of those
-    occurrences, pooled. So the corpus never outbids a longer match in this sequence, and where both
-    match as long its occurrences count as this sequence's do; on equal counts the newer occurrence
-    comes first, and this sequence's are newer than the corpus's."""
+    One rule ranks every source: match length first (the longest suffix whose earlier occurrences went on
+    at least `min_count` times, in every source together), then the counts of those occurrences, pooled.
+    So another source never outbids a longer match in this sequence, and where both match as long their
+    occurrences count alike; on equal counts the newer occurrence comes first, this sequence's before the
+    memory's (newest output first) and the memory's before the corpus's. A suffix array finds matches of
+    at most `sources.LONGEST` tokens."""
 
     name = "suffix"
 
-    def __init__(self, corpus: Iterable[Sequence[int]] = (), max_match: int = 32, min_count: int = 1):
+    def __init__(
+        self,
+        corpus: Iterable[Sequence[int] | SuffixArray] = (),
+        max_match: int = 32,
+        min_count: int = 1,
+        memory: Memory | None = None,
+    ):
         self.max_match = at_least(max_match, 1, "max_match must be an integer >= 1")
         self.min_count = at_least(min_count, 1, "min_count must be an integer >= 1")
-        self.corpus = SuffixIndex(self.max_match + DEPTH)
-        for document in corpus:
-            ids = [as_integer(t) for t in (document.tolist() if isinstance(document, torch.Tensor) else document)]
-            if any(t is None or t < 0 for t in ids):
-                raise ValueError("a corpus is a list of token id sequences (integers >= 0)")
-            self.corpus.extend(ids)
-            self.corpus.close()
+        corpus = list(corpus)
+        arrays = [c for c in corpus if isinstance(c, SuffixArray)]
+        documents = [token_ids(c) for c in corpus if not isinstance(c, SuffixArray)]
+        self.corpus: tuple[SuffixArray, ...] = (*arrays, *([SuffixArray.of(documents)] if documents else []))
+        self.memory = memory
+        self._view: tuple[SuffixArray, ...] | None = None  # the memory as a decode began; None outside one
         self._rows: list[tuple[list[int], SuffixIndex]] = []  # each row's tokens and their index
-        self._loose: tuple[list[int], SuffixIndex] = ([], SuffixIndex(self.corpus.longest))  # outside a decode
+        self._loose: tuple[list[int], SuffixIndex] = ([], SuffixIndex(self.longest))  # outside a decode
+
+    @property
+    def longest(self) -> int:
+        """The longest strings this sequence's index counts: a match and the continuation read after it."""
+        return self.max_match + DEPTH
 
     def __repr__(self) -> str:
-        corpus = f"{self.corpus.size} corpus tokens"
-        return f"SuffixDrafter({corpus}, max_match={self.max_match}, min_count={self.min_count})"
+        corpus = f"{sum(c.size for c in self.corpus)} corpus tokens"
+        memory = ", memory" if self.memory is not None else ""
+        return f"SuffixDrafter({corpus}{memory}, max_match={self.max_match}, min_count={self.min_count})"
+
+    def using(self, memory: Memory | None, corpus: Sequence[SuffixArray] = ()) -> SuffixDrafter:
+        """A drafter as this one, reading `memory` (None: none) and `corpus` beside its own, with no decode
+        under way: one for each decode, so that threads sharing a plan each keep their own rows."""
+        drafter = copy.copy(self)
+        drafter.memory, drafter.corpus = memory, (*self.corpus, *corpus)
+        drafter._view, drafter._rows, drafter._loose = None, [], ([], SuffixIndex(self.longest))
+        return drafter
 
     def start(self, prompts: list[list[int]]) -> None:
-        self._rows = [(list(p), SuffixIndex(self.corpus.longest)) for p in prompts]
+        self._view = self.memory.snapshot() if self.memory is not None else ()
+        self._rows = [(list(p), SuffixIndex(self.longest)) for p in prompts]
         for tokens, index in self._rows:
             index.extend(tokens)
 
@@ -189,25 +233,31 @@ class SuffixDrafter(BaseDrafter):
                 return index
         tokens, index = self._loose
         if seq[: len(tokens)] != tokens:
-            tokens, index = [], SuffixIndex(self.corpus.longest)
+            tokens, index = [], SuffixIndex(self.longest)
         index.extend(seq[len(tokens) :])
         self._loose = (list(seq), index)
         return index
 
+    def sources(self, seq: list[int], row: int | None = None) -> list[Lookup]:
+        """Where matches are looked up, in the order ties are broken: this sequence, the memory (newest
+        first: as the decode began, or as it stands outside one), the corpus."""
+        memory = self._view if self._view is not None else self.memory.snapshot() if self.memory else ()
+        return [self._local(seq, row), *memory, *self.corpus]
+
     def matches(self, seq: list[int], row: int | None = None) -> Iterator[tuple[int, Place]]:
         """The suffixes of `seq` (at most `max_match` tokens) whose earlier occurrences went on `min_count`
-        times, all indexes together, longest first, each one whose occurrences went on more often than the
-        longer one's (a shorter suffix's occurrences hold the longer's): the length, and the state in each
-        index where it went on."""
-        indexes = (self._local(seq, row), self.corpus)
-        levels = [index.levels(*index.match(seq, self.max_match)) for index in indexes]
+        times, all sources together, longest first, each one whose occurrences went on more often than the
+        longer one's (a shorter suffix's occurrences hold the longer's): the length, and the node in each
+        source where it went on."""
+        sources = self.sources(seq, row)
+        finders = [source.finder(seq, self.max_match) for source in sources]
         most = self.min_count - 1
-        for size in sorted({n for found in levels for n, _ in found}, reverse=True):
+        for size in range(max(longest for longest, _ in finders), 0, -1):
             place = []
-            for index, found in zip(indexes, levels):
-                state = next((s for n, s in reversed(found) if n >= size), 0)  # the one holding `size` tokens
-                if state and index.next[state]:  # it occurs there, and went on
-                    place.append((index, state))
+            for source, (_, node) in zip(sources, finders):
+                at = node(size)
+                if at is not None and source.went_on(at):  # it occurs there, and went on
+                    place.append((source, at))
             if (went := went_on(place)) > most:
                 yield size, place
                 most = went
@@ -295,27 +345,40 @@ class SuffixDrafter(BaseDrafter):
         return [path for path, _ in self.continuations(tokens[0].tolist(), depth, budget)]
 
 
+def for_model(lm) -> SuffixDrafter:
+    """drafter="suffix": suffix lookup reading a BlockwiseLM's remembered outputs (none without one);
+    `generate` gives it the corpus it is passed, or takes the memory away (remember=False)."""
+    return SuffixDrafter(memory=getattr(lm, "memory", None))
+
+
 def ranked(place: Place) -> list[tuple[int, float, Place]]:
-    """A string's continuations in every index holding it, counts pooled, the most frequent first (the
-    newest on ties: this sequence's before the corpus's), each with its chance, its count over all of
-    theirs, and its place."""
+    """A string's continuations in every source holding it, counts pooled, the most frequent first (the
+    newest on ties, source by source in their order), each with its chance, its count over all of theirs,
+    and its place."""
     if len(place) == 1:  # the common case, and the costly one (a short match's many continuations): no pooling
-        index, state = place[0]
-        count, newest = index.count, index.newest
-        found = sorted(((count[c], newest[c], t, c) for t, c in index.next[state].items()), reverse=True)
+        source, node = place[0]
+        found = sorted(((n, newest, t, c) for t, n, newest, c in source.children(node)), reverse=True)
         total = sum(f[0] for f in found)
-        return [(t, n / total, [(index, c)]) for n, _, t, c in found]
+        return [(t, n / total, [(source, c)]) for n, _, t, c in found]
     pooled: dict[int, tuple[int, list[int], Place]] = {}
-    for i, (index, state) in enumerate(place):
-        for token, child in index.next[state].items():
-            count, newest, at = pooled.setdefault(token, (0, [-1] * len(place), []))
-            newest[i] = index.newest[child]
-            pooled[token] = (count + index.count[child], newest, [*at, (index, child)])
-    found = sorted(((n, newest, t, at) for t, (n, newest, at) in pooled.items()), reverse=True)
+    for i, (source, node) in enumerate(place):
+        for token, n, newest, child in source.children(node):
+            count, when, at = pooled.setdefault(token, (0, [-1] * len(place), []))
+            when[i] = newest
+            pooled[token] = (count + n, when, [*at, (source, child)])
+    found = sorted(((n, when, t, at) for t, (n, when, at) in pooled.items()), reverse=True)
     total = sum(f[0] for f in found)
     return [(t, n / total, at) for n, _, t, at in found]
 
 
 def went_on(place: Place) -> int:
-    """How many occurrences of a string went on, in every index holding it."""
-    return sum(index.count[child] for index, state in place for child in index.next[state].values())
+    """How many occurrences of a string went on, in every source holding it."""
+    return sum(source.went_on(node) for source, node in place)
+
+
+def token_ids(document: Sequence[int] | torch.Tensor) -> list[int]:
+    """A corpus document's token ids; a clear error for anything but integers >= 0."""
+    ids = [as_integer(t) for t in (document.tolist() if isinstance(document, torch.Tensor) else document)]
+    if any(t is None or t < 0 for t in ids):
+        raise ValueError("a corpus is a list of token id sequences (integers >= 0)")
+    return ids

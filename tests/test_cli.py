@@ -616,3 +616,26 @@ def test_the_help_says_which_settings_may_change_on_resume(command: str, capsys:
     flags = " ".join(capsys.readouterr().out.split())  # argparse wraps the help: one line of it
     assert re.search(r"--steps STEPS[^-]*\(may change on --resume\)", flags)
     assert not re.search(r"--lr LR[^-]*\(may change on --resume\)", flags)
+
+
+def test_generate_and_demo_draft_from_a_corpus(
+    model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--corpus (repeatable) with suffix lookup: exact, the corpus indexed into the cache under
+    XDG_CACHE_HOME; with another drafter, or a path that is not there, one line before the model loads."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    (tmp_path / "a.py").write_text("def f(x):\n    return x + 1\n" * 5)
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "c.py").write_text("def g(y):\n    return y * 2\n")
+    corpus = ["--corpus", str(tmp_path / "a.py"), "--corpus", str(tmp_path / "b")]
+    argv = ["generate", "--model", str(model_dir), "--prompt", "def f(x):", "--max-new-tokens", "12", "--dtype", "fp32"]
+    main([*argv, "--drafter", "heads+suffix", "--tree", "8", "--compare", *corpus])
+    err = capsys.readouterr().err
+    assert "identical: yes" in err and "heads+suffix" in err
+    assert list((tmp_path / "cache" / "blockdecode" / "corpus").glob("*/index.json"))
+    main(["demo", "--model", str(model_dir), "--max-new-tokens", "6", "--drafter", "suffix", "--tree", "off", *corpus])
+    assert "outputs identical: yes" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="error: --corpus is read by suffix lookup, and --drafter ngram has none"):
+        main([*argv, "--drafter", "ngram", *corpus])
+    with pytest.raises(SystemExit, match=f"error: corpus: {tmp_path / 'nope'} does not exist"):
+        main([*argv, "--drafter", "suffix", "--corpus", str(tmp_path / "nope")])
