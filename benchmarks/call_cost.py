@@ -19,6 +19,7 @@ import torch
 from paper_table import THIRD_PARTY, third_party_prompts
 
 from blockdecode import DEFAULT_MODEL, load
+from blockdecode.expected import Ranker
 from blockdecode.hardware import auto_dtype
 from blockdecode.io import save_figure, write_json
 from blockdecode.timing import forward_cost, metered
@@ -37,7 +38,7 @@ PARTS = {  # where the default's time goes: the functions a profile reads, by wh
     "cut the cache": ("adapter.py", "keep_paths"),
     "tree mask": ("adapter.py", "_attention_mask"),
 }
-COST_QS = (1, 8, 16, 32, 64)
+COST_QS = (1, 4, 8, 12, 16, 24, 32, 64)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -58,19 +59,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def decode_all(model, prompts: list[torch.LongTensor], plan, new_tokens: int) -> dict:
     """Every prompt decoded once through `plan`: a call's figures over all of them, each prompt's prefill
-    counted as a call (the tokens verified a call: the decode's calls alone)."""
-    seconds = forward = calls = tokens = verified = 0.0
+    counted as a call (the tokens verified a call: the decode's calls alone), and a decode call's own, the
+    prefill's forward left out (`decode_ms_per_call`)."""
+    seconds = forward = calls = tokens = verified = prefill = 0.0
     for ids in prompts:
         with metered(model.base) as (meter,):
             start = time.perf_counter()
             out = model.generate(ids, new_tokens, plan=plan)
             seconds += time.perf_counter() - start
         forward += meter.seconds
+        prefill += meter.each[0]
         calls += meter.calls
         tokens += out.stats.new_tokens
         verified += sum(out.stats.verified)
     decode_calls = calls - len(prompts)  # each prompt's prefill is one call
     return {
+        "decode_ms_per_call": 1000 * (seconds - prefill) / decode_calls,
         "ms_per_call": 1000 * seconds / calls,
         "forward_ms_per_call": 1000 * forward / calls,
         "loop_ms_per_call": 1000 * (seconds - forward) / calls,
@@ -125,6 +129,10 @@ def main(argv: list[str] | None = None) -> dict:
         methods[name]["setting"] = f"{plan.drafter_name}, {plan.setting}"
     context = torch.cat([prompts[0], prompts[0][:, : args.new_tokens // 2]], dim=1)
     cost = forward_cost(model.base, context, COST_QS, reps=7)
+    curve = Ranker(cost)  # t(q) between the measured points
+    for r in methods.values():  # a decode call against a bare forward of as many tokens over the same context
+        r["bare_forward_ms"] = 1000 * curve.seconds(round(r["verified_per_call"]))
+        r["vs_bare_forward"] = r["decode_ms_per_call"] / r["bare_forward_ms"]
     report = {
         "model": str(args.model),
         "dtype": str(model.base.dtype).removeprefix("torch."),
@@ -141,7 +149,8 @@ def main(argv: list[str] | None = None) -> dict:
     write_json(out, report)
     plot(report, out.with_suffix(".png"))
     for name, r in methods.items():
-        print(f"{name:>15}: {r['ms_per_call']:.2f} ms a call ({r['forward_ms_per_call']:.2f} in the forward), "
+        print(f"{name:>15}: {r['ms_per_call']:.2f} ms a call ({r['forward_ms_per_call']:.2f} in the forward; "
+              f"{r['decode_ms_per_call']:.2f} without the prefill, {r['vs_bare_forward']:.2f}x a bare forward), "
               f"{r['tokens_per_call']:.2f} tokens, {r['verified_per_call']:.1f} verified, "
               f"{r['ms_per_token']:.2f} ms a token ({r['setting']})")  # fmt: skip
     print("t(q) ms:", ", ".join(f"{q}: {t:.2f}" for q, t in report["forward_ms"].items()))

@@ -403,9 +403,11 @@ def cmd_bench(args: argparse.Namespace) -> None:
     chosen["acceptance"] = [a for a in (args.acceptance or "").split(",") if a]
     if args.trees:
         chosen["trees"] = [t for t in args.trees if t is not None]
-    for name in ("ks", "temperatures", "batches"):
+    for name in ("ks", "temperatures", "batches", "drafters"):
         if getattr(args, name) is not None:
             chosen[name] = getattr(args, name)
+    if args.corpus:
+        chosen["corpus"] = tuple(args.corpus)
     for name in ("new_tokens", "n_prompts", "repeats", "out", "device"):
         if getattr(args, name):
             chosen[name] = getattr(args, name)
@@ -474,6 +476,20 @@ def add_bench_parser(sub) -> None:
         type=tree_budgets,
         default=None,
         help="tree budgets to measure, comma-separated: N, auto (default) or expected, off",
+    )
+    p.add_argument(
+        "--drafters",
+        type=comma_names,
+        default=None,
+        help="drafters measured, comma-separated: heads, ngram or suffix, each a chain at every k and a tree, or "
+        "several joined by + sharing a tree, e.g. heads,ngram,suffix,heads+suffix (default heads,ngram,heads+ngram)",
+    )
+    p.add_argument(
+        "--corpus",
+        action="append",
+        metavar="PATH",
+        help="a file or folder of text the --drafters with suffix lookup also draft from (repeatable; indexed once, "
+        "cached in ~/.cache/blockdecode/corpus); each prompt is measured alone, no earlier output remembered",
     )
     p.add_argument("--device", default=None, help="cpu (default) or cuda")
     p.add_argument("--no-system", action="store_true", help="skip the GPT-2-small-sized scripted-drafter study")

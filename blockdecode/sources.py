@@ -278,19 +278,22 @@ class CorpusTexts:
 
 def corpus_texts(items: str | os.PathLike | Sequence[str | os.PathLike]) -> CorpusTexts:
     """The texts a corpus names: a Path, or a str naming an existing file or folder, is read (folders
-    recursively, in name order); any other str is text. Files that are not UTF-8 text (or hold NUL bytes)
-    are skipped with one note; a path that cannot be read is one ValueError naming it."""
+    recursively, in name order); any other str with a space or a line break in it is text. One word that
+    names nothing is taken for a mistyped path, not a text to draft from: one ValueError naming it, as for
+    a path that cannot be read. Files that are not UTF-8 text (or hold NUL bytes) are skipped with one note."""
     items = [items] if isinstance(items, str | os.PathLike) else list(items)
     texts, names, skipped = [], [], []
     for item in items:
         if not isinstance(item, str | os.PathLike):
             raise TypeError(f"corpus takes paths and strings, got {type(item).__name__}")
         path = Path(item)
-        if isinstance(item, str) and not _exists(path):
+        if isinstance(item, str) and not _exists(path) and len(item.split(maxsplit=1)) > 1:
             texts.append(item)
             names.append("text " + _digest(item))
             continue
-        if not path.exists():
+        if not _exists(path) and isinstance(item, str):  # one word: a path mistyped, not a text worth drafting from
+            raise ValueError(f"corpus: {item} is neither a file nor a folder (a text to draft from has spaces)")
+        if not _exists(path):
             raise ValueError(f"corpus: {path} does not exist")
         for file in sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]:
             text = _read(file)

@@ -24,10 +24,12 @@ def sync(device: torch.device) -> None:
 
 @dataclass
 class Meter:
-    """Forward calls of one model and the wall seconds spent inside them."""
+    """Forward calls of one model and the wall seconds spent inside them, in all and each (`each`: a
+    decode's first is its prefill)."""
 
     calls: int = 0
     seconds: float = 0.0
+    each: list[float] = field(default_factory=list)
     _start: list[float] = field(default_factory=list)
 
 
@@ -47,7 +49,8 @@ def metered(*models: torch.nn.Module) -> Iterator[list[Meter]]:
         def after(_module, _args, _kwargs, _out, meter=meter, device=device) -> None:
             sync(device)
             meter.calls += 1
-            meter.seconds += time.perf_counter() - meter._start.pop()
+            meter.each.append(time.perf_counter() - meter._start.pop())
+            meter.seconds += meter.each[-1]
 
         handles.append(model.register_forward_pre_hook(before, with_kwargs=True))
         handles.append(model.register_forward_hook(after, with_kwargs=True))

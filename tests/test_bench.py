@@ -11,9 +11,12 @@ import pytest
 
 from blockdecode import BlockwiseLM
 from blockdecode.bench import PRESETS, BenchConfig, Run, block_stats, run_bench
-from blockdecode.bench.suite import default_prompts, methods_for
+from blockdecode.bench.suite import default_prompts, methods_for, sourced
 from blockdecode.cli import main
 from blockdecode.corpus import train_tokenizer
+from blockdecode.model import load
+from blockdecode.plan import make_plan
+from blockdecode.sources import SuffixArray
 from blockdecode.toy import toy_model
 from tests.conftest import interrupt_after, perturb_heads
 
@@ -298,3 +301,85 @@ def test_a_k_beyond_the_heads_names_the_rows_it_drops(setup: dict) -> None:
         names = [m.name for m in methods_for(cfg, lm, None, [])]
     assert "heads k=2" in names and "n-gram k=16" in names and "heads k=16" not in names
     assert "heads tree 8 k=2" in names  # the trees at the largest k that fits
+
+
+def suffix_config(setup: dict, **overrides) -> BenchConfig:
+    """The suffix chain at k=4 alone beside greedy: no draft, trees, sampling or batches."""
+    settings = dict(draft=None, ks=[4], max_q=4, fwd_reps=1, trees=[], temperatures=[], batches=[], drafters=["suffix"])
+    return quick_config(setup, **{**settings, **overrides})
+
+
+def test_a_corpus_reaches_suffix_lookup_and_is_recorded(setup: dict, tmp_path: Path) -> None:
+    """A corpus holding greedy's own continuations: the suffix chain makes fewer calls with it than
+    without, stays exact, and bench.json records the corpus beside the other settings."""
+    alone = run_bench(suffix_config(setup, out=str(tmp_path / "alone")), show=False)
+    tokenizer = load(setup["root"] / "model")[1]
+    texts = [tokenizer.decode(out) for out in alone["methods"]["greedy"]["outputs"]]
+    (tmp_path / "seen.txt").write_text("\n".join(texts))
+    cfg = suffix_config(setup, corpus=[tmp_path / "seen.txt"], out=str(tmp_path / "with"))
+    report = run_bench(cfg, show=False)
+    with_corpus, without = report["methods"]["suffix k=4"], alone["methods"]["suffix k=4"]
+    assert with_corpus["identical_to_greedy"] and with_corpus["family"] == "suffix"
+    assert with_corpus["calls_per_token"] < without["calls_per_token"]
+    saved = json.loads((tmp_path / "with" / "bench.json").read_text())
+    assert saved["config"]["corpus"] == [str(tmp_path / "seen.txt")] and saved["corpus_tokens"] > 0
+    assert alone["config"]["corpus"] == () and alone["corpus_tokens"] == 0
+
+
+def test_the_bench_reads_a_corpus_never_earlier_outputs(setup: dict) -> None:
+    """Each prompt is timed alone: a plan's suffix lookup holds the corpus and no model memory."""
+    lm, tokenizer = load(setup["root"] / "model")
+    lm.memory.add([[1, 2, 3, 4, 5]])
+    corpus = SuffixArray.of([[7, 8, 9]])
+    (drafter,) = sourced(lm, make_plan(lm.base, "suffix", 4, lm=lm), corpus).drafters
+    assert drafter.memory is None and drafter.corpus == (corpus,)
+    heads = make_plan(lm.base, "heads", 4, lm=lm)
+    assert sourced(lm, heads, corpus) is heads  # no suffix lookup: the plan as it was
+
+
+def test_cli_bench_drafts_from_a_corpus_with_suffix_drafters(
+    setup: dict, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """--drafters takes suffix lookup alone (a chain) and sharing a tree; --corpus is repeatable."""
+    root = setup["root"]
+    (tmp_path / "a.py").write_text("def f(x):\n    return x + 1\n" * 5)
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "c.py").write_text("def g(y):\n    return y * 2\n")
+    args = ["bench", "--quick", "--model", str(root / "model"), "--prompts", str(root / "prompts.json"), "--k", "4"]
+    args += ["--dtype", "fp32", "--new-tokens", "8", "--out", str(tmp_path / "out"), "--trees", "8"]
+    args += ["--temperatures", "off", "--batches", "off", "--drafters", "heads,suffix,heads+suffix"]
+    main([*args, "--corpus", str(tmp_path / "a.py"), "--corpus", str(tmp_path / "b")])
+    assert "| suffix k=4 |" in capsys.readouterr().out
+    saved = json.loads((tmp_path / "out" / "bench.json").read_text())
+    assert saved["config"]["corpus"] == [str(tmp_path / "a.py"), str(tmp_path / "b")]
+    assert saved["config"]["drafters"] == ["heads", "suffix", "heads+suffix"]
+    rows = {"heads k=4", "suffix k=4", "heads tree 8 k=4", "suffix tree 8 k=4", "heads+suffix tree 8 k=4"}
+    assert rows <= set(saved["methods"]) and "n-gram k=4" not in saved["methods"]
+    assert all(saved["methods"][name]["identical_to_greedy"] for name in rows)
+
+
+def test_a_corpus_no_method_reads_or_that_is_not_there_is_refused_in_one_line(
+    setup: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--corpus without suffix lookup among the methods, or naming no file, fails before the model loads."""
+    from blockdecode.bench import suite
+
+    def loading(*args, **kwargs):
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr(suite, "load", loading)
+    (tmp_path / "a.py").write_text("x = 1\n")
+    args = ["bench", "--model", str(setup["root"] / "model"), "--out", str(tmp_path / "out")]
+    corpus = ["--corpus", str(tmp_path / "a.py")]
+    unread = "error: corpus is read by suffix lookup, and no method measured here uses it"
+    for extra, error in (
+        ([], f"{unread} (drafters heads, ngram, heads+ngram; trees auto): add suffix to the drafters"),
+        (["--drafters", "heads+suffix", "--trees", "expected"], f"{unread} (drafters heads+suffix; trees expected)"),
+        (["--preset", "core"], "error: corpus is read by suffix lookup, and this run measures none of a model's"),
+        (["--drafters", "suffix", "--corpus", str(tmp_path / "nope")], f"error: corpus: {tmp_path / 'nope'} does not"),
+        (["--drafters", "suffix,heads-rescored"], "error: drafters takes heads, ngram, suffix or several joined by +"),
+    ):
+        with pytest.raises(SystemExit) as refused:
+            main([*args, *corpus, *extra])
+        assert str(refused.value).startswith(error) and "\n" not in str(refused.value), extra
+    assert not (tmp_path / "out").exists()

@@ -17,6 +17,7 @@ def test_a_short_run_writes_every_method_its_parts_and_the_plot(tmp_path):
         assert abs(r["forward_ms_per_call"] + r["loop_ms_per_call"] - r["ms_per_call"]) < 1e-6
         assert 0 < r["forward_ms_per_call"] < r["ms_per_call"] and r["tokens_per_call"] >= 1
         assert r["verified_per_call"] >= 1
+        assert r["decode_ms_per_call"] > 0 and r["vs_bare_forward"] == r["decode_ms_per_call"] / r["bare_forward_ms"]
     assert report["methods"]["n-gram chain"]["setting"].startswith("ngram")
     shares = report["default_profile"]
     assert 0 < shares["forward"] < 1 and 0 < shares["predict"] < 1 and 0 < shares["accept"] < shares["forward"]

@@ -238,7 +238,9 @@ def make(cls, docs) -> SuffixArray:
 def test_a_path_that_cannot_be_read_is_one_line_naming_it(texts: Path) -> None:
     with pytest.raises(ValueError, match=f"corpus: {texts / 'nope'} does not exist"):
         corpus_index(tokenizer(), [texts / "nope"])
-    assert src.corpus_texts(str(texts / "nope")).texts == [str(texts / "nope")]  # a str naming nothing is text
+    with pytest.raises(ValueError, match=f"corpus: {texts / 'nope'} is neither a file nor a folder"):
+        src.corpus_texts(str(texts / "nope"))  # one word naming nothing: a path mistyped, not a text
+    assert src.corpus_texts("def f(): pass").texts == ["def f(): pass"]  # words: a text
     with pytest.raises(TypeError, match="corpus takes paths and strings, got int"):
         src.corpus_texts([3])
 

@@ -48,8 +48,10 @@ from blockdecode.hf import (
 )
 from blockdecode.io import check_writable, read_prompts
 from blockdecode.model import BlockwiseLM, load
-from blockdecode.plan import make_plan
+from blockdecode.plan import DecodePlan, make_plan
 from blockdecode.sampling import Sampling, sampling_settings
+from blockdecode.sources import SuffixArray, corpus_index
+from blockdecode.suffix import SuffixDrafter
 from blockdecode.timing import forward_cost
 from blockdecode.toy import toy_model
 
@@ -73,6 +75,8 @@ class BenchConfig:
     batches: list[int] = field(default_factory=lambda: [1, 4, 8])  # batch sizes, against transformers' batched greedy
     batch_k: int = 4  # a batch scores rows x k tokens a call: a short chain keeps that cheap
     trees: list[int | str] = field(default_factory=lambda: ["auto"])  # budgets or "auto", at the largest k
+    drafters: list[str] = field(default_factory=lambda: list(CHOICES))  # each alone: a chain at every k; all: trees
+    corpus: tuple[str, ...] = ()  # files and folders suffix lookup also drafts from
     static_cache: bool = False  # also greedy and the chains at the largest k with transformers' StaticCache
     methods: bool = True  # the model's own methods; False: the scripted-drafter study alone
     system: bool = True  # the GPT-2-small-sized study with a scripted drafter
@@ -103,11 +107,31 @@ class BenchConfig:
         self.acceptance = [spec for spec in self.acceptance if parse_acceptance(spec).rule != "exact"]
         for t in self.temperatures:
             Sampling(temperature=t)  # so does a bad temperature
+        self.drafters = [bench_drafter(spec) for spec in self.drafters]
+        self.corpus = tuple(str(path) for path in self.corpus)  # recorded in bench.json as given
+        self._check_corpus()
         unknown = set(self.system_caches) - set(CACHE_IMPLEMENTATIONS)
         if unknown or not self.system_caches:
             raise ValueError(f"system_caches must name some of {', '.join(CACHE_IMPLEMENTATIONS)}, got {unknown}")
         if not (self.methods or self.system):
             raise ValueError("nothing to measure: enable methods or the scripted-drafter study")
+
+    def _check_corpus(self) -> None:
+        """A corpus no measured method reads is refused, as generate refuses it (it would be ignored), and so
+        is a path that is not there: both before any model loads."""
+        if not self.corpus:
+            return
+        if not self.methods:
+            raise ValueError("corpus is read by suffix lookup, and this run measures none of a model's methods")
+        if not any(reads_corpus(spec, self.trees) for spec in self.drafters):
+            measured = f"drafters {', '.join(self.drafters) or 'none'}; trees {','.join(map(str, self.trees)) or 'off'}"
+            raise ValueError(
+                f"corpus is read by suffix lookup, and no method measured here uses it ({measured}): add suffix "
+                "to the drafters (--drafters heads,ngram,suffix)"
+            )
+        for path in self.corpus:
+            if not Path(path).exists():
+                raise ValueError(f"corpus: {path} does not exist")
 
     @classmethod
     def quick(cls, **overrides) -> BenchConfig:
@@ -133,6 +157,32 @@ class BenchConfig:
 
 
 BATCH_DRAFTERS = ["auto", "heads", "ngram"]  # auto: the chain the calibration predicts fastest
+LOOKUPS = ("heads", "ngram", "suffix")  # what `drafters` names, alone or joined by + to share a tree
+ROW_NAMES = {"ngram": "n-gram"}  # a chain's row is named "<drafter> k=<k>"
+
+
+def bench_drafter(spec: str) -> str:
+    """One of `drafters`: a drafter the bench knows (heads-rescored has a row of its own), or several joined."""
+    names = spec.split("+")
+    if not set(names) <= set(LOOKUPS) or len(set(names)) != len(names):
+        raise ValueError(f"drafters takes {', '.join(LOOKUPS)} or several joined by + (a tree), got {spec!r}")
+    return spec
+
+
+def reads_corpus(spec: str, trees: list[int | str]) -> bool:
+    """Whether a drafter of `drafters` gets a row that reads the corpus: suffix lookup's chain, or a
+    tree holding it (drafters joined by + have trees alone; the "expected" tree is heads+ngram's)."""
+    names = spec.split("+")
+    return "suffix" in names and (len(names) == 1 or any(t != "expected" for t in trees))
+
+
+def sourced(lm: BlockwiseLM, plan: DecodePlan, corpus: SuffixArray | None) -> DecodePlan:
+    """`plan` with its suffix lookup reading `corpus` and no earlier output: the bench times each prompt
+    alone, so what one decode wrote must not help the next."""
+    if not any(isinstance(d, SuffixDrafter) for d in plan.drafters):
+        return plan
+    return lm.with_sources(plan, remember=False, corpus=corpus)
+
 
 PRESETS = {"default": BenchConfig, "quick": BenchConfig.quick, "core": BenchConfig.core}
 
@@ -153,10 +203,12 @@ def default_prompts(model_dir: Path, n: int, translate: bool = False) -> list[st
     return prompts[:n]
 
 
-def methods_for(cfg: BenchConfig, lm: BlockwiseLM, draft, prompts: list[torch.LongTensor]) -> list[Method]:
-    """Every method to measure; a tree of "auto" nodes is calibrated here on the first prompts,
-    and named by the budget it chose. A translation (an encoder-decoder's output) ends at its EOS
-    for every method alike; a code continuation runs the whole budget."""
+def methods_for(
+    cfg: BenchConfig, lm: BlockwiseLM, draft, prompts: list[torch.LongTensor], corpus: SuffixArray | None = None
+) -> list[Method]:
+    """Every method to measure; a tree of "auto" nodes is calibrated here on the first prompts (suffix
+    lookup's without `corpus`, the index of cfg.corpus), and named by the budget it chose. A translation (an
+    encoder-decoder's output) ends at its EOS for every method alike; a code continuation runs the whole budget."""
     n, eos = cfg.new_tokens, is_seq2seq(lm.base)
 
     def transformers(ids: torch.LongTensor, **kwargs) -> Run:
@@ -164,6 +216,7 @@ def methods_for(cfg: BenchConfig, lm: BlockwiseLM, draft, prompts: list[torch.Lo
 
     def planned(plan):
         """A method's run: every prompt decoded through one plan."""
+        plan = sourced(lm, plan, corpus)
         return lambda ids: blockwise_run(lm.base, ids, n, plan)
 
     def blockwise(drafter, k: int, **settings):
@@ -175,10 +228,12 @@ def methods_for(cfg: BenchConfig, lm: BlockwiseLM, draft, prompts: list[torch.Lo
     ]
     if draft is not None:
         ms.append(Method("assisted", "assisted", lambda ids: transformers(ids, assistant_model=draft)))
+    chains = [spec for spec in cfg.drafters if "+" not in spec]
     for k in cfg.ks:
-        if k <= lm.k:
-            ms.append(Method(f"heads k={k}", "heads", blockwise("heads", k), k=k))
-        ms.append(Method(f"n-gram k={k}", "ngram", blockwise("ngram", k), k=k))
+        for name in chains:
+            if name == "heads" and k > lm.k:
+                continue
+            ms.append(Method(f"{ROW_NAMES.get(name, name)} k={k}", name, blockwise(name, k), k=k))
         for spec in cfg.acceptance:
             if k > lm.k or (spec.startswith("min-block") and parse_acceptance(spec).min_block > k):
                 continue
@@ -197,7 +252,7 @@ def methods_for(cfg: BenchConfig, lm: BlockwiseLM, draft, prompts: list[torch.Lo
         fits = [k for k in cfg.ks if k <= lm.k]
         kept = f"at k={max(fits)} (the largest k that fits)" if fits else "nowhere: no k given fits them"
         warnings.warn(
-            f"--k {beyond}: the heads propose at most k={lm.k}, so k={beyond} gets n-gram rows alone; the rescored "
+            f"--k {beyond}: the heads propose at most k={lm.k}, so k={beyond} gets {lookup_rows(chains)}; the rescored "
             f"lattice and the static cache's heads, measured at the largest k only, are dropped; the trees and "
             f"sampling's heads rows are measured {kept}",
             stacklevel=2,
@@ -216,13 +271,19 @@ def methods_for(cfg: BenchConfig, lm: BlockwiseLM, draft, prompts: list[torch.Lo
             plan = lm.plan("heads+ngram", k, "expected", eos_token_id=None if eos else [], prompts=prompts[:1])
             ms.append(Method(f"expected tree k={k}", "expected tree", planned(plan), k=k))
             continue
-        for family in CHOICES:
+        for family in cfg.drafters:
             nodes, name = budget, f"{family} tree {budget} k={k}"
             if budget == "auto":
                 nodes = calibrate(lm, prompts[:2], family, k).budget
                 name = f"{family} tree auto ({nodes or 'chain'}) k={k}"
             ms.append(Method(name, f"{family} tree", blockwise(family, k, tree=nodes or None), k=k))
     return ms
+
+
+def lookup_rows(chains: list[str]) -> str:
+    """What a k beyond the heads' is measured with: the chains of the drafters other than the heads."""
+    names = [ROW_NAMES.get(name, name) for name in chains if name != "heads"]
+    return f"{' and '.join(names)} rows alone" if names else "no chain rows"
 
 
 def model_methods(cfg: BenchConfig, show: bool) -> dict:
@@ -239,8 +300,9 @@ def model_methods(cfg: BenchConfig, show: bool) -> dict:
         raise ValueError(f"the draft model {draft_dir} has another vocabulary than {model_dir}")
     texts = given or default_prompts(model_dir, cfg.n_prompts, translate=seq2seq)
     prompts = [tokenizer(t, return_tensors="pt").input_ids.to(cfg.device) for t in texts]
+    corpus = corpus_index(tokenizer, list(cfg.corpus), progress=show) if cfg.corpus else None  # before any timing
 
-    results = measure(methods_for(cfg, lm, draft, prompts), prompts, cfg.repeats, show)
+    results = measure(methods_for(cfg, lm, draft, prompts, corpus), prompts, cfg.repeats, show)
     add_quality(results, tokenizer, lm.base, prompts)
     sampled = {f"{t:g}": sampling_methods(cfg, lm, prompts, t, show) for t in cfg.temperatures}
     batched = [
@@ -266,6 +328,7 @@ def model_methods(cfg: BenchConfig, show: bool) -> dict:
         "task": "translation" if seq2seq else "code",
         "draft_model": str(draft_dir) if draft_dir else None,
         "prompts": texts,
+        "corpus_tokens": corpus.size if corpus is not None else 0,
         "cost": {
             "context_tokens": context.shape[1],
             "seconds": cost,
