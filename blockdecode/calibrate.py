@@ -41,7 +41,6 @@ import torch
 from blockdecode.acceptance import EXACT, Acceptance
 from blockdecode.adapter import takes_tree_masks
 from blockdecode.decode import decode
-from blockdecode.drafters import CHOICES, drafter_names
 from blockdecode.expected import CAP, PRIORS, Estimates, Ranker, Ranking, Source, own_prior, source_name
 from blockdecode.hf import (
     check_loaded,
@@ -54,6 +53,7 @@ from blockdecode.hf import (
     weights_signature,
 )
 from blockdecode.io import locked, read_json, write_json
+from blockdecode.named import CHOICES, drafter_names
 from blockdecode.plan import block_size, make_plan, max_tree
 from blockdecode.timing import forward_cost
 

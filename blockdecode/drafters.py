@@ -603,25 +603,3 @@ class ScriptedDrafter(BaseDrafter):
         wrong = [draw >= self.rates[min(d, len(self.rates) - 1)] for d, draw in enumerate(draws)]
         guess = [(t + 1) % self.vocab_size if bad else t for t, bad in zip(truth, wrong)]
         return torch.tensor([guess], dtype=torch.long, device=tokens.device)
-
-
-DRAFTERS: dict[str, Callable[[object], BaseDrafter]] = {
-    "heads": lambda lm: lm.drafter(),
-    "heads-rescored": lambda lm: lm.drafter(rescore=1.0),
-    "ngram": lambda lm: NgramDrafter(),
-    "suffix": lambda lm: __import__("blockdecode.suffix").suffix.for_model(lm),  # that module imports this one
-}
-"""The drafters known by name: each made from a BlockwiseLM. "a+b" names several sharing one tree."""
-CHOICES = ("heads", "ngram", "heads+ngram")
-"""What `drafter="auto"` chooses among (rescoring is opt-in: it lost the demo's median when chosen)."""
-
-
-def drafter_names(spec: str) -> list[str]:
-    """The names in `spec` ("heads", "ngram+heads", ...), in the order they fill a tree: n-gram lookup
-    first (its few paths are cheap and often long), the heads filling the rest; a clear error for an
-    unknown name."""
-    names = spec.split("+") if isinstance(spec, str) else []
-    if not names or any(name not in DRAFTERS for name in names) or len(set(names)) != len(names):
-        known = ", ".join([*DRAFTERS, "heads+ngram", "auto"])
-        raise ValueError(f"unknown drafter {spec!r}: choose {known}, or a Drafter object")
-    return sorted(names, key=lambda n: n != "ngram")

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import NoReturn
 
-from blockdecode.drafters import CHOICES, DRAFTERS
+from blockdecode.named import CHOICES, DRAFTERS
 from blockdecode.plan import MAX_TREE
 
 DRAFTER_CHOICES = tuple(dict.fromkeys(("auto", *DRAFTERS, *CHOICES, "heads+suffix")))

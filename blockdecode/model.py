@@ -20,7 +20,7 @@ from blockdecode.acceptance import Acceptance, parse_acceptance
 from blockdecode.adapter import check_attention_mask, check_prompt, row_tokens, takes_tree_masks
 from blockdecode.calibrate import calibrate
 from blockdecode.decode import BlockwiseOutput, decode
-from blockdecode.drafters import Drafter, HeadsDrafter, drafter_names
+from blockdecode.drafters import Drafter, HeadsDrafter
 from blockdecode.heads import HEAD_TYPES, HeadsConfig, build_heads
 from blockdecode.healing import check_healing, heal_prompts
 from blockdecode.hf import (
@@ -36,6 +36,7 @@ from blockdecode.hf import (
     weights_signature,
 )
 from blockdecode.io import CheckpointError, read_prompts, reading_folder, saving_folder, write_text
+from blockdecode.named import drafter_names
 from blockdecode.plan import DecodePlan, block_size, check_settings, make_plan, max_tree
 from blockdecode.sampling import check_generator, sampling_settings
 from blockdecode.sources import Memory, SuffixArray, corpus_index

@@ -15,7 +15,7 @@ from transformers import PreTrainedModel
 
 from blockdecode.acceptance import Acceptance, parse_acceptance
 from blockdecode.adapter import takes_tree_masks
-from blockdecode.drafters import DRAFTERS, BaseDrafter, Drafter, HeadsDrafter, as_drafters, drafter_names
+from blockdecode.drafters import BaseDrafter, Drafter, HeadsDrafter, as_drafters
 from blockdecode.expected import Ranking
 from blockdecode.hf import (
     CACHE_IMPLEMENTATIONS,
@@ -27,6 +27,7 @@ from blockdecode.hf import (
     resolve_eos,
     vocab_size,
 )
+from blockdecode.named import DRAFTERS, drafter_names
 from blockdecode.sampling import Sampling
 
 MAX_TREE = 1024

@@ -35,7 +35,7 @@ from blockdecode.bible import HELD_OUT_VERSES
 from blockdecode.builtin import DEFAULT_DRAFT_MODEL, DEFAULT_MODEL
 from blockdecode.calibrate import calibrate
 from blockdecode.decode import decode
-from blockdecode.drafters import CHOICES, ScriptedDrafter
+from blockdecode.drafters import ScriptedDrafter
 from blockdecode.hf import (
     CACHE_IMPLEMENTATIONS,
     DTYPES,
@@ -48,6 +48,7 @@ from blockdecode.hf import (
 )
 from blockdecode.io import check_writable, read_prompts
 from blockdecode.model import BlockwiseLM, load
+from blockdecode.named import CHOICES
 from blockdecode.plan import DecodePlan, make_plan
 from blockdecode.sampling import Sampling, sampling_settings
 from blockdecode.sources import SuffixArray, corpus_index
