@@ -50,6 +50,8 @@ def test_a_plan_resolved_twice_from_the_same_inputs_is_equal(lm: BlockwiseLM) ->
     ngram_first = make_plan(lm.base, "heads+ngram", 4, 8, lm=lm)
     assert [type(d) for d in ngram_first.drafters] == [NgramDrafter, HeadsDrafter]  # n-gram fills a tree first
     assert ngram_first.drafter_name == "ngram+heads" and ngram_first.setting == "trees of 8"
+    suffix_first = make_plan(lm.base, "heads+suffix", 4, 8, lm=lm)  # a lookup is cheap: asked before the heads
+    assert [type(d).__name__ for d in suffix_first.drafters] == ["SuffixDrafter", "HeadsDrafter"]
     assert make_plan(lm.base, "heads", 4, lm=lm) != make_plan(lm.base, "heads", 3, lm=lm)
     assert lm.plan("heads", tree=None) == make_plan(lm.base, "heads", 4, lm=lm)
     script = ScriptedDrafter(torch.arange(10), 512)
