@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import functools
 import math
-import os
 import statistics
 import sys
 import threading
@@ -52,7 +51,7 @@ from blockdecode.hf import (
     weights_key,
     weights_signature,
 )
-from blockdecode.io import locked, read_json, write_json
+from blockdecode.io import cache_root, locked, read_json, write_json
 from blockdecode.named import CHOICES, drafter_names
 from blockdecode.plan import block_size, make_plan, max_tree
 from blockdecode.timing import forward_cost
@@ -92,8 +91,7 @@ class Calibration:
 
 
 def cache_file() -> Path:
-    root = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(root) / "blockdecode" / "calibration.json"
+    return cache_root() / "calibration.json"
 
 
 _CACHE: dict[str, dict] = {}  # cache file -> its entries, read once per process

@@ -447,8 +447,8 @@ class Run:
 
     def output(self, base) -> BlockwiseOutput:
         seconds = time.perf_counter() - self.begun
-        for ranker in self.rankers[:1] if len(self.rankers) == 1 else ():  # a batch asks every drafter
-            self.plan.ranking.keep(ranker)
+        if len(self.rankers) == 1:  # one sequence's lesson (a batch asks every drafter: nothing to carry)
+            self.plan.ranking.keep(self.rankers[0])
         self.near_ties()
         for stats in self.stats:
             stats.calls, stats.encoder_calls = 1 + len(stats.block_sizes), base.encoder_calls

@@ -54,6 +54,11 @@ def _share(path: Path) -> None:
         os.chmod(item, (0o777 if item.is_dir() else 0o666) & ~umask)
 
 
+def cache_root() -> Path:
+    """Where blockdecode caches what it measures and indexes: $XDG_CACHE_HOME/blockdecode, else ~/.cache/blockdecode."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "blockdecode"
+
+
 def check_writable(out: Path, flag: str = "--out") -> None:
     """Refuse a folder that cannot be made or written, without making it, before any work: a run
     that fails later loses what it did and leaves nothing behind."""

@@ -42,7 +42,7 @@ from pathlib import Path
 
 import numpy as np
 
-from blockdecode.io import atomic_write, load_npy, read_json, save_npy, write_json
+from blockdecode.io import atomic_write, cache_root, load_npy, read_json, save_npy, write_json
 
 SORTED = 128  # the tokens each suffix is sorted by: a match and the continuation read after it, at most
 DEPTH = 64  # the deepest continuation counted (blockdecode.suffix reads no deeper)
@@ -262,8 +262,7 @@ BATCH = 64  # files tokenized a call (a fast tokenizer splits a batch over the c
 
 def cache_dir() -> Path:
     """Where corpus indexes are cached: $XDG_CACHE_HOME/blockdecode/corpus, else ~/.cache/blockdecode/corpus."""
-    root = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(root) / "blockdecode" / "corpus"
+    return cache_root() / "corpus"
 
 
 @dataclass(frozen=True)
@@ -287,7 +286,7 @@ def corpus_texts(items: str | os.PathLike | Sequence[str | os.PathLike]) -> Corp
         if not isinstance(item, str | os.PathLike):
             raise TypeError(f"corpus takes paths and strings, got {type(item).__name__}")
         path = Path(item)
-        if isinstance(item, str) and not _exists(path) and len(item.split(maxsplit=1)) > 1:
+        if _is_text(item):
             texts.append(item)
             names.append("text " + _digest(item))
             continue
@@ -310,6 +309,11 @@ def corpus_texts(items: str | os.PathLike | Sequence[str | os.PathLike]) -> Corp
 
 def _digest(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+
+
+def _is_text(item: str | os.PathLike) -> bool:
+    """Whether a corpus item is a text to draft from: a str of more than one word that names no file or folder."""
+    return isinstance(item, str) and len(item.split(maxsplit=1)) > 1 and not _exists(Path(item))
 
 
 def _exists(path: Path) -> bool:
@@ -363,7 +367,7 @@ def corpus_stamp(items: str | os.PathLike | Sequence[str | os.PathLike]) -> tupl
     stamp = []
     for item in items:
         path = Path(item)
-        if isinstance(item, str) and not _exists(path):
+        if _is_text(item):
             stamp.append(_digest(item))
             continue
         for file in sorted(path.rglob("*")) if path.is_dir() else [path]:
