@@ -76,8 +76,8 @@ def top_p(text: str) -> float:
 def tree_budget(text: str) -> int | str | None:
     """--tree N (a node budget, at most what a plan verifies; a short context may allow less), auto
     (measured, see `blockdecode calibrate`), expected (ranked each call by each candidate's chance to
-    stand, `blockdecode.expected`), off, or default: what `generate` does by default (expected; under
-    sampling, one drafter's ranked chain)."""
+    stand, `blockdecode.expected`), off, or default: what `generate` does by default (expected, or auto
+    under sampling)."""
     if text in ("off", "auto", "expected", "default"):
         return None if text == "off" else text
     return integer_flag(text, 1, MAX_TREE, f"off, auto, expected or a budget from 1 to {MAX_TREE}")

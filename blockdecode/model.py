@@ -36,7 +36,6 @@ from blockdecode.hf import (
     weights_signature,
 )
 from blockdecode.io import CheckpointError, read_prompts, reading_folder, saving_folder, write_text
-from blockdecode.named import drafter_names
 from blockdecode.plan import DecodePlan, block_size, check_settings, make_plan, max_tree
 from blockdecode.sampling import check_generator, sampling_settings
 from blockdecode.sources import Memory, SuffixArray, corpus_index
@@ -246,11 +245,10 @@ class BlockwiseLM(nn.Module):
         `prompts` are what it times on, by default the model's own: `self.prompts`); "auto" with any other
         tree is the heads. `tree="default"` is "expected" for named drafters (each call's candidates ranked
         by their chance to stand under the acceptance rule decoded with: `_ranked_plan`), but "auto" under
-        min-block:L, which forces a chain's first proposals (there: the heads' chain); under sampling it is
-        one drafter's ranked chain (the calibration's fastest: `_sampling_drafter`), its length chosen from
-        what stood and the plan's cost curve, none where drafting does not pay, and no choice between
-        drafters by their timings, so a seed repeats a run with the plan; it is the drafter's own chain for
-        a drafter object. `tree="auto"` calibrates under the acceptance rule
+        min-block:L, which forces a chain's first proposals (there: the heads' chain), and under sampling,
+        whose seed repeats a run only if its proposals do: a ranking's choices follow timings measured
+        in each process, so a seed would not repeat across runs; it is the drafter's own chain for a drafter
+        object. `tree="auto"` calibrates under the acceptance rule
         decoded with. With `tree="auto"`, sampling verifies one chain a call, and so does each row of a
         batch (`rows` > 1): there "auto" is the drafter whose chain the calibration predicts fastest (it
         measures greedy's acceptance, which a draw at a low temperature mostly follows). Every setting is
@@ -259,12 +257,9 @@ class BlockwiseLM(nn.Module):
         drafter = "auto" if drafter is None else drafter
         prompts = list(prompts) or [ids.to(self.base.device) for ids in self.prompts]  # the folder's prompts.json
         sampling = sampling_settings(self.base, do_sample, temperature, top_k, top_p)
-        if tree == "default":  # ranked each call: a ranking learns what stands under any rule but min-block
-            ranked = parse_acceptance(acceptance).rule != "min-block"
-            if ranked and sampling is not None and isinstance(drafter, str):  # one drafter's chain, its length
-                # ranked from what stood and the plan's cost curve alone (no timing-led choice between drafters,
-                # so a seed repeats a run with this plan), as short as no proposal where drafting does not pay
-                drafter = self._sampling_drafter(drafter, k, acceptance, prompts)
+        if tree == "default":  # ranked each call, greedy only: its choices follow the machine's timings, so a
+            # sampled run would not repeat with its seed; a ranking learns what stands under any rule but min-block
+            ranked = parse_acceptance(acceptance).rule != "min-block" and sampling is None
             tree = ("expected" if ranked else "auto") if isinstance(drafter, str) else None
         if tree == "expected":  # every drafter's candidates ranked by their chance to stand, the size chosen each call
             settings = (acceptance, eos_token_id, cache_implementation)
@@ -290,17 +285,6 @@ class BlockwiseLM(nn.Module):
         return make_plan(
             self.base, drafter, k, tree, acceptance, eos_token_id, cache_implementation, lm=self, sampling=sampling
         )
-
-    def _sampling_drafter(self, drafter: str, k: int, acceptance, prompts) -> str:
-        """The one drafter a sampled default verifies chains of: `drafter` if it names one, else the one
-        whose chain the calibration predicts fastest (`blockdecode.calibrate`)."""
-        names = drafter_names(DEFAULT_DRAFTERS if drafter == "auto" else drafter)
-        if len(names) == 1:
-            return names[0]
-        if not prompts:
-            raise _no_prompts("default")
-        k = block_size(k, self.k)
-        return calibrate(self, prompts, "+".join(names), k, acceptance=parse_acceptance(acceptance)).best_chain()
 
     def _ranked_plan(self, drafter, k, acceptance, eos_token_id, cache_implementation, prompts, sampling, rows):
         """tree="expected": n-gram lookup and the heads ("auto") or the drafters given, in one tree of up to

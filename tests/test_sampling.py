@@ -226,16 +226,9 @@ def test_a_seed_gives_the_same_tokens() -> None:
     assert len({tuple(r) for r in runs}) == 3
 
 
-def test_the_default_samples_one_drafters_ranked_chain_and_drops_it_where_drafting_does_not_pay() -> None:
-    """By default a sampled decode verifies the calibration's fastest chain, its length ranked from what
-    stood: a seed repeats a run with the plan, and where no proposal pays each call is one token's."""
-    lm = BlockwiseLM.from_base(tiny("llama"), k=4)
-    prompts = [make_prompt(6, vocab_size(lm.base))]
-    plan = lm.plan(do_sample=True, temperature=0.7, prompts=prompts)
-    assert len(plan.drafters) == 1 and plan.ranking is not None and plan.setting == "ranked chain"
-    assert plan.drafter_name == calibrate(lm, prompts, "auto", 4).best_chain()
-    runs = [lm.generate(prompts[0], 16, plan=plan, generator=torch.Generator().manual_seed(0)) for _ in range(2)]
-    assert torch.equal(runs[0].sequences, runs[1].sequences) and runs[0].stats.sampling
+def test_a_ranked_chain_drops_its_proposals_where_drafting_does_not_pay() -> None:
+    """Sampling with tree="expected": where no proposal pays for its share of the call, each call is one
+    token's, as `transformers`' own sampling is."""
     model = small()
     steep = Ranking(((1, 1.0), (2, 1.5), (64, 32.5)))  # a proposal costs half a call: a random guess never pays
     sampling = sampling_settings(model, True, **SETTINGS["t0.7"])
