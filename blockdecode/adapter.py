@@ -37,6 +37,7 @@ from blockdecode.hf import (
     decoder_output,
     eval_mode,
     is_seq2seq,
+    layer_inputs,
     make_cache,
     own_thread_hook,
     special_ids,
@@ -64,6 +65,8 @@ class CausalAdapter:
         self.sliding = bool(getattr(model.config.get_text_config(decoder=True), "sliding_window", None))
         self.calls = 0  # forward passes, prefill included
         self.encoder_calls = 0
+        self.read_layers: tuple[int, ...] = ()  # layers whose inputs the drafters read (`features`)
+        self.features: torch.Tensor | None = None  # the last forward's, [B, q, 3D], at every token it ran
 
     def prefill(self, prompt: torch.LongTensor, mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """prompt [B, T] -> logits [B, 1, V] and decoder output [B, 1, D] at its last position.
@@ -227,8 +230,10 @@ class CausalAdapter:
 
     @torch.inference_mode()
     def _forward(self, ids: torch.LongTensor, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
-        with decoder_output(self.model) as hidden:
+        reading = layer_inputs(self.model, self.read_layers) if self.read_layers else nullcontext([])
+        with decoder_output(self.model) as hidden, reading as features:
             out = self._run(ids, use_cache=True, **{self.cache_arg: self.cache}, **kwargs)
+        self.features = features[0] if features else None
         self.calls += 1
         self.length += ids.shape[1]
         self.scored = ids.shape[1]

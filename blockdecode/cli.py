@@ -13,7 +13,7 @@ import torch
 
 from blockdecode.builtin import DEFAULT_MODEL
 from blockdecode.corpus import CORPUS_PACKAGES
-from blockdecode.export import EXPORT_FORMATS
+from blockdecode.export import EAGLE3_FORMATS, EXPORT_FORMATS
 from blockdecode.flags import (
     DRAFTER_CHOICES,
     Parser,
@@ -183,13 +183,17 @@ def cmd_train(args: argparse.Namespace) -> None:
     cfg = config_from(TrainConfig, args)
     model = train(cfg)
     if os.environ.get("RANK", "0") == "0":  # once, not once per process under a launcher
-        print(f"saved {model.config.head_type} heads (k={model.k}) to {cfg.out}", file=sys.stderr)
+        if cfg.head_type == "eagle3":
+            layers = list(model.eagle3.config.aux_layers)
+            print(f"saved an EAGLE-3 drafter (layers {layers}) with its model to {cfg.out}", file=sys.stderr)
+        else:
+            print(f"saved {model.config.head_type} heads (k={model.k}) to {cfg.out}", file=sys.stderr)
         print(training_summary(cfg.out), file=sys.stderr)
 
 
 def add_train_parser(sub) -> None:
     from blockdecode.train import RESUME_MUST_MATCH
-    from blockdecode.train_config import BASE_LOSS_ON, HEAD_LOSSES, MODES, TARGETS, TrainConfig
+    from blockdecode.train_config import BASE_LOSS_ON, HEAD_LOSSES, MODES, TARGETS, TRAIN_HEAD_TYPES, TrainConfig
 
     d = TrainConfig(base="", data=["-"], out="")
     modes = "\n".join(f"  {name:17} {text}" for name, text in MODES.items())
@@ -212,7 +216,20 @@ def add_train_parser(sub) -> None:
     p.add_argument("--out", required=True, help="where checkpoints, metrics.jsonl, training.png and the model go")
     p.add_argument("--k", type=int, default=d.k, help="block size: heads p2..pk are trained")
     p.add_argument("--mode", choices=tuple(MODES), default=d.mode)
-    p.add_argument("--head-type", choices=HEAD_TYPES, default=d.head_type)
+    p.add_argument(
+        "--head-type",
+        choices=TRAIN_HEAD_TYPES,
+        default=d.head_type,
+        help="eagle3: an EAGLE-3 drafter (one layer reading three of the base's), for the serving engines too",
+    )
+    p.add_argument(
+        "--aux-layers",
+        type=int,
+        nargs=3,
+        default=None,
+        help="eagle3: the layers whose inputs it reads, vLLM's ids (0: the embeddings; default 2, N/2, N-3, or "
+        "three distinct layers of a shallow base)",
+    )
     p.add_argument("--head-hidden-size", type=int, default=d.head_hidden_size, help="0: the base's hidden size")
     p.add_argument(
         "--draft-vocab", type=int, default=d.draft_vocab, help="N: the heads score only their N most frequent targets"
@@ -560,10 +577,12 @@ def print_ranking(model, ids: torch.LongTensor, drafter: str, k: int | None, new
 
 def cmd_export(args: argparse.Namespace) -> None:
     from blockdecode.export import check_destination, check_heads, export_heads, saved_heads, serve_command
-    from blockdecode.model import BlockwiseLM
+    from blockdecode.model import EAGLE3_FOLDER, BlockwiseLM
 
     heads, record = saved_heads(args.model)  # what the heads are, and whether they can go, before any weight loads
     check_heads(heads, args.format)
+    if args.format in EAGLE3_FORMATS and not (Path(args.model) / EAGLE3_FOLDER).is_dir():
+        raise ValueError(f"{args.model} holds no EAGLE-3 drafter ({EAGLE3_FOLDER}/): train one with --head-type eagle3")
     check_destination(Path(args.out))
     dtype = saved_dtype(args.model) if args.dtype == "saved" else DTYPES[args.dtype]
     model = BlockwiseLM.from_pretrained(args.model, dtype=dtype).to(dtype).eval()
@@ -572,19 +591,27 @@ def cmd_export(args: argparse.Namespace) -> None:
     training = record.get("training")
     provenance = {"exported_from": str(Path(args.model).resolve()), **({"training": training} if training else {})}
     base = export_heads(model, args.out, args.format, tokenizer=tokenizer, provenance=provenance)
-    print(f"exported {model.k - 1} medusa heads to {args.out}; serve them with:")
-    print(serve_command(base, args.out, model.k))
+    if args.format in EAGLE3_FORMATS:
+        k = model.eagle3.config.speculative_tokens + 1
+        print(f"exported an EAGLE-3 drafter ({args.format}) to {args.out}; serve it with one of:")
+    else:
+        k = model.k
+        print(f"exported {model.k - 1} medusa heads to {args.out}; serve them with:")
+    print(serve_command(base, args.out, k, args.format))
 
 
 def add_export_parser(sub) -> None:
     p = sub.add_parser(
         "export",
-        help="write trained heads in a serving engine's format (vLLM's Medusa speculator)",
-        description="Writes medusa heads as vLLM loads a Medusa speculator (config.json, model.safetensors with "
-        "the base's output layer once and the draft vocabulary as token_map), whole or not at all, and prints the "
-        "vllm command that serves them. A base saved together with its heads is written to OUT/base as well.",
+        help="write trained heads or an EAGLE-3 drafter in a serving engine's format",
+        description="vllm-medusa writes medusa heads as vLLM loads a Medusa speculator (config.json, "
+        "model.safetensors with the base's output layer once and the draft vocabulary as token_map). speculators "
+        "writes the model's EAGLE-3 drafter in vLLM's speculators format (Eagle3Speculator), eagle3 in the original "
+        "LlamaForCausalLMEagle3 layout that SGLang and llama.cpp's converter read. Each is written whole or not at "
+        "all, and the commands that serve it are printed. A base saved together with its heads is written to "
+        "OUT/base as well.",
     )
-    p.add_argument("--model", required=True, help="a saved BlockwiseLM with medusa heads")
+    p.add_argument("--model", required=True, help="a saved BlockwiseLM with medusa heads, or an EAGLE-3 drafter")
     p.add_argument("--format", choices=EXPORT_FORMATS, default="vllm-medusa")
     p.add_argument("--out", required=True, help="an empty folder, or an earlier export to replace")
     p.add_argument("--dtype", choices=("saved", *DTYPES), default="saved", help="saved: as the heads were saved")

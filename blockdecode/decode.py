@@ -173,7 +173,10 @@ def decode(
         base, start = open_decoder(model, prompt, plan.cache_implementation, room, mask)
         padding = None if is_seq2seq(model) else mask  # the decoder's: an encoder-decoder's start tokens have none
         run = Run(model, plan, start, padding, max_new_tokens, on_block, healing)
+        base.read_layers = run.read_layers
         logits, h = base.prefill(start, padding)
+        run.feed(base, [list(range(start.shape[1])) if padding is None else padding[i].nonzero().view(-1).tolist()
+                        for i in range(len(run.active))])  # fmt: skip
         for i, row in enumerate(run.active):
             scores = run.rules.apply(logits[i, -1:].float(), run.rule_length(row), allowed=run.allowed(row))
             first = accept(plan, Tree(), scores, generator)
@@ -190,6 +193,7 @@ def decode(
             if run.rankers:  # what stood teaches each row's ranking
                 for row, a in zip(run.active, accepted):
                     run.rankers[row].observe(a.path, None if a.chances is None else a.chances.tolist(), a.stood)
+            run.feed(base, [a.path for a in accepted])
             base.keep_paths([a.path for a in accepted])  # each row: the newest token and its accepted path
             for row, c, a in zip(run.active, candidates, accepted):
                 owners = [c.owners[i - 1] for i in a.path[1:]]
@@ -367,7 +371,21 @@ class Run:
         self.begun = time.perf_counter()
         for drafter in plan.drafters:
             drafter.start(self.tokens)
+        self.readers = [d for d in plan.drafters if d.layers]  # drafters that read the base's layers
+        self.read_layers = self.readers[0].layers if self.readers else ()
+        if any(d.layers != self.read_layers for d in self.readers):
+            raise ValueError("drafters that read different layers of the base cannot share a decode")
         self.rankers = [plan.ranking.start() for _ in rows] if plan.ranking is not None else []
+
+    def feed(self, base, paths: list[list[int]]) -> None:
+        """Hand the drafters that read the base's layers their features at the positions each active row
+        keeps of the last forward (`paths`: its indices there), in order."""
+        if not self.readers:
+            return
+        for i, (row, path) in enumerate(zip(self.active, paths)):
+            features = base.features[i, path]
+            for drafter in self.readers:
+                drafter.see(row, features)
 
     def length(self, row: int) -> int:  # the row's tokens decoded so far; the cache holds all but the newest
         return len(self.tokens[row])

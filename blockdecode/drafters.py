@@ -84,6 +84,12 @@ class BaseDrafter:
     def observe(self, row: int, accepted: list[int]) -> None:
         """A call gained `accepted` for row `row`: the tokens now at that sequence's end."""
 
+    layers: tuple[int, ...] = ()  # decoder layers whose inputs the drafter reads (EAGLE-3's), handed to `see`
+
+    def see(self, row: int, features: torch.Tensor) -> None:
+        """The base's features [m, F] at the next m positions of row `row` (those the decode keeps), read at
+        `layers`: called after each forward, before the row's tokens are observed."""
+
 
 class ChainDrafter(BaseDrafter):
     """Any object with `propose(tokens, hidden, n)`, decoded as it is: its one chain, its ids checked."""

@@ -9,7 +9,9 @@ the format alone (tests/test_export.py)."""
 
 from __future__ import annotations
 
+import copy
 import json
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import torch
@@ -20,7 +22,8 @@ from blockdecode.hf import is_seq2seq, weights_signature
 from blockdecode.io import CheckpointError, check_writable, read_json, saving_folder, write_text
 from blockdecode.model import HEADS_CONFIG, BlockwiseLM, has_heads
 
-EXPORT_FORMATS = ("vllm-medusa",)
+EXPORT_FORMATS = ("vllm-medusa", "speculators", "eagle3")
+EAGLE3_FORMATS = ("speculators", "eagle3")  # an EAGLE-3 drafter's: vLLM's speculators format, the original layout
 ENGINE_CONFIG = "config.json"  # written last: the file that marks an export whole
 ENGINE_WEIGHTS = "model.safetensors"
 BASE_FOLDER = "base"  # the base, written here when it has no folder of its own
@@ -31,6 +34,8 @@ def check_heads(heads: HeadsConfig, format: str) -> None:
     model's are refused before any weight loads."""
     if format not in EXPORT_FORMATS:
         raise ValueError(f"unknown export format {format!r}: choose one of {', '.join(EXPORT_FORMATS)}")
+    if format in EAGLE3_FORMATS:
+        return
     if heads.head_type != "medusa":
         raise ValueError(
             f"{heads.head_type} heads have no serving-engine format: {format} holds medusa heads (x + SiLU(Wx) "
@@ -43,6 +48,10 @@ def check_heads(heads: HeadsConfig, format: str) -> None:
 def check_exportable(model: BlockwiseLM, format: str) -> None:
     """Refuse, in one line, what the format cannot hold, before anything is written."""
     check_heads(model.config, format)
+    if format in EAGLE3_FORMATS and model.eagle3 is None:
+        raise ValueError(
+            f"{format} holds an EAGLE-3 drafter, and this model has none: train one with --head-type eagle3"
+        )
     if is_seq2seq(model.base):
         raise ValueError(f"{format} serves decoder-only models, and this base is an encoder-decoder")
     if getattr(model.base.get_output_embeddings(), "bias", None) is not None:
@@ -116,13 +125,22 @@ def export_heads(
     check_exportable(model, format)
     out = Path(out)
     check_destination(out)
-    dtype = dtype or next(model.heads.parameters()).dtype
-    tensors, config = vllm_medusa(model, dtype)
     location = model.base_location
     base_apart = location is not None and Path(location).is_dir() and not has_heads(location)
+    target = str(Path(location).resolve()) if base_apart else str((out / BASE_FOLDER).resolve())
+    if format in EAGLE3_FORMATS:
+        dtype = dtype or model.eagle3.fc.weight.dtype
+        drafter = copy.copy(model.eagle3)  # the export names its base as the verifier, the model keeps its own
+        drafter.config = replace(drafter.config, verifier={**drafter.config.verifier, "name_or_path": target})
+        tensors, config = drafter.files(format, dtype)
+        described = {"eagle3": asdict(drafter.config)}
+    else:
+        dtype = dtype or next(model.heads.parameters()).dtype
+        tensors, config = vllm_medusa(model, dtype)
+        described = {"heads": model.config.to_dict()}
     record = {
         "export": {"format": format, "base_model": location if base_apart else BASE_FOLDER},
-        "heads": model.config.to_dict(),
+        **described,
         "base_signature": weights_signature(model.base),
         **(provenance or {}),
     }
@@ -145,7 +163,18 @@ def is_export(folder: str | Path) -> bool:
         return False
 
 
-def serve_command(base: str | Path, out: str | Path, k: int) -> str:
-    """The vLLM command line that serves `base` with the exported heads proposing k-1 tokens a step."""
-    spec = json.dumps({"method": "medusa", "model": str(out), "num_speculative_tokens": k - 1})
-    return f"vllm serve {base} --speculative-config '{spec}'"
+def serve_command(base: str | Path, out: str | Path, k: int, format: str = "vllm-medusa") -> str:
+    """The command lines that serve `base` with the export proposing k-1 tokens a step: vLLM's for every format,
+    and SGLang's and llama.cpp's for an EAGLE-3 drafter."""
+    method = "eagle3" if format in EAGLE3_FORMATS else "medusa"
+    spec = json.dumps({"method": method, "model": str(out), "num_speculative_tokens": k - 1})
+    lines = [f"vllm serve {base} --speculative-config '{spec}'"]
+    if format in EAGLE3_FORMATS:
+        lines += [
+            f"python -m sglang.launch_server --model-path {base} --speculative-algorithm EAGLE3 "
+            f"--speculative-draft-model-path {out} --speculative-num-steps {k - 1} --speculative-eagle-topk 1 "
+            f"--speculative-num-draft-tokens {k}",
+            f"python convert_hf_to_gguf.py {out} --target-model-dir {base} --outfile draft.gguf && "
+            f"llama-server -m base.gguf -md draft.gguf --spec-type draft-eagle3 --spec-draft-n-max {k - 1}",
+        ]
+    return "\n".join(lines)

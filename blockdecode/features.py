@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import warnings
 import zlib
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,11 +30,11 @@ from transformers import PreTrainedModel
 
 from blockdecode.adapter import sequence_logits
 from blockdecode.data import Pairs, fingerprint
-from blockdecode.hf import decoder_output, weights_digest
+from blockdecode.hf import decoder_output, layer_inputs, weights_digest
 from blockdecode.io import cached_npy
 from blockdecode.loss import IGNORE
 
-FEATURES = ("hidden", "argmax", "loss")  # per row; what its checksum covers
+FEATURES = ("hidden", "argmax", "loss")  # per row; what its checksum covers (and "aux", where layers are read)
 
 
 @dataclass
@@ -44,14 +45,16 @@ class Features:
     hidden: np.ndarray
     argmax: np.ndarray
     loss: np.ndarray
+    aux: np.ndarray | None = None  # [N, L, 3D]: the inputs of the layers an EAGLE-3 drafter reads
 
-    def rows(self, idx: torch.LongTensor, length: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The rows `idx`, cut to `length` positions (a batch of pairs is cut to its longest)."""
+    def rows(self, idx: torch.LongTensor, length: int, device, names: tuple[str, ...] = FEATURES) -> tuple:
+        """The rows `idx` of the arrays `names`, cut to `length` positions (a batch of pairs is cut to its
+        longest)."""
         picked = np.sort(idx.numpy())
         order = torch.from_numpy(np.searchsorted(picked, idx.numpy()))  # memmaps read fastest in order
         return tuple(
-            torch.from_numpy(np.ascontiguousarray(array[picked, :length]))[order].to(device)
-            for array in (self.hidden, self.argmax, self.loss)
+            torch.from_numpy(np.ascontiguousarray(getattr(self, name)[picked, :length]))[order].to(device)
+            for name in names
         )
 
 
@@ -66,10 +69,11 @@ def features_key(base: PreTrainedModel, rows: torch.LongTensor | Pairs) -> str:
 
 
 def row_checksum(arrays: dict[str, np.ndarray], row: int) -> int:
-    """The CRC-32 of one row's features, all three arrays'."""
+    """The CRC-32 of one row's features, every array's."""
     crc = 0
-    for name in FEATURES:
-        crc = zlib.crc32(arrays[name][row], crc)
+    for name in (*FEATURES, "aux"):
+        if name in arrays:
+            crc = zlib.crc32(arrays[name][row], crc)
     return crc
 
 
@@ -90,17 +94,25 @@ def open_arrays(where: Path, layout: dict[str, tuple[tuple, type]]) -> dict[str,
 
 @torch.inference_mode()
 def cached_features(
-    base: PreTrainedModel, rows: torch.LongTensor | Pairs, folder: str | Path, chunk: int = 16, show: bool = True
+    base: PreTrainedModel,
+    rows: torch.LongTensor | Pairs,
+    folder: str | Path,
+    chunk: int = 16,
+    show: bool = True,
+    layers: tuple[int, ...] = (),
 ) -> Features:
     """The features of `rows` ([N, L] token rows, -1 as padding, or an encoder-decoder's pairs), from
-    `folder`/<key> where a fill left them whole, computing what is missing or damaged."""
+    `folder`/<key> where a fill left them whole, computing what is missing or damaged; with `layers`, also
+    the inputs of those decoder layers (`hf.layer_inputs`), in a cache of their own."""
     decoder = rows.decoder if isinstance(rows, Pairs) else rows
     n, length = decoder.shape
     width = base.get_output_embeddings().weight.shape[1]
-    where = Path(folder) / features_key(base, rows)
+    where = Path(folder) / (features_key(base, rows) + ("-layers-" + "-".join(map(str, layers)) if layers else ""))
     where.mkdir(parents=True, exist_ok=True)
     layout = {"hidden": ((n, length, width), np.float32), "argmax": ((n, length), np.int32)}
     layout |= {"loss": ((n, length), np.float32), "checksum": ((n,), np.uint32), "done": ((n,), np.bool_)}
+    if layers:
+        layout["aux"] = ((n, length, len(layers) * base.get_input_embeddings().weight.shape[1]), np.float32)
     arrays = open_arrays(where, layout)
     done, checksum = arrays["done"], arrays["checksum"]
     damaged = [i for i in np.flatnonzero(done) if row_checksum(arrays, i) != checksum[i]]
@@ -117,7 +129,8 @@ def cached_features(
         part = rows[start : start + chunk]
         ids = (part.decoder if isinstance(part, Pairs) else part).to(device)
         source = part.source.to(device) if isinstance(part, Pairs) else None
-        with decoder_output(base) as hidden:
+        reading = layer_inputs(base, layers) if layers else nullcontext([])
+        with decoder_output(base) as hidden, reading as aux:
             logits = sequence_logits(
                 base,
                 ids.clamp(min=0),
@@ -129,7 +142,9 @@ def cached_features(
         loss = F.cross_entropy(logits.flatten(0, 1).float(), target.flatten(), ignore_index=IGNORE, reduction="none")
         end, cut = start + len(ids), ids.shape[1]
         computed = {"hidden": hidden[0].float(), "argmax": logits.argmax(-1).int(), "loss": loss.view_as(ids)}
-        for name in FEATURES:
+        if layers:
+            computed["aux"] = aux[0].float()
+        for name in computed:
             arrays[name][start:end, :cut] = computed[name].cpu().numpy()
             arrays[name][start:end, cut:] = 0  # a pair's padding: a refilled row's old bytes must not stay
             arrays[name].flush()
@@ -137,4 +152,4 @@ def cached_features(
         checksum.flush()
         done[start:end] = True  # only once the rows and their checksums are on disk
         done.flush()
-    return Features(arrays["hidden"], arrays["argmax"], arrays["loss"])
+    return Features(arrays["hidden"], arrays["argmax"], arrays["loss"], arrays.get("aux"))

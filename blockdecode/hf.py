@@ -14,7 +14,7 @@ import os
 import threading
 import warnings
 from collections.abc import Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import torch
@@ -443,6 +443,38 @@ def decoder_output(model: PreTrainedModel) -> Iterator[list[torch.Tensor]]:
         box[:] = [args[0]]
 
     with own_thread_hook(output_projection(model), hook):
+        yield box
+
+
+def decoder_layers(model: PreTrainedModel) -> torch.nn.ModuleList:
+    """The model's list of decoder layers: the first list of as many modules as its config has layers
+    (an encoder-decoder's decoder is refused before this is asked)."""
+    n = getattr(model.config.get_text_config(decoder=True), "num_hidden_layers", None)
+    found = [m for m in model.modules() if isinstance(m, torch.nn.ModuleList) and len(m) == n]
+    if not found:
+        raise ValueError(f"{type(model).__name__}: found no list of its {n} decoder layers to read features from")
+    return found[0]
+
+
+@contextmanager
+def layer_inputs(model: PreTrainedModel, ids: Sequence[int]) -> Iterator[list[torch.Tensor]]:
+    """Record the residual stream entering each of the decoder layers `ids` (vLLM's numbering for EAGLE-3:
+    id L is layer L's input, 0 the embeddings), concatenated in the order of `ids` [B, q, len(ids) * D], for
+    as long as the context is open, from this thread's forwards only."""
+    layers, seen, box = decoder_layers(model), {}, []
+
+    def hook_for(i: int):
+        def hook(_module, args: tuple, kwargs: dict) -> None:
+            seen[i] = args[0] if args else kwargs["hidden_states"]
+            if len(seen) == len(set(ids)):
+                box[:] = [torch.cat([seen[j] for j in ids], dim=-1)]
+                seen.clear()
+
+        return hook
+
+    with ExitStack() as stack:
+        for i in sorted(set(ids)):
+            stack.enter_context(own_thread_hook(layers[i], hook_for(i), with_kwargs=True))
         yield box
 
 

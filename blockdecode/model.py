@@ -21,6 +21,7 @@ from blockdecode.adapter import check_attention_mask, check_prompt, row_tokens, 
 from blockdecode.calibrate import calibrate
 from blockdecode.decode import BlockwiseOutput, decode
 from blockdecode.drafters import Drafter, HeadsDrafter
+from blockdecode.eagle3 import Eagle3, Eagle3Drafter, check_eagle3
 from blockdecode.heads import HEAD_TYPES, HeadsConfig, build_heads
 from blockdecode.healing import check_healing, heal_prompts
 from blockdecode.hf import (
@@ -42,6 +43,7 @@ from blockdecode.sources import Memory, SuffixArray, corpus_index
 from blockdecode.suffix import SuffixDrafter
 
 HEADS_CONFIG = "blockdecode.json"
+EAGLE3_FOLDER = "eagle3"  # a saved model's EAGLE-3 drafter, in the speculators format
 HEADS_WEIGHTS = "heads.safetensors"
 DEFAULT_DRAFTERS = "heads+ngram"
 """What drafter="auto" decodes with in ranked trees and chains (tree="expected", the default)."""
@@ -156,6 +158,7 @@ class BlockwiseLM(nn.Module):
                 f"are {embedding}"
             )
         self.heads = build_heads(config).to(device=projection.weight.device, dtype=projection.weight.dtype)
+        self.eagle3: Eagle3 | None = None  # an EAGLE-3 drafter on this base (`attach_eagle3`)
 
     @classmethod
     def from_base(
@@ -211,6 +214,25 @@ class BlockwiseLM(nn.Module):
             token_map=self.token_map,
             embeddings=self.base.get_input_embeddings(),
         )
+
+    def attach_eagle3(self, eagle3: Eagle3 | str | os.PathLike) -> None:
+        """Give this model an EAGLE-3 drafter (`drafter="eagle3"`): a module, or a folder holding one in the
+        speculators or the original layout; refused in one line if it was built for another base."""
+        where = None
+        if not isinstance(eagle3, Eagle3):
+            where, eagle3 = eagle3, Eagle3.load(eagle3)
+        check_eagle3(eagle3.config, self.base, where)
+        projection = output_projection(self.base)
+        self.eagle3 = eagle3.to(device=projection.weight.device, dtype=projection.weight.dtype).eval()
+
+    def eagle3_drafter(self) -> Eagle3Drafter:
+        """drafter="eagle3": proposals from this model's EAGLE-3 drafter."""
+        if self.eagle3 is None:
+            raise ValueError(
+                "this model has no EAGLE-3 drafter: train one with `blockdecode train --head-type eagle3`, or "
+                "attach a saved one (attach_eagle3, --eagle3)"
+            )
+        return Eagle3Drafter(self.eagle3, self.base.get_input_embeddings())
 
     @property
     def token_map(self) -> torch.LongTensor | None:
@@ -487,6 +509,8 @@ class BlockwiseLM(nn.Module):
         if tokenizer is not None:
             tokenizer.save_pretrained(folder)
         save_file(tensors, str(folder / HEADS_WEIGHTS), metadata={"format": "pt"})
+        if self.eagle3 is not None:
+            self.eagle3.save(folder / EAGLE3_FOLDER)
         write_text(folder / HEADS_CONFIG, json.dumps(meta, indent=2) + "\n")
 
     @classmethod
@@ -551,4 +575,6 @@ class BlockwiseLM(nn.Module):
                 f"hidden_size={cfg.hidden_size}, head_hidden_size={cfg.head_hidden_size})"
             )
         model.heads.load_state_dict(state)
+        if (directory / EAGLE3_FOLDER).is_dir():
+            model.attach_eagle3(directory / EAGLE3_FOLDER)
         return model

@@ -14,6 +14,7 @@ DRAFTERS: dict[str, Callable[[object], BaseDrafter]] = {
     "heads-rescored": lambda lm: lm.drafter(rescore=1.0),
     "ngram": lambda lm: NgramDrafter(),
     "suffix": for_model,
+    "eagle3": lambda lm: lm.eagle3_drafter(),
 }
 """The drafters known by name. "a+b" names several sharing one tree."""
 CHOICES = ("heads", "ngram", "heads+ngram")

@@ -22,11 +22,20 @@ from blockdecode.adapter import decoder_prompt
 from blockdecode.data import Pairs, fingerprint, load_pairs, load_sources, load_tokens, pack, padded, split
 from blockdecode.decode import decode_prompts
 from blockdecode.distill import distill_pairs, distill_sequences, sources_record
+from blockdecode.eagle3 import Eagle3, config_for
 from blockdecode.features import Features, cached_features
 from blockdecode.heads import most_frequent
-from blockdecode.hf import context_length, is_seq2seq, load_base, load_tokenizer, resolve_eos, vocab_size
+from blockdecode.hf import (
+    context_length,
+    is_seq2seq,
+    layer_inputs,
+    load_base,
+    load_tokenizer,
+    resolve_eos,
+    vocab_size,
+)
 from blockdecode.io import CheckpointError, read_jsonl, write_json
-from blockdecode.model import HEADS_CONFIG, BlockwiseLM
+from blockdecode.model import HEADS_CONFIG, BlockwiseLM, has_heads
 from blockdecode.objective import Objective, combine_loss
 from blockdecode.plan import make_plan
 from blockdecode.rules import greedy_rules
@@ -205,6 +214,11 @@ def train(cfg: TrainConfig, callback: Callable[[int, dict], None] | None = None)
     limit = context_length(base)
     if limit is not None and cfg.seq_len > limit:
         raise ValueError(f"seq_len {cfg.seq_len} exceeds the base model's context of {limit} positions")
+    if cfg.head_type == "eagle3" and is_seq2seq(base):
+        raise ValueError(
+            f"--head-type eagle3 reads a decoder-only base's layers, as the serving engines run it; {cfg.base} is an "
+            "encoder-decoder: train paper, medusa or hydra heads for it"
+        )
     eos = sorted(resolve_eos(base, None))
     greedy_rules(base, 1, 1, set(eos))  # a generation config blockwise decoding cannot follow fails now, not later
     vocab = vocab_size(base)
@@ -233,6 +247,8 @@ def train(cfg: TrainConfig, callback: Callable[[int, dict], None] | None = None)
     data_digest = fingerprint(content)
     state = loop.resume(cfg, RESUME_MUST_MATCH, data_digest)
     torch.manual_seed(cfg.seed)
+    if cfg.head_type == "eagle3":
+        return train_eagle3(cfg, loop, base, tokenizer, train_seqs, held_out, data_digest, state, callback)
     model = BlockwiseLM.from_base(
         base, k=cfg.k, head_type=cfg.head_type, head_hidden_size=cfg.head_hidden_size, draft_vocab=cfg.draft_vocab
     )
@@ -265,6 +281,142 @@ def train(cfg: TrainConfig, callback: Callable[[int, dict], None] | None = None)
     if loop.main:
         write_json(Path(cfg.out) / "train_config.json", asdict(cfg))
     return loop.fit(task, state, callback).model
+
+
+class Eagle3Objective(torch.nn.Module):
+    """An EAGLE-3 drafter and the frozen base it reads, as one module for accelerate: its forward is the
+    training-time test's loss on a batch (`Eagle3.loss`), the base's features read from the cache or computed."""
+
+    def __init__(self, drafter: Eagle3, base: PreTrainedModel):
+        super().__init__()
+        self.drafter = drafter
+        self.base = [base]  # not a submodule: frozen, not saved, not wrapped
+        self.embed = base.get_input_embeddings()
+
+    def features(self, tokens: torch.LongTensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The base's features at the drafter's layers, and its argmax, on rows `tokens` (-1 as padding)."""
+        base = self.base[0]
+        with torch.no_grad(), layer_inputs(base, self.drafter.config.aux_layers) as aux:
+            logits = base(input_ids=tokens.clamp(min=0)).logits
+        return aux[0].float(), logits.argmax(-1)
+
+    def forward(self, tokens: torch.LongTensor, aux: torch.Tensor | None = None, argmax=None, steps: int = 1):
+        if aux is None:
+            aux, argmax = self.features(tokens)
+        targets = argmax.long().masked_fill(tokens < 0, -1)
+        targets[:, :-1] = targets[:, :-1].masked_fill(tokens[:, 1:] < 0, -1)  # no next token: nothing to learn
+        return self.drafter.loss(self.embed, aux.to(self.drafter.fc.weight.dtype), tokens, targets, steps)
+
+
+class Eagle3Training(training.Task):
+    """An EAGLE-3 drafter trained on a frozen base (`--head-type eagle3`): the training-time test over k-1
+    draft steps, on the base's own argmax, the features of its layers cached (`--feature-cache`) or computed
+    each step (several processes)."""
+
+    name = "eagle3"
+    last = HEADS_CONFIG
+    curves = plots.Curves(heldout={"eval_loss": "held-out loss"}, ylabel=None, side=plots.head_accuracy)
+
+    def __init__(self, cfg: TrainConfig, lm: BlockwiseLM, objective, sequences, held_out, digest, tokenizer, acc):
+        self.config, self.lm, self.model, self.tokenizer, self.accelerator = cfg, lm, objective, tokenizer, acc
+        self.sequences, self.held_out, self.data_digest = sequences, held_out, digest
+        self.features: Features | None = None
+        self.coverage: float | None = None
+        self.row_tokens = float((sequences >= 0).sum()) / len(sequences)
+        self.optimizer = training.adamw(objective.drafter, cfg.lr, cfg.weight_decay, (0.9, 0.95))
+        self.scheduler = training.scheduler(self.optimizer, cfg.warmup_steps, cfg.steps, floor=0.1)
+        self.tallies = torch.zeros(cfg.k - 1, 2)
+
+    def loss(self, model, step: int) -> tuple[torch.Tensor, int]:
+        cfg, acc = self.config, self.accelerator
+        world = acc.num_processes
+        idx = batch_indices(step, len(self.sequences), cfg.batch_size, cfg.seed)[acc.process_index :: world]
+        tokens = self.sequences[idx].to(acc.device)
+        aux = argmax = None
+        if self.features is not None:
+            aux, argmax = self.features.rows(idx, tokens.shape[1], acc.device, ("aux", "argmax"))
+        loss, tallies = model(tokens, aux, argmax, cfg.k - 1)
+        self.tallies += acc.reduce(tallies.to(acc.device), reduction="sum").cpu()
+        return loss, tokens.numel()
+
+    def logged(self) -> dict:
+        accuracy = (self.tallies[:, 0] / self.tallies[:, 1].clamp(min=1)).tolist()
+        self.tallies.zero_()
+        return {"head_acc": accuracy}  # per draft step, as the heads' plot shows each head
+
+    @torch.inference_mode()
+    def evaluate(self, model: Eagle3Objective) -> dict:
+        """Held-out loss and accuracy at each draft step, and the mean accepted block of the drafter's chain
+        decoding held-out prompts."""
+        cfg, device = self.config, self.accelerator.device
+        was_training = model.training
+        model.eval()
+        total, tallies, batches = 0.0, torch.zeros(cfg.k - 1, 2), 0
+        for b in range(min(cfg.eval_batches, math.ceil(len(self.held_out) / cfg.batch_size))):
+            loss, t = model(self.held_out[b * cfg.batch_size : (b + 1) * cfg.batch_size].to(device), steps=cfg.k - 1)
+            total, tallies, batches = total + float(loss), tallies + t, batches + 1
+        self.lm.eagle3 = model.drafter
+        base = self.lm.base
+        limit = context_length(base)
+        budget = cfg.eval_new_tokens if limit is None else min(cfg.eval_new_tokens, limit - cfg.eval_prompt_len)
+        prompts = [row[: cfg.eval_prompt_len].unsqueeze(0) for row in self.held_out[: cfg.eval_prompts]]
+        plan = make_plan(base, self.lm.eagle3_drafter(), cfg.k, eos_token_id=[])
+        _, stats = decode_prompts(base, prompts, budget, plan)
+        model.train(was_training)
+        return {
+            "eval_loss": total / max(1, batches),
+            "eval_head_acc": (tallies[:, 0] / tallies[:, 1].clamp(min=1)).tolist(),
+            "eval_mean_block_size": stats.mean_block_size,
+        }
+
+    def state(self, model: Eagle3Objective) -> dict:
+        return {"heads": model.drafter.state_dict(), "python_rng": random.getstate()}
+
+    def load_state(self, state: dict) -> None:
+        self.model.drafter.load_state_dict(state["heads"])
+        random.setstate(state["python_rng"])
+
+    def save(self, model: Eagle3Objective, records: list[dict], folder: Path) -> None:
+        """The drafter (eagle3/, the speculators format) beside the heads of the model it was trained on, which
+        it names as its base, with the run's record."""
+        cfg = self.config
+        record = run_record(records, cfg, self.row_tokens, self.coverage) | {
+            "head_type": "eagle3",
+            "aux_layers": list(model.drafter.config.aux_layers),
+        }
+        self.lm.eagle3 = model.drafter
+        self.lm.write_save(folder, save_base=False, training=record, tokenizer=self.tokenizer)
+
+
+def train_eagle3(cfg: TrainConfig, loop, base, tokenizer, train_seqs, held_out, digest, state, callback) -> BlockwiseLM:
+    """`train` for `--head-type eagle3`: a drafter on the frozen base, beside the heads `cfg.base` holds (or
+    untrained ones); the model it saves decodes with drafter="eagle3" and exports to the serving engines."""
+    acc = loop.accelerator
+    if has_heads(cfg.base):
+        lm = BlockwiseLM.from_pretrained(cfg.base, base=base)
+    else:
+        lm = BlockwiseLM.from_base(base, k=cfg.k)
+    lm.base_location = lm.base_location or str(Path(cfg.base).resolve())
+    vocab = vocab_size(base)
+    if cfg.distill:
+        with acc.main_process_first():
+            train_seqs = distill_sequences(base.to(acc.device), train_seqs, cfg, show=loop.main)
+    token_map, coverage = most_frequent(train_seqs, vocab, cfg.draft_vocab or vocab)
+    drafter = Eagle3(config_for(base, cfg.draft_vocab or vocab, cfg.aux_layers, cfg.k))
+    drafter.set_vocabulary(token_map)
+    base.requires_grad_(False)
+    objective = Eagle3Objective(drafter.to(acc.device), base.to(acc.device)).train()
+    task = Eagle3Training(cfg, lm, objective, train_seqs, held_out, digest, tokenizer, acc)
+    task.coverage = coverage if cfg.draft_vocab else None
+    if cfg.feature_cache:
+        if acc.num_processes > 1:
+            raise ValueError("--feature-cache serves one process; several train with the base computed each step")
+        layers = drafter.config.aux_layers
+        task.features = cached_features(base, train_seqs, cfg.feature_cache, show=loop.main, layers=layers)
+    if loop.main:
+        write_json(Path(cfg.out) / "train_config.json", asdict(cfg))
+    loop.fit(task, state, callback)
+    return lm
 
 
 def trained_heads(directory: str, model: BlockwiseLM) -> dict[str, torch.Tensor]:
@@ -340,7 +492,16 @@ def run_record(
 
 def training_summary(out: str | Path) -> str:
     """Held-out base loss, heads' accuracy and decoded mean accepted block size before and after a run."""
-    evals = [r for r in read_jsonl(Path(out) / "metrics.jsonl") if "eval_base_loss" in r]
+    records = read_jsonl(Path(out) / "metrics.jsonl")
+    evals = [r for r in records if "eval_base_loss" in r]
+    drafted = [r for r in records if "eval_loss" in r]  # an EAGLE-3 drafter's
+    if drafted:
+        last = drafted[-1]
+        steps = ", ".join(f"{a:.3f}" for a in last["eval_head_acc"])
+        return (
+            f"held-out loss {last['eval_loss']:.3f}; top-1 accuracy by draft step {steps}; mean accepted block "
+            f"size {last['eval_mean_block_size']:.2f} (step {last['step']})"
+        )
     if not evals:
         return "no evaluation recorded"
     first, last = evals[0], evals[-1]
@@ -363,6 +524,7 @@ RESUME_MUST_MATCH = (
     "head_type",
     "head_hidden_size",
     "draft_vocab",
+    "aux_layers",
     "targets",
     "base_loss_on",
     "seed",

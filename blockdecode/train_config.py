@@ -7,6 +7,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from blockdecode.heads import HEAD_TYPES
 from blockdecode.io import check_writable
 
 MODES = {
@@ -44,6 +45,9 @@ POSITIVE_FIELDS = (
 NON_NEGATIVE_FIELDS = ("patience", "min_delta", "doubling_gain")
 
 
+TRAIN_HEAD_TYPES = (*HEAD_TYPES, "eagle3")  # what `blockdecode train` trains
+
+
 @dataclass
 class TrainConfig:
     """One training run. `batch_size` is the global batch, split across processes."""
@@ -53,7 +57,8 @@ class TrainConfig:
     out: str
     k: int = 8
     mode: str = "frozen"
-    head_type: str = "paper"
+    head_type: str = "paper"  # or "eagle3": an EAGLE-3 drafter (`blockdecode.eagle3`) on the frozen base
+    aux_layers: list[int] | None = None  # eagle3: the three layers whose inputs it reads (default: vLLM's rule)
     head_hidden_size: int = 0
     draft_vocab: int = 0  # > 0: the heads score only the N tokens most frequent in their targets
     steps: int = 1000
@@ -104,6 +109,14 @@ class TrainConfig:
             raise ValueError("base_loss_on='data' is for finetune+distill, whose rows are the base's own text")
         if self.targets not in TARGETS:
             raise ValueError(f"unknown targets {self.targets!r}: choose one of {', '.join(TARGETS)}")
+        if self.head_type not in TRAIN_HEAD_TYPES:
+            raise ValueError(f"unknown head_type {self.head_type!r}: choose one of {', '.join(TRAIN_HEAD_TYPES)}")
+        if self.head_type == "eagle3" and self.finetune:
+            raise ValueError(
+                f"--head-type eagle3 trains on a frozen base: choose --mode frozen or distill, not {self.mode}"
+            )
+        if self.aux_layers is not None and (self.head_type != "eagle3" or len(self.aux_layers) != 3):
+            raise ValueError("--aux-layers takes three layer ids, for --head-type eagle3")
         if self.head_loss not in HEAD_LOSSES:
             raise ValueError(f"unknown head loss {self.head_loss!r}: choose one of {', '.join(HEAD_LOSSES)}")
         if not isinstance(self.k, int) or self.k < 2:
