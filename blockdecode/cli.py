@@ -68,6 +68,8 @@ def cmd_generate(args: argparse.Namespace) -> None:
 
     dtype = dtype_for(args.dtype)
     model, tokenizer = load(args.model, dtype, args.k, args.head_type)
+    if args.eagle3:
+        model.attach_eagle3(args.eagle3)
     if not has_heads(model_folder(args.model)):
         print(
             f"note: {args.model} has no trained heads; using untrained {model.config.head_type} heads", file=sys.stderr
@@ -140,6 +142,12 @@ def add_generate_parser(sub) -> None:
     )
     p.add_argument(
         "--head-type", choices=HEAD_TYPES, default=None, help="for a model without trained heads (default: paper)"
+    )
+    p.add_argument(
+        "--eagle3",
+        default=None,
+        help="an EAGLE-3 drafter for this model (a folder in the speculators or the original layout), for "
+        "--drafter eagle3 (default: the one saved with the model, if any)",
     )
     p.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto", help="auto: bf16 where native, else fp32")
     p.add_argument("--compare", action="store_true", help="also run transformers greedy and compare outputs")

@@ -204,14 +204,28 @@ class RMSNorm(nn.Module):
         return rms_norm(x, self.weight, self.eps)
 
 
-def rotate(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
-    """Rotary embedding of x [B, heads, q, d] at `positions` [B, q] (Llama's halves convention)."""
+def rotary(positions: torch.Tensor, inv: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin [B, 1, q, d] of `positions` [B, q] at the frequencies `inv` [d/2] (Llama's halves convention)."""
+    angles = positions.float()[:, None, :, None] * inv
+    angles = torch.cat([angles, angles], dim=-1)
+    return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding of x [B, heads, q, d]."""
     d = x.shape[-1]
-    inv = 1.0 / theta ** (torch.arange(0, d, 2, device=x.device, dtype=torch.float32) / d)
-    angles = positions.float()[:, None, :, None] * inv  # [B, 1, q, d/2]
-    cos, sin = torch.cat([angles.cos()] * 2, -1).to(x.dtype), torch.cat([angles.sin()] * 2, -1).to(x.dtype)
-    half = torch.cat([-x[..., d // 2 :], x[..., : d // 2]], dim=-1)
-    return x * cos + half * sin
+    return x * cos + torch.cat([-x[..., d // 2 :], x[..., : d // 2]], dim=-1) * sin
+
+
+def fused(module: nn.Module, names: tuple[str, ...]) -> torch.Tensor:
+    """The weights of `module`'s linear layers `names`, stacked into one (one matmul instead of several when
+    drafting, where each call's overhead is most of its cost); made again when any of them changes."""
+    weights = [getattr(module, name).weight for name in names]
+    key = tuple((w.data_ptr(), w._version, w.dtype) for w in weights)
+    known = module.__dict__.get("_fused")
+    if known is None or known[0] != key:
+        module.__dict__["_fused"] = known = (key, torch.cat(weights).detach())
+    return known[1]
 
 
 class Attention(nn.Module):
@@ -222,7 +236,16 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(width, kv * d, bias=False)
         self.v_proj = nn.Linear(width, kv * d, bias=False)
         self.o_proj = nn.Linear(heads * d, cfg.hidden_size, bias=False)
-        self.heads, self.kv, self.d, self.theta = heads, kv, d, cfg.rope_theta
+        self.heads, self.kv, self.d = heads, kv, d
+        inv = 1.0 / cfg.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float32) / d)
+        self.register_buffer("inv_freq", inv, persistent=False)
+
+    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Queries, keys and values of x [B, q, 2H], each [B, q, heads * d]: fused when no gradient is asked."""
+        if torch.is_grad_enabled():
+            return self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        w = fused(self, ("q_proj", "k_proj", "v_proj"))
+        return F.linear(x, w).split([self.heads * self.d, self.kv * self.d, self.kv * self.d], dim=-1)
 
 
 class MLP(nn.Module):
@@ -233,7 +256,10 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        if torch.is_grad_enabled():
+            return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = F.linear(x, fused(self, ("gate_proj", "up_proj"))).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
 
 
 class Layer(nn.Module):
@@ -254,8 +280,9 @@ class Layer(nn.Module):
         residual = normed if self.norm_before_residual else hidden
         x = torch.cat([self.input_layernorm(embeds), normed], dim=-1)
         a, (b, q, _) = self.self_attn, x.shape
-        split = [t.view(b, q, -1, a.d).transpose(1, 2) for t in (a.q_proj(x), a.k_proj(x), a.v_proj(x))]
-        return rotate(split[0], positions, a.theta), rotate(split[1], positions, a.theta), split[2], residual
+        split = [t.view(b, q, -1, a.d).transpose(1, 2) for t in a.project(x)]
+        cos, sin = rotary(positions, a.inv_freq, x.dtype)
+        return rotate(split[0], cos, sin), rotate(split[1], cos, sin), split[2], residual
 
     def finish(self, attended: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         """The attention's output [B, heads, q, d] through o_proj and the MLP: the layer's output before the
@@ -301,23 +328,22 @@ class Eagle3(nn.Module):
         embeds: torch.Tensor,
         hidden: torch.Tensor,
         positions: torch.Tensor,
-        past: tuple[torch.Tensor, torch.Tensor] | None = None,
+        cache: Entries | None = None,
         mask: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    ) -> torch.Tensor:
         """One pass of the layer over q entries: embeds [B, q, H] (the next tokens'), hidden [B, q, H] (`fc` of
-        the base's features, or the drafter's own output), positions [B, q]; `past`: keys and values already
-        cached [B, kv, P, d]; `mask` [q, P + q] bool, what each entry sees (default: the past and itself
-        causally). Returns the output before the final norm [B, q, H] and the entries' keys and values."""
+        the base's features, or the drafter's own output), positions [B, q]; `cache`: the entries before these,
+        which these join; `mask` [q, P + q] bool, what each entry sees (default: the cache and itself
+        causally). Returns the output before the final norm [B, q, H]."""
         layer = self.layers[0]
         q, k, v, residual = layer.qkv(embeds, hidden, positions)
-        if past is not None:
-            k, v = torch.cat([past[0], k], dim=2), torch.cat([past[1], v], dim=2)
+        if cache is not None:
+            k, v = cache.extend(k, v)
         if mask is None and q.shape[2] > 1:
             mask = torch.ones(q.shape[2], k.shape[2], dtype=torch.bool, device=q.device).tril(k.shape[2] - q.shape[2])
         grouped = layer.self_attn.heads != layer.self_attn.kv
         attended = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=grouped)
-        new = k.shape[2] - q.shape[2]
-        return layer.finish(attended, residual), k[:, :, new:], v[:, :, new:]
+        return layer.finish(attended, residual)
 
     def loss(
         self,
@@ -509,29 +535,42 @@ def check_eagle3(cfg: Eagle3Config, base, where: object = None) -> None:
         )
 
 
-class _Row:
-    """One sequence's drafting state: the drafter's keys and values over its context, the features not yet
-    read, and the context's last output (what the first guess comes from)."""
+class Entries:
+    """The keys and values [B, kv, n, d] a pass attends to, in a buffer that grows in place (its room doubles, so
+    an entry costs O(1)); `length` entries are in use, so dropping the newest is setting it back."""
 
-    def __init__(self):
-        self.k: torch.Tensor | None = None  # [1, kv, capacity, d]
-        self.v: torch.Tensor | None = None
-        self.length = 0  # context entries cached
-        self.pending: list[torch.Tensor] = []
-        self.last: torch.Tensor | None = None  # [1, 1, H]
+    def __init__(self, k: torch.Tensor | None = None, v: torch.Tensor | None = None, length: int = 0):
+        self.k, self.v, self.length = k, v, length
 
-    def past(self) -> tuple[torch.Tensor, torch.Tensor] | None:
-        return None if self.k is None else (self.k[:, :, : self.length], self.v[:, :, : self.length])
+    def view(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.k[:, :, : self.length], self.v[:, :, : self.length]
 
-    def append(self, k: torch.Tensor, v: torch.Tensor) -> None:
+    def extend(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Add entries [B, kv, q, d] after the ones in use; all of them, as views."""
         n = self.length + k.shape[2]
-        if self.k is None or n > self.k.shape[2]:  # room doubles, so appending costs O(1) a token
-            grown = [t.new_empty(*t.shape[:2], max(2 * n, 64), t.shape[3]) for t in (k, v)]
-            if self.k is not None:
-                grown[0][:, :, : self.length], grown[1][:, :, : self.length] = self.past()
+        if self.k is None or n > self.k.shape[2] or self.k.shape[0] != k.shape[0]:
+            grown = [t.new_empty(t.shape[0], t.shape[1], max(2 * n, 64), t.shape[3]) for t in (k, v)]
+            if self.k is not None:  # a one-row context widens to a beam's rows here
+                for new, old in zip(grown, self.view()):
+                    new[:, :, : self.length] = old
             self.k, self.v = grown
         self.k[:, :, self.length : n], self.v[:, :, self.length : n] = k, v
         self.length = n
+        return self.view()
+
+    def select(self, rows: torch.Tensor) -> None:
+        """Keep rows `rows` (a beam's parents), in that order."""
+        self.k, self.v = self.k[rows], self.v[rows]
+
+
+class _Row:
+    """One sequence's drafting state: the drafter's entries over its context, the features not yet read, and
+    the context's last output (what the first guess comes from)."""
+
+    def __init__(self):
+        self.entries = Entries()
+        self.pending: list[torch.Tensor] = []
+        self.last: torch.Tensor | None = None  # [1, 1, H]
 
 
 class Eagle3Drafter(BaseDrafter):
@@ -565,7 +604,7 @@ class Eagle3Drafter(BaseDrafter):
         at p and the token at p + 1)."""
         state = self._rows[row] if row < len(self._rows) else None
         total = tokens.shape[1] - 1  # positions whose next token is known: every one before the newest
-        have = 0 if state is None else state.length + sum(len(f) for f in state.pending)
+        have = 0 if state is None else state.entries.length + sum(len(f) for f in state.pending)
         if have != total:
             raise ValueError(
                 f"the eagle3 drafter reads the base's layers as blockdecode decodes: it was handed features for "
@@ -575,11 +614,10 @@ class Eagle3Drafter(BaseDrafter):
             model, dtype = self.model, self.model.fc.weight.dtype
             features = torch.cat(state.pending).to(dtype)[None]
             state.pending = []
-            start, m = state.length, features.shape[1]
+            start, m = state.entries.length, features.shape[1]
             ids = tokens[:, start + 1 : start + 1 + m]
             positions = torch.arange(start, start + m, device=tokens.device)[None]
-            out, k, v = model(self.embed(ids).to(dtype), model.fc(features), positions, state.past())
-            state.append(k, v)
+            out = model(self.embed(ids).to(dtype), model.fc(features), positions, state.entries)
             state.last = out[:, -1:]
         return state
 
@@ -593,7 +631,10 @@ class Eagle3Drafter(BaseDrafter):
         out = state.last  # [b, 1, H]
         score = torch.zeros(1, device=out.device)
         paths: list[tuple[list[int], list[float]]] = [([], [])]
-        own_k = own_v = None  # each path's own entries [b, kv, j, d]
+        context = state.entries.length
+        # A chain writes its entries after the context's, in place, and drops them after; a beam's paths each
+        # have their own, in a copy.
+        cache = state.entries if width == 1 else Entries(*state.entries.view(), context)
         nodes = []
         for step in range(depth):
             logp = model.logits(out)[:, -1].float().log_softmax(-1)  # [b, V_draft]
@@ -609,16 +650,11 @@ class Eagle3Drafter(BaseDrafter):
             nodes += [(s, *path) for s, path in zip(score.tolist(), paths)]
             if step == depth - 1 or score.max().exp() < min_prob:
                 break
-            past_k, past_v = state.past()
-            beam = len(keep)
-            past = (past_k.expand(beam, -1, -1, -1), past_v.expand(beam, -1, -1, -1))
-            if own_k is not None:
-                own_k, own_v = own_k[parent], own_v[parent]
-                past = (torch.cat([past[0], own_k], 2), torch.cat([past[1], own_v], 2))
-            positions = torch.full((beam, 1), position + step, device=out.device)
-            out, k, v = model(self.embed(chosen[:, None]).to(dtype), out[parent], positions, past)
-            own_k = k if own_k is None else torch.cat([own_k, k], 2)
-            own_v = v if own_v is None else torch.cat([own_v, v], 2)
+            if width > 1:
+                cache.select(parent)
+            positions = torch.full((len(keep), 1), position + step, device=out.device)
+            out = model(self.embed(chosen[:, None]).to(dtype), out[parent] if width > 1 else out, positions, cache)
+        state.entries.length = context
         return nodes
 
     def chain_scored(self, tokens: torch.LongTensor, hidden: torch.Tensor, n: int) -> Scored:

@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from safetensors import safe_open
 from transformers import AutoTokenizer, LlamaForCausalLM
 
 from blockdecode import DEFAULT_DRAFT_MODEL, DEFAULT_MODEL, BlockwiseLM, demo
@@ -34,9 +35,14 @@ def tokenizer():
 
 
 def test_shipped_model_is_a_small_bf16_llama_within_budget() -> None:
-    size = sum(p.stat().st_size for p in SHIPPED.iterdir())
+    size = sum(p.stat().st_size for p in SHIPPED.rglob("*") if p.is_file())
     assert size <= 40 * 2**20, f"the built-in model takes {size / 2**20:.1f} MiB, over its 40 MiB budget"
     assert_bf16_weights(SHIPPED)
+    drafter = sum(p.stat().st_size for p in (SHIPPED / "eagle3").iterdir())
+    assert drafter <= 10 * 10**6, f"the EAGLE-3 drafter takes {drafter / 10**6:.1f} MB, over its 10 MB budget"
+    with safe_open(SHIPPED / "eagle3" / "model.safetensors", "pt") as f:
+        dtypes = {name: f.get_slice(name).get_dtype() for name in f.keys()}
+    assert dtypes.pop("d2t") == "I64" and dtypes.pop("t2d") == "BOOL" and set(dtypes.values()) == {"BF16"}
     lm = shipped()
     assert isinstance(lm.base, LlamaForCausalLM)
     assert sum(p.numel() for p in lm.base.parameters()) <= 20_000_000
