@@ -6,8 +6,9 @@ costs.
   unseen third-party code (`paper_table.py`'s prompts and settings: fp32, exact, no EOS), with each depth's
   chance to stand given the one before, the share of windows whose greedy text loops, and the eagle3 chain's
   output checked against transformers' greedy.
-- Speed: tokens/s of transformers' greedy, the heads' chain, the eagle3 chain and the default, each dtype in
-  turns on the same prompts, so that the ratios compare the best dtype of each.
+- Speed: tokens/s of transformers' greedy, the heads' chain, the eagle3 chain, the default (heads and n-gram
+  lookup, ranked) and eagle3 with n-gram lookup ranked the same way, each dtype in turns on the same prompts, so
+  that the ratios compare the best dtype of each.
 - Cost: one drafting step (a pass of the drafter's layer and its draft vocabulary) against a one-token call of
   the base and a verify call of k tokens, over a cached context.
 - Training: the held-out top-1 accuracy of each draft step over the run (`--run`, its metrics.jsonl).
@@ -88,6 +89,7 @@ def speed(folder: str, prompts: list[torch.LongTensor], new_tokens: int, k: int,
             "heads chain": m.plan("heads", k, tree=None, eos_token_id=[]),
             "eagle3 chain": m.plan("eagle3", k, tree=None, eos_token_id=[]),
             "default": m.plan(eos_token_id=[]),
+            "eagle3+ngram ranked": m.plan("eagle3+ngram", k, eos_token_id=[]),
         }
         for d, m in models.items()
     }

@@ -5,14 +5,16 @@ writes it into the package's folder."""
 
 from __future__ import annotations
 
+import argparse
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 from transformers import AutoTokenizer
 
-from blockdecode.io import write_json
-from blockdecode.model import BlockwiseLM
+from blockdecode.io import read_json, write_json
+from blockdecode.model import EAGLE3_FOLDER, HEADS_CONFIG, BlockwiseLM
 
 
 def install(run: str | Path, directory: str | Path, training: dict, prompts: list[str]) -> None:
@@ -32,3 +34,24 @@ def install(run: str | Path, directory: str | Path, training: dict, prompts: lis
         directory.rename(old)
     staging.rename(directory)
     shutil.rmtree(old, ignore_errors=True)
+
+
+def install_eagle3(run: str | Path, directory: str | Path) -> None:
+    """Make a trained EAGLE-3 run's drafter a built-in model's (`directory`/eagle3): in bf16, naming no verifier
+    path (an export names the base it writes), with the run's record (eagle3/training.json); the folder's other
+    files stay as they are."""
+    lm = BlockwiseLM.from_pretrained(run, dtype=torch.float32)
+    drafter = lm.eagle3
+    drafter.config = replace(drafter.config, verifier={"architectures": list(lm.base.config.architectures or [])})
+    folder = Path(directory) / EAGLE3_FOLDER
+    drafter.save(folder, dtype=torch.bfloat16)
+    write_json(folder / "training.json", read_json(Path(run) / HEADS_CONFIG)["training"])
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description="install a trained run's EAGLE-3 drafter as a built-in model's")
+    parser.add_argument("--eagle3", required=True, help="the training run (blockdecode train --head-type eagle3)")
+    parser.add_argument("directory", help="the built-in model's folder, e.g. blockdecode/default_model")
+    args = parser.parse_args()
+    install_eagle3(args.eagle3, args.directory)
+    print(f"installed {args.eagle3}'s EAGLE-3 drafter in {Path(args.directory) / EAGLE3_FOLDER}")

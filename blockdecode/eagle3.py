@@ -14,8 +14,12 @@ Training runs those later steps on its own outputs too ("training-time test", `E
 
 from __future__ import annotations
 
+import copy
 import json
 import math
+import statistics
+import time
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,6 +31,7 @@ from torch import nn
 
 from blockdecode.drafters import BaseDrafter
 from blockdecode.expected import Scored, Source, confidence_source
+from blockdecode.hf import weights_key
 from blockdecode.io import CheckpointError, saving_folder, write_text
 
 SPECULATORS_VERSION = "0.3.0"
@@ -189,6 +194,13 @@ class Eagle3Config:
             raise CheckpointError(f"{where} is not an EAGLE-3 drafter's config: {err}") from err
 
 
+def ttt_loss(sums: torch.Tensor, counts: torch.Tensor, decay: float = 0.8) -> torch.Tensor:
+    """The training-time test's loss: each draft step's mean cross-entropy (`sums` over `counts` targets, a
+    global batch's under several processes), the later steps weighted less, decay**step, as EAGLE-3 does."""
+    weights = decay ** torch.arange(len(sums), device=sums.device, dtype=sums.dtype)
+    return (weights * sums / counts.to(sums.device).clamp(min=1)).sum()
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """Llama's RMSNorm: normalised in fp32, scaled in the input's dtype."""
     normed = x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps)
@@ -221,7 +233,7 @@ def fused(module: nn.Module, names: tuple[str, ...]) -> torch.Tensor:
     """The weights of `module`'s linear layers `names`, stacked into one (one matmul instead of several when
     drafting, where each call's overhead is most of its cost); made again when any of them changes."""
     weights = [getattr(module, name).weight for name in names]
-    key = tuple((w.data_ptr(), w._version, w.dtype) for w in weights)
+    key = weights_key(weights)
     known = module.__dict__.get("_fused")
     if known is None or known[0] != key:
         module.__dict__["_fused"] = known = (key, torch.cat(weights).detach())
@@ -352,18 +364,17 @@ class Eagle3(nn.Module):
         tokens: torch.LongTensor,
         targets: torch.LongTensor,
         steps: int,
-        decay: float = 0.8,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The training-time test over `steps` draft steps: features [B, L, 3T] of the base, tokens [B, L] the
         rows (-1 past their end), targets [B, L] the base's own next token at each position (-1: none). Step 0
         reads the base's features at every position t, later steps the drafter's own output at t and the token
         one further on, each seeing the context up to t and its own earlier steps at t, as drafting does.
-        Returns the loss (each step's mean cross-entropy, weighted decay**step) and [steps, 2] (right, count)."""
+        Returns each step's summed cross-entropy [steps] and [steps, 2] (right, count): `ttt_loss` weighs them."""
         b, length, _ = features.shape
         positions = torch.arange(length, device=tokens.device).expand(b, -1)
         hidden = self.fc(features)
         causal = torch.ones(length, length, dtype=torch.bool, device=tokens.device).tril()
-        total, tallies = features.new_zeros(()), torch.zeros(steps, 2)
+        sums, tallies = [], torch.zeros(steps, 2)
         own_k: list[torch.Tensor] = []  # each later step's keys and values at every t
         own_v: list[torch.Tensor] = []
         layer = self.layers[0]
@@ -386,12 +397,10 @@ class Eagle3(nn.Module):
                 attended = self._ttt_attention(q, context_k, context_v, own_k, own_v, causal)
             hidden = layer.finish(attended, residual)
             logits = self.logits(hidden).float()
-            ce = F.cross_entropy(logits.flatten(0, 1), want.flatten(), ignore_index=-1, reduction="sum")
-            count = (want >= 0).sum()
-            total = total + decay**step * ce / count.clamp(min=1)
+            sums.append(F.cross_entropy(logits.flatten(0, 1), want.flatten(), ignore_index=-1, reduction="sum"))
             right = ((logits.argmax(-1) == want) & (want >= 0)).sum()
-            tallies[step] = torch.stack([right, count]).detach().float().cpu()
-        return total, tallies
+            tallies[step] = torch.stack([right, (want >= 0).sum()]).detach().float().cpu()
+        return torch.stack(sums), tallies
 
     @staticmethod
     def _ttt_attention(q, context_k, context_v, own_k, own_v, causal) -> torch.Tensor:
@@ -573,6 +582,40 @@ class _Row:
         self.last: torch.Tensor | None = None  # [1, 1, H]
 
 
+_FASTEST: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # drafter -> (key, what drafts for it)
+
+
+@torch.no_grad()  # not inference mode: the copy must be usable outside it
+def fastest(model: Eagle3) -> Eagle3:
+    """The drafter to draft with: `model`, or an fp32 copy of it where its weights are half precision on a CPU
+    and the copy's steps run faster (a step reads every weight once, and some CPUs multiply one bf16 row more
+    slowly than an fp32 one); timed once per set of weights and thread count."""
+    weight = model.fc.weight
+    if weight.device.type != "cpu" or weight.dtype == torch.float32:
+        return model
+    key = (weights_key(list(model.parameters())), torch.get_num_threads())
+    known = _FASTEST.get(model)
+    if known is None or known[0] != key:
+        copy32 = copy.deepcopy(model).float().requires_grad_(False)
+        _FASTEST[model] = known = (key, min([model, copy32], key=step_seconds))
+    return known[1]
+
+
+def step_seconds(model: Eagle3, context: int = 64, reps: int = 5) -> float:
+    """The median seconds of one drafting step of `model`: a pass over one token after `context` entries, and its
+    logits."""
+    cfg, dtype = model.config, model.fc.weight.dtype
+    rows = torch.randn(1, 1, cfg.hidden_size, generator=torch.Generator().manual_seed(0)).to(dtype)
+    past = torch.zeros(1, cfg.num_key_value_heads, context, cfg.head_dim, dtype=dtype)
+    samples = []
+    for _ in range(reps + 1):
+        entries = Entries(past, past, context)
+        start = time.perf_counter()
+        model.logits(model(rows, rows, torch.full((1, 1), context), entries)).argmax(-1)
+        samples.append(time.perf_counter() - start)
+    return statistics.median(samples[1:])
+
+
 class Eagle3Drafter(BaseDrafter):
     """Proposals from an EAGLE-3 drafter: it reads the base's features at the positions each call keeps
     (`see`), extends its own cache over them, then guesses autoregressively: a chain of its argmax, or a beam
@@ -583,7 +626,7 @@ class Eagle3Drafter(BaseDrafter):
     name = "eagle3"
 
     def __init__(self, model: Eagle3, embeddings: nn.Module, width: int = 4, min_prob: float = 0.02):
-        self.model, self.embed = model, embeddings
+        self.model, self.embed = fastest(model), embeddings
         self.layers = model.config.aux_layers
         self.width, self.min_prob = width, min_prob
         self._rows: list[_Row] = []

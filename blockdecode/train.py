@@ -22,7 +22,7 @@ from blockdecode.adapter import decoder_prompt
 from blockdecode.data import Pairs, fingerprint, load_pairs, load_sources, load_tokens, pack, padded, split
 from blockdecode.decode import decode_prompts
 from blockdecode.distill import distill_pairs, distill_sequences, sources_record
-from blockdecode.eagle3 import Eagle3, config_for
+from blockdecode.eagle3 import Eagle3, config_for, ttt_loss
 from blockdecode.features import Features, cached_features
 from blockdecode.heads import most_frequent
 from blockdecode.hf import (
@@ -335,9 +335,11 @@ class Eagle3Training(training.Task):
         aux = argmax = None
         if self.features is not None:
             aux, argmax = self.features.rows(idx, tokens.shape[1], acc.device, ("aux", "argmax"))
-        loss, tallies = model(tokens, aux, argmax, cfg.k - 1)
-        self.tallies += acc.reduce(tallies.to(acc.device), reduction="sum").cpu()
-        return loss, tokens.numel()
+        sums, tallies = model(tokens, aux, argmax, cfg.k - 1)
+        tallies = acc.reduce(tallies.to(acc.device), reduction="sum").cpu()
+        self.tallies += tallies
+        # DDP averages gradients over processes; scaling by `world` turns that into the global batch's mean.
+        return ttt_loss(sums, tallies[:, 1]) * world, tokens.numel()
 
     def logged(self) -> dict:
         accuracy = (self.tallies[:, 0] / self.tallies[:, 1].clamp(min=1)).tolist()
@@ -351,10 +353,10 @@ class Eagle3Training(training.Task):
         cfg, device = self.config, self.accelerator.device
         was_training = model.training
         model.eval()
-        total, tallies, batches = 0.0, torch.zeros(cfg.k - 1, 2), 0
+        sums, tallies = torch.zeros(cfg.k - 1), torch.zeros(cfg.k - 1, 2)
         for b in range(min(cfg.eval_batches, math.ceil(len(self.held_out) / cfg.batch_size))):
-            loss, t = model(self.held_out[b * cfg.batch_size : (b + 1) * cfg.batch_size].to(device), steps=cfg.k - 1)
-            total, tallies, batches = total + float(loss), tallies + t, batches + 1
+            s, t = model(self.held_out[b * cfg.batch_size : (b + 1) * cfg.batch_size].to(device), steps=cfg.k - 1)
+            sums, tallies = sums + s.float().cpu(), tallies + t
         self.lm.eagle3 = model.drafter
         base = self.lm.base
         limit = context_length(base)
@@ -364,7 +366,7 @@ class Eagle3Training(training.Task):
         _, stats = decode_prompts(base, prompts, budget, plan)
         model.train(was_training)
         return {
-            "eval_loss": total / max(1, batches),
+            "eval_loss": float(ttt_loss(sums, tallies[:, 1])),
             "eval_head_acc": (tallies[:, 0] / tallies[:, 1].clamp(min=1)).tolist(),
             "eval_mean_block_size": stats.mean_block_size,
         }

@@ -14,10 +14,10 @@ from conftest import NO_EOS, assert_greedy_equal, hf_greedy, make_cfg, make_prom
 from safetensors.torch import load_file, save_file
 from test_batch import causal_batch, check_rows
 from test_sampling import BUDGET, PROMPT, SETTINGS, SHOWN, homogeneity, reference, small
-from test_train import Killed, kill_at
+from test_train import TWO_PROCESS_SCRIPT, Killed, kill_at, launch_two
 
 from blockdecode import BlockwiseLM, decode, make_plan
-from blockdecode.eagle3 import Eagle3, Eagle3Drafter, config_for, default_aux_layers
+from blockdecode.eagle3 import Eagle3, Eagle3Drafter, config_for, default_aux_layers, ttt_loss
 from blockdecode.export import export_heads
 from blockdecode.io import CheckpointError
 from blockdecode.sampling import sampling_settings
@@ -51,8 +51,8 @@ def fitted(base, steps: int = 80, draft_vocab: int = 0, aux_layers=None, seed: i
     objective = Eagle3Objective(drafter, base)
     optimizer = torch.optim.Adam(drafter.parameters(), lr=3e-3)
     for _ in range(steps):
-        loss, _ = objective(rows, steps=K - 1)
-        loss.backward()
+        sums, tallies = objective(rows, steps=K - 1)
+        ttt_loss(sums, tallies[:, 1]).backward()
         optimizer.step()
         optimizer.zero_grad()
     return drafter.eval()
@@ -318,3 +318,20 @@ def test_an_encoder_decoder_base_is_refused_before_training(tiny_marian, tmp_pat
 
     with pytest.raises(ValueError, match="eagle3 reads a decoder-only base's layers"):
         train(pairs_cfg(tiny_marian, tmp_path / "out", head_type="eagle3", mode="distill"))
+
+
+@pytest.mark.slow
+def test_two_processes_train_the_same_drafter_as_one(tiny_base, tmp_path) -> None:
+    """DDP through accelerate (two gloo ranks on the CPU, the base's features computed each step): the same
+    drafter as one process trains on the same global batches."""
+    script = tmp_path / "run_train.py"
+    script.write_text(TWO_PROCESS_SCRIPT)
+    kw = dict(head_type="eagle3", draft_vocab=64, steps=4, log_every=1, eval_every=4, checkpoint_every=4)
+    kw |= dict(eval_prompts=1)
+    proc = launch_two(script, make_cfg(tiny_base, tmp_path / "two", **kw))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    torch.manual_seed(0)
+    train(make_cfg(tiny_base, tmp_path / "one", **kw))
+    one, two = (load_file(str(tmp_path / run / "eagle3" / "model.safetensors")) for run in ("one", "two"))
+    for name, t in one.items():
+        torch.testing.assert_close(two[name], t, atol=1e-5, rtol=0, msg=name)
