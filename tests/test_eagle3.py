@@ -335,3 +335,21 @@ def test_two_processes_train_the_same_drafter_as_one(tiny_base, tmp_path) -> Non
     one, two = (load_file(str(tmp_path / run / "eagle3" / "model.safetensors")) for run in ("one", "two"))
     for name, t in one.items():
         torch.testing.assert_close(two[name], t, atol=1e-5, rtol=0, msg=name)
+
+
+def test_the_command_line_trains_on_chosen_layers_and_exports_with_the_serving_commands(
+    tiny_base, tmp_path, capsys
+) -> None:
+    from blockdecode.cli import main
+
+    run, out = tmp_path / "run", tmp_path / "e3"
+    common = ["train", "--base", str(tiny_base.dir), "--data", str(tiny_base.corpus), "--out", str(run)]
+    main([*common, "--head-type", "eagle3", "--aux-layers", "0", "1", "1", "--k", "4", "--steps", "2"])
+    main(["export", "--model", str(run), "--format", "speculators", "--out", str(out)])
+    printed = capsys.readouterr().out
+    assert json.loads((out / "config.json").read_text())["eagle_aux_hidden_state_layer_ids"] == [0, 1, 1]
+    assert '"method": "eagle3"' in printed and "--speculative-algorithm EAGLE3" in printed
+    assert "--spec-type draft-eagle3" in printed
+    assert Eagle3.load(out).config.speculative_tokens == 3
+    with pytest.raises(SystemExit, match="three layer ids in \\[0, 1\\]"):
+        main([*common[:-1], str(tmp_path / "other"), "--head-type", "eagle3", "--aux-layers", "0", "1", "2"])
