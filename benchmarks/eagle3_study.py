@@ -11,6 +11,8 @@ costs.
   that the ratios compare the best dtype of each.
 - Cost: one drafting step (a pass of the drafter's layer and its draft vocabulary) against a one-token call of
   the base and a verify call of k tokens, over a cached context.
+- The mask pilot's protocol (issue 37): each drafter's chain from every anchor of 64 distilled held-out
+  windows, scored against greedy's tokens, beside the figures the pilot reported for masks and heads.
 - Training: the held-out top-1 accuracy of each draft step over the run (`--run`, its metrics.jsonl).
 
     python benchmarks/eagle3_study.py --corpus runs/e3/corpus --run runs/e3/eagle3
@@ -26,17 +28,22 @@ from pathlib import Path
 import numpy as np
 import torch
 from lookup_study import LOOPS, loops
+from mask_pilot import heads_guesses, scores
 from paper_table import THIRD_PARTY, heldout_prompts, third_party_prompts
 from transformers import AutoTokenizer, DynamicCache
 
 from blockdecode import DEFAULT_MODEL
 from blockdecode.bench.report import cpu_name
+from blockdecode.data import load_tokens, pack
 from blockdecode.decode import decode_prompts
+from blockdecode.distill import distill_sequences
 from blockdecode.hardware import native_bf16
-from blockdecode.hf import layer_inputs
+from blockdecode.hf import layer_inputs, resolve_eos
 from blockdecode.io import read_jsonl, save_figure, write_json
+from blockdecode.masks import anchor_targets
 from blockdecode.model import BlockwiseLM, load
 from blockdecode.reference import first_divergence, greedy_generate
+from blockdecode.train_config import TrainConfig
 
 RESULTS = Path(__file__).parent / "results"
 DRAFTERS = ("heads", "eagle3")
@@ -171,6 +178,25 @@ def step_cost(folder: str, context: torch.LongTensor, k: int, dtype: str, reps: 
     }
 
 
+@torch.inference_mode()
+def pilot(model: BlockwiseLM, corpus: Path, out: Path, k: int, rows: int = 64, prompt_len: int = 32) -> dict:
+    """The mask pilot's protocol (`mask_pilot.py`, issue 37): 64 held-out windows of 32 tokens continued greedily
+    by the base for 160, every anchor whose k-1 targets lie in the continuation, each drafter's chain from there
+    scored against greedy's tokens (per offset, and the chain's block): the figures the pilot reports for masks
+    and heads, for the eagle3 drafter and the heads here."""
+    eos = sorted(resolve_eos(model.base, None))
+    cfg = TrainConfig(base=str(out), data=[str(corpus / "heldout.npy")], out=str(out), mode="distill", k=k,
+                      seq_len=prompt_len + 160, distill_prompts=rows, distill_prompt_len=prompt_len,
+                      distill_new_tokens=160, distill_cache=str(out / "distill-cache"))  # fmt: skip
+    held = distill_sequences(model.base, pack(load_tokens(cfg.data, None, eos[0] if eos else None), cfg.seq_len), cfg)
+    anchors, targets = anchor_targets(held, k, prompt_len)
+    with layer_inputs(model.base, model.eagle3.config.aux_layers) as aux:
+        model.base(held.clamp(min=0))
+    embed = model.base.get_input_embeddings()
+    guesses = model.eagle3.guesses(embed, aux[0], held.clamp(min=0), k - 1)[:, anchors]
+    return {"eagle3": scores(guesses, targets), "heads": scores(*heads_guesses(model, held, prompt_len, k))}
+
+
 def training_curve(run: Path) -> list[dict]:
     return [
         {"step": r["step"], "eval_head_acc": r["eval_head_acc"], "block": r["eval_mean_block_size"]}
@@ -245,6 +271,8 @@ def main() -> None:
         },
         "blocks": blocks(model, prompt_sets, ks, args.new_tokens),
     }
+    report["pilot"] = pilot(model, Path(args.corpus), Path(args.out).with_suffix(""), max(ks))
+    print(report["pilot"], flush=True)
     timed = [p for prompts in prompt_sets.values() for p in prompts[:: max(1, len(prompts) // args.speed_prompts)]]
     report["speed"] = speed(args.model, timed, args.new_tokens, max(ks), dtypes)
     print(report["speed"], flush=True)

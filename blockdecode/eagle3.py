@@ -20,19 +20,19 @@ import math
 import statistics
 import time
 import weakref
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 from torch import nn
 
 from blockdecode.drafters import BaseDrafter
 from blockdecode.expected import Scored, Source, confidence_source
 from blockdecode.hf import weights_key
-from blockdecode.io import CheckpointError, saving_folder, write_text
+from blockdecode.io import CheckpointError, read_tensors, saving_folder, write_text
 
 SPECULATORS_VERSION = "0.3.0"
 CONFIG = "config.json"  # written last: what marks a saved drafter whole
@@ -357,34 +357,29 @@ class Eagle3(nn.Module):
         attended = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=grouped)
         return layer.finish(attended, residual)
 
-    def loss(
-        self,
-        embed: nn.Module,
-        features: torch.Tensor,
-        tokens: torch.LongTensor,
-        targets: torch.LongTensor,
-        steps: int,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The training-time test over `steps` draft steps: features [B, L, 3T] of the base, tokens [B, L] the
-        rows (-1 past their end), targets [B, L] the base's own next token at each position (-1: none). Step 0
-        reads the base's features at every position t, later steps the drafter's own output at t and the token
-        one further on, each seeing the context up to t and its own earlier steps at t, as drafting does.
-        Returns each step's summed cross-entropy [steps] and [steps, 2] (right, count): `ttt_loss` weighs them."""
+    def unroll(
+        self, embed: nn.Module, features: torch.Tensor, tokens: torch.LongTensor, steps: int, own: bool = False
+    ) -> Iterator[torch.Tensor]:
+        """Each draft step's logits [B, L, V_draft] at every position t of rows `tokens` [B, L] (-1 past their
+        end), from the base's features [B, L, 3T] there. Step 0 reads the features at t and the token at t + 1;
+        step j the drafter's own output at t and the token at t + 1 + j, at position t + j, seeing the context up
+        to t and its own earlier steps at t alone: the attention drafting from t has at depth j, for every t in
+        one pass. That token is the row's (`own` False: the training-time test, teacher-forced) or the drafter's
+        guess at step j - 1 (`own`: what drafting from t proposes, every t at once)."""
         b, length, _ = features.shape
         positions = torch.arange(length, device=tokens.device).expand(b, -1)
         hidden = self.fc(features)
         causal = torch.ones(length, length, dtype=torch.bool, device=tokens.device).tril()
-        sums, tallies = [], torch.zeros(steps, 2)
         own_k: list[torch.Tensor] = []  # each later step's keys and values at every t
         own_v: list[torch.Tensor] = []
-        layer = self.layers[0]
+        layer, guess = self.layers[0], None
         for step in range(steps):
             shift = step + 1  # entry t reads the token at t + shift and predicts the one after it
-            inputs = torch.full_like(tokens, 0)
-            inputs[:, : length - shift] = tokens[:, shift:].clamp(min=0)
-            want = torch.full_like(tokens, -1)
-            want[:, : length - shift] = targets[:, shift:]
-            want = torch.where(want >= 0, self.draft_ids(want.clamp(min=0)), -1)
+            if own and guess is not None:
+                inputs = guess
+            else:
+                inputs = torch.zeros_like(tokens)
+                inputs[:, : length - shift] = tokens[:, shift:].clamp(min=0)
             q, k, v, residual = layer.qkv(embed(inputs).to(hidden.dtype), hidden, positions + step)
             if step == 0:
                 context_k, context_v = k, v
@@ -396,11 +391,38 @@ class Eagle3(nn.Module):
                 own_v.append(v)
                 attended = self._ttt_attention(q, context_k, context_v, own_k, own_v, causal)
             hidden = layer.finish(attended, residual)
-            logits = self.logits(hidden).float()
+            logits = self.logits(hidden)
+            if own:
+                guess = self.target_ids(logits.argmax(-1))
+            yield logits
+
+    def loss(
+        self, embed: nn.Module, features: torch.Tensor, tokens: torch.LongTensor, targets: torch.LongTensor, steps: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The training-time test over `steps` draft steps (`unroll`, teacher-forced), against targets [B, L]: the
+        base's own next token at each position (-1: none), mapped into the draft vocabulary (those outside it
+        skipped). Returns each step's summed cross-entropy [steps] and [steps, 2] (right, count): `ttt_loss`
+        weighs them."""
+        length = tokens.shape[1]
+        sums, tallies = [], torch.zeros(steps, 2)
+        for step, logits in enumerate(self.unroll(embed, features, tokens, steps)):
+            shift = step + 1
+            want = torch.full_like(tokens, -1)
+            want[:, : length - shift] = targets[:, shift:]
+            want = torch.where(want >= 0, self.draft_ids(want.clamp(min=0)), -1)
+            logits = logits.float()
             sums.append(F.cross_entropy(logits.flatten(0, 1), want.flatten(), ignore_index=-1, reduction="sum"))
             right = ((logits.argmax(-1) == want) & (want >= 0)).sum()
             tallies[step] = torch.stack([right, (want >= 0).sum()]).detach().float().cpu()
         return torch.stack(sums), tallies
+
+    @torch.no_grad()
+    def guesses(self, embed: nn.Module, features: torch.Tensor, tokens: torch.LongTensor, steps: int) -> torch.Tensor:
+        """The chain drafting proposes from every position t at once [B, L, steps] (base ids): at t, its guesses
+        for the tokens t + 2 .. t + 1 + steps."""
+        return torch.stack(
+            [self.target_ids(x.argmax(-1)) for x in self.unroll(embed, features, tokens, steps, True)], -1
+        )
 
     @staticmethod
     def _ttt_attention(q, context_k, context_v, own_k, own_v, causal) -> torch.Tensor:
@@ -459,13 +481,7 @@ class Eagle3(nn.Module):
         except (json.JSONDecodeError, UnicodeDecodeError) as err:
             raise CheckpointError(f"{config_path} is corrupt: {err}") from err
         drafter = cls(Eagle3Config.from_json(raw, config_path))
-        try:
-            state = load_file(str(weights))
-        except FileNotFoundError as err:
-            raise CheckpointError(f"{weights} is missing") from err
-        except (SafetensorError, OSError) as err:
-            raise CheckpointError(f"{weights} is corrupt or truncated: {err}") from err
-        state = {name.replace("midlayer.", "layers.0."): t for name, t in state.items()}
+        state = {name.replace("midlayer.", "layers.0."): t for name, t in read_tensors(weights).items()}
         state = {name: t for name, t in state.items() if not name.startswith("embed_tokens.")}  # the base's is shared
         expected = drafter.state_dict()
         for name, t in expected.items():

@@ -21,6 +21,8 @@ except ImportError:  # Windows: no advisory locks; one writer at a time is then 
 
 import numpy as np
 import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file
 
 
 class CheckpointError(ValueError):
@@ -235,6 +237,16 @@ def read_json(path: str | Path, error: type[ValueError] = ValueError) -> object:
         raise error(f"{path} is not valid JSON: {err}") from err
     except OSError as err:  # a folder, or a file this process may not read
         raise error(f"{path} cannot be read: {err.strerror or err}") from err
+
+
+def read_tensors(path: Path) -> dict[str, torch.Tensor]:
+    """A safetensors file's tensors; missing, corrupt or cut short, one CheckpointError naming the file."""
+    try:
+        return load_file(str(path))
+    except FileNotFoundError as err:
+        raise CheckpointError(f"{path} is missing") from err
+    except (SafetensorError, OSError) as err:
+        raise CheckpointError(f"{path} is corrupt or truncated: {err}") from err
 
 
 def read_prompts(path: str | Path) -> list[str]:

@@ -10,8 +10,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 from torch import nn
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
@@ -36,7 +35,7 @@ from blockdecode.hf import (
     same_weights,
     weights_signature,
 )
-from blockdecode.io import CheckpointError, read_prompts, reading_folder, saving_folder, write_text
+from blockdecode.io import CheckpointError, read_prompts, read_tensors, reading_folder, saving_folder, write_text
 from blockdecode.plan import DecodePlan, block_size, check_settings, make_plan, max_tree
 from blockdecode.sampling import check_generator, sampling_settings
 from blockdecode.sources import Memory, SuffixArray, corpus_index
@@ -562,12 +561,7 @@ class BlockwiseLM(nn.Module):
             )
         model = cls(base, cfg, base_location=location)
         weights = directory / HEADS_WEIGHTS
-        try:
-            state = load_file(str(weights))
-        except FileNotFoundError as err:
-            raise CheckpointError(f"{weights} is missing") from err
-        except (SafetensorError, OSError) as err:
-            raise CheckpointError(f"{weights} is corrupt or truncated: {err}") from err
+        state = read_tensors(weights)
         expected = model.heads.state_dict()
         if set(state) != set(expected) or any(state[n].shape != expected[n].shape for n in expected):
             raise CheckpointError(

@@ -19,6 +19,7 @@ from test_train import TWO_PROCESS_SCRIPT, Killed, kill_at, launch_two
 from blockdecode import BlockwiseLM, decode, make_plan
 from blockdecode.eagle3 import Eagle3, Eagle3Drafter, config_for, default_aux_layers, ttt_loss
 from blockdecode.export import export_heads
+from blockdecode.hf import layer_inputs
 from blockdecode.io import CheckpointError
 from blockdecode.sampling import sampling_settings
 from blockdecode.toy import TOY_ARCHITECTURES, toy_model
@@ -353,3 +354,18 @@ def test_the_command_line_trains_on_chosen_layers_and_exports_with_the_serving_c
     assert Eagle3.load(out).config.speculative_tokens == 3
     with pytest.raises(SystemExit, match="three layer ids in \\[0, 1\\]"):
         main([*common[:-1], str(tmp_path / "other"), "--head-type", "eagle3", "--aux-layers", "0", "1", "2"])
+
+
+def test_the_training_time_test_unrolled_on_its_own_guesses_is_what_drafting_proposes(exported) -> None:
+    """`guesses` runs every position's chain at once through the training-time test's attention: the same
+    chains the drafter proposes one position at a time with its cache, so training sees what drafting does."""
+    lm, _ = exported
+    drafter = Eagle3Drafter(lm.eagle3, lm.base.get_input_embeddings(), min_prob=0.0)
+    seq = hf_greedy(lm.base, make_prompt(10, 512, seed=3), 30, eos_token_id=NO_EOS)
+    with torch.no_grad(), layer_inputs(lm.base, drafter.layers) as aux:
+        lm.base(seq)
+    at_once = lm.eagle3.guesses(lm.base.get_input_embeddings(), aux[0], seq, K - 1)[0]
+    for t in range(5, seq.shape[1] - 2, 3):
+        drafter.start([seq[0, : t + 2].tolist()])
+        drafter.see(0, aux[0][0, : t + 1])
+        assert drafter.propose(seq[:, : t + 2], None, K - 1)[0].tolist() == at_once[t].tolist(), f"position {t}"
