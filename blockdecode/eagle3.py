@@ -21,7 +21,7 @@ import statistics
 import time
 import weakref
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -67,6 +67,7 @@ class Eagle3Config:
     rope_theta: float = 10000.0
     max_position_embeddings: int = 2048
     norm_before_residual: bool = False
+    own_embedding: bool = False  # a checkpoint with its own embed_tokens (else the base's is shared)
     speculative_tokens: int = 7  # the chain a serving engine drafts by default (k - 1)
     verifier: dict = field(default_factory=dict)  # the base: name_or_path, architectures
 
@@ -97,7 +98,8 @@ class Eagle3Config:
             self.head_dim,
         )
         attention = 2 * h * (heads + 2 * kv) * hd + heads * hd * h
-        return 3 * t * h + attention + 3 * h * self.intermediate_size + 4 * h + self.draft_vocab_size * h
+        embedding = self.vocab_size * h if self.own_embedding else 0
+        return 3 * t * h + attention + 3 * h * self.intermediate_size + 4 * h + self.draft_vocab_size * h + embedding
 
     def layer_config(self) -> dict:
         """The decoder layer's config, as a Llama config (`transformer_layer_config`)."""
@@ -172,7 +174,17 @@ class Eagle3Config:
                 tokens, verifier = 7, {}
             else:
                 raise KeyError("speculators_model_type (eagle3) or architectures (LlamaForCausalLMEagle3)")
-            rope = layer.get("rope_parameters") or {}
+            rope = layer.get("rope_parameters") or layer.get("rope_scaling") or {}
+            kind = rope.get("rope_type", rope.get("type", "default"))
+            if kind != "default":
+                raise CheckpointError(
+                    f"{where}: its layer's rotary embedding is {kind!r}; blockdecode computes the default"
+                )
+            for flag in ("norm_before_fc", "fc_norm", "norm_output"):
+                if raw.get(flag):
+                    raise CheckpointError(
+                        f"{where}: {flag} is set, a variant blockdecode's EAGLE-3 layer does not compute"
+                    )
             return cls(
                 hidden_size=layer["hidden_size"],
                 target_hidden_size=raw.get("target_hidden_size") or layer["hidden_size"],
@@ -314,6 +326,8 @@ class Eagle3(nn.Module):
         self.layers = nn.ModuleList([Layer(cfg)])
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.draft_vocab_size, bias=False)
+        if cfg.own_embedding:
+            self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         ids = torch.arange(cfg.draft_vocab_size)
         self.register_buffer("d2t", torch.zeros(cfg.draft_vocab_size, dtype=torch.long))
         self.register_buffer("t2d", torch.zeros(cfg.vocab_size, dtype=torch.bool).index_fill_(0, ids, True))
@@ -480,9 +494,9 @@ class Eagle3(nn.Module):
             raise CheckpointError(f"{config_path} is missing: not a saved EAGLE-3 drafter") from err
         except (json.JSONDecodeError, UnicodeDecodeError) as err:
             raise CheckpointError(f"{config_path} is corrupt: {err}") from err
-        drafter = cls(Eagle3Config.from_json(raw, config_path))
         state = {name.replace("midlayer.", "layers.0."): t for name, t in read_tensors(weights).items()}
-        state = {name: t for name, t in state.items() if not name.startswith("embed_tokens.")}  # the base's is shared
+        cfg = replace(Eagle3Config.from_json(raw, config_path), own_embedding="embed_tokens.weight" in state)
+        drafter = cls(cfg)
         expected = drafter.state_dict()
         for name, t in expected.items():
             if name not in state:
@@ -642,7 +656,8 @@ class Eagle3Drafter(BaseDrafter):
     name = "eagle3"
 
     def __init__(self, model: Eagle3, embeddings: nn.Module, width: int = 4, min_prob: float = 0.02):
-        self.model, self.embed = fastest(model), embeddings
+        self.model = fastest(model)
+        self.embed = getattr(self.model, "embed_tokens", embeddings)  # its own, where its checkpoint has one
         self.layers = model.config.aux_layers
         self.width, self.min_prob = width, min_prob
         self._rows: list[_Row] = []

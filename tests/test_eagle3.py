@@ -369,3 +369,24 @@ def test_the_training_time_test_unrolled_on_its_own_guesses_is_what_drafting_pro
         drafter.start([seq[0, : t + 2].tolist()])
         drafter.see(0, aux[0][0, : t + 1])
         assert drafter.propose(seq[:, : t + 2], None, K - 1)[0].tolist() == at_once[t].tolist(), f"position {t}"
+
+
+def test_a_variant_the_layer_does_not_compute_is_refused_and_an_own_embedding_is_used(exported, tmp_path) -> None:
+    _, folders = exported
+    config = json.loads((folders["speculators"] / "config.json").read_text())
+    tensors = load_file(str(folders["speculators"] / "model.safetensors"))
+    folder = tmp_path / "variant"
+    folder.mkdir()
+    save_file(tensors, str(folder / "model.safetensors"))
+    scaled = {**config["transformer_layer_config"], "rope_parameters": {"rope_type": "llama3", "rope_theta": 5e5}}
+    (folder / "config.json").write_text(json.dumps({**config, "transformer_layer_config": scaled}))
+    with pytest.raises(CheckpointError, match="rotary embedding is 'llama3'"):
+        Eagle3.load(folder)
+    (folder / "config.json").write_text(json.dumps({**config, "fc_norm": True}))
+    with pytest.raises(CheckpointError, match="fc_norm is set"):
+        Eagle3.load(folder)
+    (folder / "config.json").write_text(json.dumps(config))
+    own = torch.randn(512, tensors["fc.weight"].shape[0])
+    save_file({**tensors, "embed_tokens.weight": own}, str(folder / "model.safetensors"))
+    drafter = Eagle3Drafter(Eagle3.load(folder), torch.nn.Embedding(512, own.shape[1]))
+    assert torch.equal(drafter.embed.weight, own)
