@@ -37,6 +37,7 @@ from blockdecode.bench.report import cpu_name
 from blockdecode.data import load_tokens, pack
 from blockdecode.decode import decode_prompts
 from blockdecode.distill import distill_sequences
+from blockdecode.eagle3 import Eagle3Drafter
 from blockdecode.hardware import native_bf16
 from blockdecode.hf import layer_inputs, resolve_eos
 from blockdecode.io import read_jsonl, save_figure, write_json
@@ -47,6 +48,7 @@ from blockdecode.train_config import TrainConfig
 
 RESULTS = Path(__file__).parent / "results"
 DRAFTERS = ("heads", "eagle3")
+MIN_PROBS = (0.1, 0.3, 0.5)  # where else a chain might stop drafting (the drafter's default: 0.02)
 
 
 def depth_rates(blocks: list[int], k: int) -> list[float]:
@@ -95,6 +97,12 @@ def speed(folder: str, prompts: list[torch.LongTensor], new_tokens: int, k: int,
         d: {
             "heads chain": m.plan("heads", k, tree=None, eos_token_id=[]),
             "eagle3 chain": m.plan("eagle3", k, tree=None, eos_token_id=[]),
+            **{
+                f"eagle3 chain, min_prob {p}": m.plan(
+                    Eagle3Drafter(m.eagle3, m.base.get_input_embeddings(), min_prob=p), k, tree=None, eos_token_id=[]
+                )
+                for p in MIN_PROBS
+            },
             "default": m.plan(eos_token_id=[]),
             "eagle3+ngram ranked": m.plan("eagle3+ngram", k, eos_token_id=[]),
         }
@@ -128,8 +136,9 @@ def speed(folder: str, prompts: list[torch.LongTensor], new_tokens: int, k: int,
         "tokens_per_s": rates,
         "best_dtype": best,
         "against_greedy": {m: rates[best[m]][m] / rates[best["greedy"]]["greedy"] for m in methods},
-        "eagle3_against_heads_chain": rates[best["eagle3 chain"]]["eagle3 chain"]
-        / rates[best["heads chain"]]["heads chain"],
+        "eagle3_against_heads_chain": {
+            m: rates[best[m]][m] / rates[best["heads chain"]]["heads chain"] for m in methods if m.startswith("eagle3")
+        },
     }
 
 
@@ -208,7 +217,7 @@ def training_curve(run: Path) -> list[dict]:
 def plot(report: dict, png: Path) -> None:
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 3, figsize=(16, 4.2))
+    fig, axes = plt.subplots(1, 4, figsize=(21, 4.4))
     ax = axes[0]
     for name, entry in report["blocks"].items():
         for drafter, by_k in entry["drafters"].items():
@@ -230,6 +239,12 @@ def plot(report: dict, png: Path) -> None:
             ax.plot([r["step"] for r in curve], [r["eval_head_acc"][d] for r in curve], label=f"step {d + 1}")
         ax.legend(fontsize="small", ncol=2)
     ax.set(xlabel="training step", ylabel="held-out top-1 accuracy", title="eagle3 training: each draft step")
+    ax = axes[3]
+    ratios = report["speed"]["against_greedy"]
+    ax.barh(list(ratios), list(ratios.values()))
+    ax.axvline(1.0, color="grey", lw=0.8)
+    ax.set(xlabel="× transformers' greedy (each at its best dtype)", title="speed")
+    ax.tick_params(axis="y", labelsize="small")
     fig.tight_layout()
     save_figure(fig, png)
 
