@@ -12,11 +12,11 @@ import pytest
 import torch
 from conftest import NO_EOS, assert_greedy_equal, hf_greedy, make_cfg, make_prompt, vocab_size
 from safetensors.torch import load_file, save_file
-from test_batch import causal_batch, check_rows
+from test_batch import RANKED, causal_batch, check_rows
 from test_sampling import BUDGET, PROMPT, SETTINGS, SHOWN, homogeneity, reference, small
 from test_train import TWO_PROCESS_SCRIPT, Killed, kill_at, launch_two
 
-from blockdecode import BlockwiseLM, decode, make_plan
+from blockdecode import BlockwiseLM, NgramDrafter, decode, make_plan
 from blockdecode.eagle3 import Eagle3, Eagle3Drafter, config_for, default_aux_layers, ttt_loss
 from blockdecode.export import export_heads
 from blockdecode.hf import layer_inputs
@@ -84,6 +84,9 @@ def test_chain_and_tree_are_transformers_greedy(arch: str) -> None:
             out = lm.generate(ids, 64, drafter="eagle3", k=K, tree=tree, eos_token_id=NO_EOS)
             assert_greedy_equal(lm.base, ids, out.sequences, ref, what=f"{arch} tree={tree} seed {seed}")
             blocks += zip(out.stats.block_sizes, out.stats.verified) if tree is None else []
+        ranked = make_plan(lm.base, [NgramDrafter(), lm.eagle3_drafter()], K, 16, eos_token_id=NO_EOS, ranking=RANKED)
+        out = decode(lm.base, ids, 64, ranked)  # a tree ranked by the drafters' chances, n-gram lookup's beside
+        assert_greedy_equal(lm.base, ids, out.sequences, ref, what=f"{arch} ranked seed {seed}")
     assert max(b for b, _ in blocks) >= 3, "the drafter should be right for several tokens at times"
     assert any(b < v for b, v in blocks), "and wrong at others"
 
