@@ -381,13 +381,28 @@ class Eagle3Training(training.Task):
     def save(self, model: Eagle3Objective, records: list[dict], folder: Path) -> None:
         """The drafter (eagle3/, the speculators format) beside the heads of the model it was trained on, which
         it names as its base, with the run's record."""
-        cfg = self.config
-        record = run_record(records, cfg, self.row_tokens, self.coverage) | {
-            "head_type": "eagle3",
-            "aux_layers": list(model.drafter.config.aux_layers),
-        }
+        record = eagle3_record(records, self.config, self.row_tokens, self.coverage, model.drafter.config.aux_layers)
         self.lm.eagle3 = model.drafter
         self.lm.write_save(folder, save_base=False, training=record, tokenizer=self.tokenizer)
+
+
+def eagle3_record(records: list[dict], cfg: TrainConfig, row_tokens: float, coverage, aux_layers) -> dict:
+    """What a saved model keeps of an EAGLE-3 run: its settings, how much it saw, and its last held-out
+    evaluation (the training-time test's loss and each draft step's accuracy, and the block its chain accepted)."""
+    evals = [r for r in records if "eval_loss" in r]
+    steps = max((r["step"] for r in records), default=0)
+    return {
+        "head_type": "eagle3",
+        "mode": cfg.mode,
+        "k": cfg.k,
+        "aux_layers": list(aux_layers),
+        **({"draft_vocab": cfg.draft_vocab, "draft_vocab_coverage": coverage} if cfg.draft_vocab else {}),
+        "steps": steps,
+        "tokens_seen": round(steps * cfg.batch_size * row_tokens),
+        "heldout_loss": evals[-1]["eval_loss"] if evals else None,
+        "heldout_accuracy_by_step": evals[-1]["eval_head_acc"] if evals else None,
+        "mean_block_size": evals[-1]["eval_mean_block_size"] if evals else None,
+    }
 
 
 def train_eagle3(cfg: TrainConfig, loop, base, tokenizer, train_seqs, held_out, digest, state, callback) -> BlockwiseLM:
