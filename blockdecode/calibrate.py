@@ -207,7 +207,7 @@ def calibration_key(lm, drafter: str, k: int, acceptance: Acceptance = EXACT) ->
     device = next(lm.parameters()).device
     machine = torch.backends.cpu.get_cpu_capability() if device.type == "cpu" else torch.cuda.get_device_name(device)
     chosen_among = "auto:" + ",".join(CHOICES) if drafter == "auto" else drafter  # a new source is measured anew
-    parts = [fingerprint(lm), dtype_name(lm.base.dtype), str(device), f"{torch.get_num_threads()} threads"]
+    parts = [fingerprint(lm.measured), dtype_name(lm.base.dtype), str(device), f"{torch.get_num_threads()} threads"]
     return "|".join([*parts, machine, chosen_among, f"acceptance={acceptance.key}", f"k={k}"])
 
 
@@ -321,7 +321,7 @@ def shipped_statistics(lm, k: int, names: Sequence[str]) -> dict | None:
     except ValueError as err:
         note(str(err))
         return None
-    if saved.get("k") != k or not same_weights(signature, weights_signature(lm)):
+    if saved.get("k") != k or not same_weights(signature, weights_signature(lm.measured)):
         return None
     if any(n not in sources for n in names):
         return None
@@ -336,7 +336,7 @@ def record_statistics(lm, prompts: list[torch.LongTensor], folder: str | Path) -
     the model in `folder`, so that choosing on any machine needs only the machine's costs."""
     trees = takes_tree_masks(lm.base)
     sources = {name: acceptance_statistics(lm, prompts, name, lm.k, trees) for name in CHOICES}
-    saved = {"k": lm.k, "signature": weights_signature(lm), "prompts": len(prompts), "new_tokens": STAT_TOKENS}
+    saved = {"k": lm.k, "signature": weights_signature(lm.measured), "prompts": len(prompts), "new_tokens": STAT_TOKENS}
     write_json(Path(folder) / STATISTICS, {**saved, "sources": sources})
     return sources
 
@@ -454,7 +454,8 @@ def record_rates(lm, prompts: Sequence[torch.LongTensor], folder: str | Path, ne
             counts[0] += hits
             counts[1] += trials
     rates = seen.rates_seen()
-    write_json(Path(folder) / PRIORS, {"signature": weights_signature(lm), "prompts": len(prompts), "rates": rates})
+    signature = weights_signature(lm.measured)
+    write_json(Path(folder) / PRIORS, {"signature": signature, "prompts": len(prompts), "rates": rates})
     return rates
 
 

@@ -129,7 +129,7 @@ def model_ranking(lm, context: torch.LongTensor, cache_implementation: str = "dy
         room = context_length(lm.base)  # a short context holds fewer tokens a call: t(q) is extrapolated past them
         points = [q for q in COST_POINTS if room is None or context.shape[1] + q <= room] or [1]
         cost = forward_cost(lm.base, context[:1], points, reps=5, cache_implementation=cache_implementation)
-        rates = shipped_rates(lm.base_location, weights_signature(lm))
+        rates = shipped_rates(lm.base_location, weights_signature(lm.measured))
         _MEASURED[lm] = known = (key, Ranking(tuple(sorted(cost.items())), tuple(sorted(rates.items()))))
     return known[1]
 

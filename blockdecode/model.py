@@ -214,6 +214,15 @@ class BlockwiseLM(nn.Module):
             embeddings=self.base.get_input_embeddings(),
         )
 
+    @property
+    def measured(self) -> nn.ModuleList:
+        """The base and its heads: what a model's shipped statistics and a calibration are of, so that giving it
+        an EAGLE-3 drafter leaves them valid. The same object while those are the same modules."""
+        known = self.__dict__.get("_measured")
+        if known is None or known[0] is not self.base or known[1] is not self.heads:
+            known = self.__dict__["_measured"] = nn.ModuleList([self.base, self.heads])
+        return known
+
     def attach_eagle3(self, eagle3: Eagle3 | str | os.PathLike) -> None:
         """Give this model an EAGLE-3 drafter (`drafter="eagle3"`): a module, or a folder holding one in the
         speculators or the original layout; refused in one line if it was built for another base."""

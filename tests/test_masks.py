@@ -29,7 +29,9 @@ from blockdecode.toy import TOY_ARCHITECTURES, toy_model
 
 
 def trained_looking(model, k: int = 4, seed: int = 0, **kwargs):
-    """Masks with random embeddings and a non-zero LoRA (B = 0 would add nothing): the gate matters."""
+    """Masks with random embeddings and a non-zero LoRA (B = 0 would add nothing): the gate matters. Seeded, so
+    that what ran before (another test's draws) does not choose the weights a tolerance is checked on."""
+    torch.manual_seed(seed)
     masks = build_masks(model, k=k, rank=4, **kwargs)
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
@@ -113,7 +115,8 @@ def test_a_packed_mask_group_equals_a_plain_forward_of_its_prefix_and_group(arch
             ids = torch.cat([rows[b : b + 1, : anchor + 1].clamp(min=0), mask_ids(masks)], dim=1)
             with attached(model, masks):
                 plain = model.base_model(input_ids=ids).last_hidden_state[0, anchor + 1 :]
-            torch.testing.assert_close(states[b, g], plain, rtol=1e-5, atol=1e-5)
+            # fp32, summed in another order over a packed row than over a short one: up to ~1.5e-5 apart
+            torch.testing.assert_close(states[b, g], plain, rtol=1e-5, atol=5e-5)
     with attached(model, masks):
         packed = model.base_model(
             input_ids=batch.input_ids,
