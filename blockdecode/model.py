@@ -218,9 +218,10 @@ class BlockwiseLM(nn.Module):
     def measured(self) -> nn.ModuleList:
         """The base and its heads: what a model's shipped statistics and a calibration are of, so that giving it
         an EAGLE-3 drafter leaves them valid. The same object while those are the same modules."""
+        parts = [m for m in (self.base, getattr(self, "heads", None)) if isinstance(m, nn.Module)]  # heads may be gone
         known = self.__dict__.get("_measured")
-        if known is None or known[0] is not self.base or known[1] is not self.heads:
-            known = self.__dict__["_measured"] = nn.ModuleList([self.base, self.heads])
+        if known is None or list(known) != parts:
+            known = self.__dict__["_measured"] = nn.ModuleList(parts)
         return known
 
     def attach_eagle3(self, eagle3: Eagle3 | str | os.PathLike) -> None:
