@@ -29,6 +29,7 @@ METHODS = {  # name: (drafter, tree) as model.plan takes them
     "n-gram chain": ("ngram", None),
     "n-gram tree 16": ("ngram", 16),
     "heads chain": ("heads", None),
+    "eagle3 chain": ("eagle3", None),
 }
 PARTS = {  # where the default's time goes: the functions a profile reads, by what they do
     "forward": ("adapter.py", "score"),

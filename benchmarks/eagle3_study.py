@@ -40,7 +40,7 @@ from blockdecode.distill import distill_sequences
 from blockdecode.eagle3 import Eagle3Drafter
 from blockdecode.hardware import native_bf16
 from blockdecode.hf import layer_inputs, resolve_eos
-from blockdecode.io import read_jsonl, save_figure, write_json
+from blockdecode.io import cache_root, read_jsonl, save_figure, write_json
 from blockdecode.masks import anchor_targets
 from blockdecode.model import BlockwiseLM, load
 from blockdecode.reference import first_divergence, greedy_generate
@@ -289,7 +289,7 @@ def main() -> None:
         # the built-in base's greedy text loops within 128 tokens: before it has, fewer windows do
         "blocks_short": blocks(model, prompt_sets, [max(ks)], args.short_tokens),
     }
-    report["pilot"] = pilot(model, Path(args.corpus), Path(args.out).with_suffix(""), max(ks))
+    report["pilot"] = pilot(model, Path(args.corpus), cache_root() / "eagle3_study", max(ks))  # its distilled rows
     print(report["pilot"], flush=True)
     timed = [p for prompts in prompt_sets.values() for p in prompts[:: max(1, len(prompts) // args.speed_prompts)]]
     report["speed"] = speed(args.model, timed, args.new_tokens, max(ks), dtypes)

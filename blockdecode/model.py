@@ -284,7 +284,8 @@ class BlockwiseLM(nn.Module):
         batch (`rows` > 1): there "auto" is the drafter whose chain the calibration predicts fastest (it
         measures greedy's acceptance, which a draw at a low temperature mostly follows). Every setting is
         checked before anything is measured."""
-        k = self.k if k is None else k
+        if k is None:  # the heads' block, or the depth the EAGLE-3 drafter was trained to draft when it drafts alone
+            k = self.eagle3.config.speculative_tokens + 1 if drafter == "eagle3" and self.eagle3 is not None else self.k
         drafter = "auto" if drafter is None else drafter
         prompts = list(prompts) or [ids.to(self.base.device) for ids in self.prompts]  # the folder's prompts.json
         sampling = sampling_settings(self.base, do_sample, temperature, top_k, top_p)
