@@ -29,8 +29,8 @@ METHODS = {  # name: (drafter, tree) as model.plan takes them
     "n-gram chain": ("ngram", None),
     "n-gram tree 16": ("ngram", 16),
     "heads chain": ("heads", None),
-    "eagle3 chain": ("eagle3", None),
 }
+EAGLE3 = {"eagle3 chain": ("eagle3", None)}  # with --eagle3: the model's EAGLE-3 drafter's chain, at its trained depth
 PARTS = {  # where the default's time goes: the functions a profile reads, by what they do
     "forward": ("adapter.py", "score"),
     "predict": ("decode.py", "predict"),
@@ -49,6 +49,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--prompt-len", type=int, default=300)
     p.add_argument("--new-tokens", type=int, default=96)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--eagle3", action="store_true", help="also the chain of the model's EAGLE-3 drafter")
     p.add_argument("--profile", action="store_true", help="also profile the default: where its time goes")
     p.add_argument("--out", default="benchmarks/results/call_cost.json")
     args = p.parse_args(argv)
@@ -122,7 +123,8 @@ def main(argv: list[str] | None = None) -> dict:
     torch.set_num_threads(args.threads)
     model, tokenizer = load(args.model, dtype=auto_dtype())
     prompts = third_party_prompts(tokenizer, THIRD_PARTY, args.third_party, args.prompt_len)
-    plans = {name: model.plan(drafter, None, tree, prompts=prompts[:1]) for name, (drafter, tree) in METHODS.items()}
+    asked = METHODS | (EAGLE3 if args.eagle3 else {})
+    plans = {name: model.plan(drafter, None, tree, prompts=prompts[:1]) for name, (drafter, tree) in asked.items()}
     for plan in plans.values():  # warm: the first call of each
         model.generate(prompts[0], 8, plan=plan)
     methods = {name: decode_all(model, prompts, plan, args.new_tokens) for name, plan in plans.items()}
