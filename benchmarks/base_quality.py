@@ -24,11 +24,11 @@ import torch  # noqa: E402
 from transformers import AutoTokenizer  # noqa: E402
 
 from blockdecode import DEFAULT_MODEL  # noqa: E402
-from blockdecode.demo import PROMPTS  # noqa: E402
-from blockdecode.hf import load_base  # noqa: E402
-from blockdecode.io import write_json  # noqa: E402
-from blockdecode.pretrain import PretrainConfig, heldout_batches, heldout_loss  # noqa: E402
-from blockdecode.reference import greedy_generate  # noqa: E402
+from blockdecode.commands.demo import PROMPTS  # noqa: E402
+from blockdecode.core.io import write_json  # noqa: E402
+from blockdecode.decoding.reference import greedy_generate  # noqa: E402
+from blockdecode.loading import load_base  # noqa: E402
+from blockdecode.pretraining.pretrain import PretrainConfig, heldout_batches, heldout_loss  # noqa: E402
 
 FIB = "def fib(n):"
 

@@ -27,8 +27,8 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from transformers import LlamaForCausalLM  # noqa: E402
 
-from blockdecode.io import save_figure, write_json  # noqa: E402
-from blockdecode.pretrain import PretrainConfig, pretrain  # noqa: E402
+from blockdecode.core.io import save_figure, write_json  # noqa: E402
+from blockdecode.pretraining.pretrain import PretrainConfig, pretrain  # noqa: E402
 
 SHAPES = {
     "4x384": dict(layers=4, hidden_size=384, heads=6, kv_heads=6, intermediate_size=1024),
@@ -50,7 +50,7 @@ def decode_step_ms(models: dict[str, LlamaForCausalLM], context: int = 300, roun
     decodes in, the models taking turns so that whatever else runs slows them alike."""
     from transformers import DynamicCache
 
-    from blockdecode.hardware import auto_dtype
+    from blockdecode.core.hardware import auto_dtype
 
     caches = {}
     for name, model in models.items():

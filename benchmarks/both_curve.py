@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from blockdecode.io import read_json, read_jsonl, save_figure, write_json
+from blockdecode.core.io import read_json, read_jsonl, save_figure, write_json
 
 
 def tokens_per_step(run: Path) -> float:

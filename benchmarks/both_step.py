@@ -34,12 +34,15 @@ from transformers.utils import logging as hf_logging  # noqa: E402
 
 from blockdecode import DEFAULT_MODEL, BlockwiseLM  # noqa: E402
 from blockdecode.bench.report import cpu_name  # noqa: E402
-from blockdecode.corpus import read_text, stdlib_files  # noqa: E402
-from blockdecode.hf import load_tokenizer  # noqa: E402
-from blockdecode.io import write_json  # noqa: E402
-from blockdecode.objective import Objective, combine_loss  # noqa: E402
-from blockdecode.train_config import TrainConfig  # noqa: E402
-from blockdecode.training import Precision  # noqa: E402
+from blockdecode.core.io import (
+    read_text,  # noqa: E402
+    write_json,  # noqa: E402
+)
+from blockdecode.loading import load_tokenizer  # noqa: E402
+from blockdecode.pretraining.corpus import stdlib_files
+from blockdecode.training.config import TrainConfig  # noqa: E402
+from blockdecode.training.loop import Precision  # noqa: E402
+from blockdecode.training.objective import Objective, combine_loss  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

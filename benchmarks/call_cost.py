@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """What a call of each decode method costs beside its forward (issue 48's starting point): for the default and
 the drafters alone, the wall time a call, the part of it inside the model's forward (timed from outside, as
-`blockdecode.timing.metered` does), the tokens it gains and verifies, and the bare forward t(q) it is held
+`blockdecode.decoding.timing.metered` does), the tokens it gains and verifies, and the bare forward t(q) it is held
 against. The loop's own share is what a leaner loop can remove; a profile of the default names where it goes.
 
     python benchmarks/call_cost.py --third-party 8 --prompt-len 300 --new-tokens 96 --profile
@@ -19,10 +19,10 @@ import torch
 from paper_table import THIRD_PARTY, third_party_prompts
 
 from blockdecode import DEFAULT_MODEL, load
-from blockdecode.expected import Ranker
-from blockdecode.hardware import auto_dtype
-from blockdecode.io import save_figure, write_json
-from blockdecode.timing import forward_cost, metered
+from blockdecode.core.hardware import auto_dtype
+from blockdecode.core.io import save_figure, write_json
+from blockdecode.decoding.ranking import Ranker
+from blockdecode.decoding.timing import forward_cost, metered
 
 METHODS = {  # name: (drafter, tree) as model.plan takes them
     "default": ("auto", "default"),
@@ -33,9 +33,9 @@ METHODS = {  # name: (drafter, tree) as model.plan takes them
 EAGLE3 = {"eagle3 chain": ("eagle3", None)}  # with --eagle3: the model's EAGLE-3 drafter's chain, at its trained depth
 PARTS = {  # where the default's time goes: the functions a profile reads, by what they do
     "forward": ("adapter.py", "score"),
-    "predict": ("decode.py", "predict"),
-    "rank": ("expected.py", "_rank"),
-    "accept": ("decode.py", "accept"),
+    "predict": ("loop.py", "predict"),
+    "rank": ("ranking.py", "_rank"),
+    "accept": ("loop.py", "accept"),
     "cut the cache": ("adapter.py", "keep_paths"),
     "tree mask": ("adapter.py", "_attention_mask"),
 }
@@ -95,7 +95,7 @@ def profile_default(model, prompts: list[torch.LongTensor], plan, new_tokens: in
     profiler.disable()
     stats = pstats.Stats(profiler).stats
     cumulative = {(Path(f).name, fn): entry[3] for (f, _, fn), entry in stats.items()}
-    total = cumulative[("decode.py", "decode")]
+    total = cumulative[("loop.py", "decode")]
     return {part: cumulative.get(where, 0.0) / total for part, where in PARTS.items()}
 
 

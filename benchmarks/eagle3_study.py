@@ -34,17 +34,17 @@ from transformers import AutoTokenizer, DynamicCache
 
 from blockdecode import DEFAULT_MODEL
 from blockdecode.bench.report import cpu_name
-from blockdecode.data import load_tokens, pack
-from blockdecode.decode import decode_prompts
-from blockdecode.distill import distill_sequences
-from blockdecode.eagle3 import Eagle3Drafter
-from blockdecode.hardware import native_bf16
-from blockdecode.hf import layer_inputs, resolve_eos
-from blockdecode.io import cache_root, read_jsonl, save_figure, write_json
-from blockdecode.masks import anchor_targets
+from blockdecode.core.hardware import native_bf16
+from blockdecode.core.hf import layer_inputs, resolve_eos
+from blockdecode.core.io import cache_root, read_jsonl, save_figure, write_json
+from blockdecode.decoding.loop import decode_prompts
+from blockdecode.decoding.reference import first_divergence, greedy_generate
+from blockdecode.drafters.eagle3.drafting import Eagle3Drafter
+from blockdecode.drafters.masks import anchor_targets
 from blockdecode.model import BlockwiseLM, load
-from blockdecode.reference import first_divergence, greedy_generate
-from blockdecode.train_config import TrainConfig
+from blockdecode.training.config import TrainConfig
+from blockdecode.training.data import load_tokens, pack
+from blockdecode.training.distill import distill_sequences
 
 RESULTS = Path(__file__).parent / "results"
 DRAFTERS = ("heads", "eagle3")

@@ -28,10 +28,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch  # noqa: E402
 
 from blockdecode import DEFAULT_MODEL, load  # noqa: E402
-from blockdecode.calibrate import calibrate  # noqa: E402
-from blockdecode.hardware import auto_dtype  # noqa: E402
-from blockdecode.hf import dtype_name  # noqa: E402
-from blockdecode.io import save_figure, write_json  # noqa: E402
+from blockdecode.core.hardware import auto_dtype  # noqa: E402
+from blockdecode.core.hf import dtype_name  # noqa: E402
+from blockdecode.core.io import save_figure, write_json  # noqa: E402
+from blockdecode.decoding.calibrate import calibrate  # noqa: E402
 
 BLOCKDECODE = str(Path(sys.executable).with_name("blockdecode"))
 COMMAND = [BLOCKDECODE, "--threads", "2", "generate", "--prompt", "def fib(n):", "--max-new-tokens", "64"]

@@ -26,8 +26,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch  # noqa: E402
 
 from blockdecode import DEFAULT_MODEL  # noqa: E402
-from blockdecode.io import read_jsonl, write_json  # noqa: E402
-from blockdecode.train import TrainConfig, train  # noqa: E402
+from blockdecode.core.io import read_jsonl, write_json  # noqa: E402
+from blockdecode.training.train import TrainConfig, train  # noqa: E402
 
 
 def main() -> None:

@@ -12,7 +12,7 @@ shipped paper heads.
    serves W and the heads). Training rows under bf16 autocast where the CPU computes bf16 natively
    (kept in bf16), held-out rows in fp32, as the pilot scores them.
 3. Two arms, trained in lockstep on the same batches, the same seed, steps and schedule, the heads'
-   loss of `blockdecode.objective` (each head's per-token cross-entropy over the draft vocabulary,
+   loss of `blockdecode.training.objective` (each head's per-token cross-entropy over the draft vocabulary,
    averaged over heads 2..k):
      final: `PaperHeads` on h, as shipped;
      fused: the same heads (the same initial weights) reading h + W·[norm(low); norm(mid)], W zero at
@@ -48,15 +48,17 @@ from torch import nn  # noqa: E402
 from tqdm.auto import tqdm  # noqa: E402
 from transformers.utils import logging as hf_logging  # noqa: E402
 
-from blockdecode import DEFAULT_MODEL, load, training  # noqa: E402
+from blockdecode import DEFAULT_MODEL, load  # noqa: E402
 from blockdecode.bench.report import cpu_name  # noqa: E402
-from blockdecode.heads import HeadsConfig, PaperHeads, most_frequent, short_projection  # noqa: E402
-from blockdecode.hf import vocab_size  # noqa: E402
-from blockdecode.io import save_figure, saving_folder, write_json  # noqa: E402
-from blockdecode.loss import IGNORE, draft_projection, head_targets, linear_cross_entropy  # noqa: E402
-from blockdecode.masks import anchor_targets  # noqa: E402
-from blockdecode.pretrain import CorpusConfig, prepare_corpus  # noqa: E402
-from blockdecode.train import TrainConfig, batch_indices  # noqa: E402
+from blockdecode.core.hf import vocab_size  # noqa: E402
+from blockdecode.core.io import save_figure, saving_folder, write_json  # noqa: E402
+from blockdecode.core.loss import IGNORE, draft_projection, head_targets, linear_cross_entropy  # noqa: E402
+from blockdecode.drafters.heads import HeadsConfig, PaperHeads, most_frequent, short_projection  # noqa: E402
+from blockdecode.drafters.masks import anchor_targets  # noqa: E402
+from blockdecode.pretraining.pretrain import CorpusConfig, prepare_corpus  # noqa: E402
+from blockdecode.training import loop as training
+from blockdecode.training.data import batch_indices
+from blockdecode.training.train import TrainConfig  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))  # the pilot's data and scores, as when run from anywhere
 from mask_pilot import distilled, scores  # noqa: E402
@@ -169,7 +171,7 @@ def final_norm(base) -> nn.Module:
 
 def heads_loss(model: LayerHeads, feats: Features, idx: torch.LongTensor, labels: torch.LongTensor, project, short,
                chunk: int) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
-    """`blockdecode.objective`'s loss for heads 2..k on rows `idx`: the mean over heads of each head's
+    """`blockdecode.training.objective`'s loss for heads 2..k on rows `idx`: the mean over heads of each head's
     per-token cross-entropy (targets outside the draft vocabulary counted, never learnt); and the
     per-head hit rate."""
     states = model(feats.h[idx], feats.extra[idx] if model.fuse is not None else None).unbind(-2)

@@ -6,7 +6,7 @@ and without remembered outputs; (d) sampling at temperatures 0.7 and 1.0 against
 
 Every method decodes every window; times are the best of `--rounds` interleaved runs, so a method is never timed
 while the machine is busier than for the others. `loop ms/call` is a call's wall time outside the model's forward
-(timed from outside, `blockdecode.timing.metered`). A window "loops" when more than half of its greedy
+(timed from outside, `blockdecode.decoding.timing.metered`). A window "loops" when more than half of its greedy
 continuation's 4-grams stood before it (`benchmarks/repetition.py`), which flatters every lookup drafter: each
 figure is given on the windows that do not loop too. With llama.cpp installed (`pip install .[llama]`), its greedy
 of the same model (a bf16 GGUF as `benchmarks/sizes.py` writes it) is timed on (a) too.
@@ -31,11 +31,11 @@ from sizes import llama_cpp_greedy, llama_cpp_installed, write_gguf
 
 from blockdecode import DEFAULT_MODEL, DEFAULT_TRANSLATION_MODEL, load
 from blockdecode.bench.report import cpu_name
-from blockdecode.bible import read_tsv
-from blockdecode.hardware import auto_dtype
-from blockdecode.hf import generate_length
-from blockdecode.io import save_figure, write_json
-from blockdecode.timing import metered
+from blockdecode.core.hardware import auto_dtype
+from blockdecode.core.hf import generate_length
+from blockdecode.core.io import save_figure, write_json
+from blockdecode.decoding.timing import metered
+from blockdecode.pretraining.bible import read_tsv
 
 LOOPS = 0.5  # a continuation loops when more than this share of its 4-grams stood before
 PARTS = ("n-gram chain", "n-gram tree 16", "heads chain")  # the default's drafters alone

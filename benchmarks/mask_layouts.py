@@ -32,15 +32,15 @@ import torch  # noqa: E402
 from transformers.utils import logging as hf_logging  # noqa: E402
 
 from blockdecode import DEFAULT_MODEL, load  # noqa: E402
-from blockdecode.adapter import adapter_for  # noqa: E402
 from blockdecode.bench.report import cpu_name  # noqa: E402
-from blockdecode.data import load_tokens, pack  # noqa: E402
-from blockdecode.hardware import native_bf16  # noqa: E402
-from blockdecode.heads import short_projection  # noqa: E402
-from blockdecode.hf import dtype_name  # noqa: E402
-from blockdecode.io import load_npy, read_json, save_figure, write_json  # noqa: E402
-from blockdecode.loss import IGNORE  # noqa: E402
-from blockdecode.masks import MaskDrafts, attached, load_masks  # noqa: E402
+from blockdecode.core.hardware import native_bf16  # noqa: E402
+from blockdecode.core.hf import dtype_name  # noqa: E402
+from blockdecode.core.io import load_npy, read_json, save_figure, write_json  # noqa: E402
+from blockdecode.core.loss import IGNORE  # noqa: E402
+from blockdecode.decoding.adapter import adapter_for  # noqa: E402
+from blockdecode.drafters.heads import short_projection  # noqa: E402
+from blockdecode.drafters.masks import MaskDrafts, attached, load_masks  # noqa: E402
+from blockdecode.training.data import load_tokens, pack  # noqa: E402
 
 REPORT = "mask_layouts.json"
 CURVE = (1, 2, 4, 8, 16, 32, 64)

@@ -1,13 +1,13 @@
 #!/usr/bin/env python
 """Mask drafts against the shipped heads at equal CPU time: issue 37's pilot, which decides whether
-drafting with the whole network (`blockdecode.masks`) is integrated into decoding.
+drafting with the whole network (`blockdecode.drafters.masks`) is integrated into decoding.
 
 1. Data: the built-in model's own greedy continuations (`train.distill_sequences`, cached) of prompts
    from the standard library's training files, and of prompts from its held-out files.
 2. Masks: trained on those rows for a budget of process CPU time (`--minutes`; the steps follow from a
    few timed ones) or `--steps`, bf16 autocast where the CPU computes bf16 natively, fp32 elsewhere;
    checkpointed, `--resume` continues. Optionally (`--paper-heads`) the paper's heads trained from
-   scratch (`blockdecode.train`, distill mode) on the same rows for the CPU time the masks used.
+   scratch (`blockdecode.training.train`, distill mode) on the same rows for the CPU time the masks used.
 3. Held-out, on the same anchors for everyone (every position of the continuation whose k-1 next
    tokens all lie in it): per offset d = 2..k the share of greedy's tokens guessed, and the chain's
    mean accepted block at k (1 + the leading right guesses), for the masks, the shipped heads and the
@@ -43,21 +43,20 @@ os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 import torch  # noqa: E402
 from transformers.utils import logging as hf_logging  # noqa: E402
 
-from blockdecode import DEFAULT_MODEL, load, plots, training  # noqa: E402
-from blockdecode.adapter import adapter_for  # noqa: E402
+from blockdecode import DEFAULT_MODEL, load  # noqa: E402
 from blockdecode.bench.report import cpu_name  # noqa: E402
-from blockdecode.data import fingerprint, load_tokens, pack, split  # noqa: E402
-from blockdecode.distill import distill_sequences  # noqa: E402
-from blockdecode.flags import config_from  # noqa: E402
-from blockdecode.hardware import native_bf16  # noqa: E402
-from blockdecode.heads import most_frequent, short_projection  # noqa: E402
-from blockdecode.hf import dtype_name, resolve_eos, vocab_size  # noqa: E402
-from blockdecode.io import read_json, read_jsonl, save_figure, saving_folder, write_json  # noqa: E402
-from blockdecode.loss import (
+from blockdecode.commands.flags import config_from  # noqa: E402
+from blockdecode.core import plots
+from blockdecode.core.hardware import native_bf16  # noqa: E402
+from blockdecode.core.hf import dtype_name, resolve_eos, vocab_size  # noqa: E402
+from blockdecode.core.io import read_json, read_jsonl, save_figure, saving_folder, write_json  # noqa: E402
+from blockdecode.core.loss import (
     IGNORE,  # noqa: E402
     draft_projection,  # noqa: E402
 )
-from blockdecode.masks import (  # noqa: E402
+from blockdecode.decoding.adapter import adapter_for  # noqa: E402
+from blockdecode.drafters.heads import most_frequent, short_projection  # noqa: E402
+from blockdecode.drafters.masks import (  # noqa: E402
     MASKS_CONFIG,
     MaskDrafts,
     anchor_targets,
@@ -69,8 +68,11 @@ from blockdecode.masks import (  # noqa: E402
     write_masks,
 )
 from blockdecode.model import BlockwiseLM  # noqa: E402
-from blockdecode.pretrain import CorpusConfig, prepare_corpus  # noqa: E402
-from blockdecode.train import TrainConfig, batch_indices, train  # noqa: E402
+from blockdecode.pretraining.pretrain import CorpusConfig, prepare_corpus  # noqa: E402
+from blockdecode.training import loop as training
+from blockdecode.training.data import batch_indices, fingerprint, load_tokens, pack, split  # noqa: E402
+from blockdecode.training.distill import distill_sequences  # noqa: E402
+from blockdecode.training.train import TrainConfig, train  # noqa: E402
 
 REPORT = "mask_pilot.json"
 COSTS = "step_costs.json"  # CPU seconds a step of the masks and of the paper heads, measured once per --out
@@ -368,7 +370,7 @@ def medians_in_turns(calls: dict[str, Callable[[], float]], reps: int) -> dict[s
 
 
 def distilled(base, cfg: TrainConfig, corpus: Path, eval_rows: int) -> tuple[torch.LongTensor, torch.LongTensor]:
-    """Training rows as `blockdecode.train` distils them for `cfg` (so a heads run finds them cached),
+    """Training rows as `blockdecode.training.train` distils them for `cfg` (so a heads run finds them cached),
     and held-out rows the same way from the held-out files."""
     eos = sorted(resolve_eos(base, None))
     eos_id = eos[0] if eos else None

@@ -32,12 +32,13 @@ from tqdm.auto import tqdm
 from transformers import AutoTokenizer
 
 from blockdecode.bench.report import cpu_name
-from blockdecode.decode import decode_prompts
-from blockdecode.hf import cache_argument, load_base
-from blockdecode.io import read_jsonl, save_figure, saving_folder, write_json
+from blockdecode.core.hf import cache_argument
+from blockdecode.core.io import read_jsonl, save_figure, saving_folder, write_json
+from blockdecode.decoding.loop import decode_prompts
+from blockdecode.decoding.reference import first_divergence, greedy_generate
+from blockdecode.loading import load_base
 from blockdecode.model import BlockwiseLM
-from blockdecode.pretrain import PretrainConfig, heldout_batches, heldout_loss
-from blockdecode.reference import first_divergence, greedy_generate
+from blockdecode.pretraining.pretrain import PretrainConfig, heldout_batches, heldout_loss
 
 RESULTS = Path(__file__).parent / "results"
 

@@ -4,8 +4,8 @@ seen in the prompt or earlier in the output, and the share of distinct tokens in
 greedy text loops more gives n-gram lookup more to copy, so a set that runs faster may only have a base
 that says less; this tells the two apart (docs/results.md, "Both" trained until it stops growing).
 
-    python benchmarks/repetition.py --models blockdecode/default_model runs/both-code \
-        --prompts blockdecode/default_model/prompts.json --third-party 24
+    python benchmarks/repetition.py --models blockdecode/builtin/default_model runs/both-code \
+        --prompts blockdecode/builtin/default_model/prompts.json --third-party 24
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import torch
 from paper_table import THIRD_PARTY, third_party_prompts
 from transformers import AutoTokenizer
 
-from blockdecode.io import read_prompts, save_figure, write_json
+from blockdecode.core.io import read_prompts, save_figure, write_json
 from blockdecode.model import BlockwiseLM
 
 

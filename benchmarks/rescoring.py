@@ -21,8 +21,8 @@ from tqdm.auto import tqdm
 
 from blockdecode.bench.report import cpu_name
 from blockdecode.builtin import DEFAULT_MODEL
-from blockdecode.decode import decode_prompts
-from blockdecode.io import save_figure, write_json
+from blockdecode.core.io import save_figure, write_json
+from blockdecode.decoding.loop import decode_prompts
 from blockdecode.model import load
 
 OUT = Path(__file__).parent / "results" / "rescoring"

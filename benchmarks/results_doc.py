@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 
 from blockdecode.bench import acceptance_markdown, batch_markdown, core_markdown, markdown, sampling_markdown
-from blockdecode.io import write_text
+from blockdecode.core.io import write_text
 
 DOC = Path(__file__).parents[1] / "docs" / "results.md"
 

@@ -13,8 +13,9 @@ from pathlib import Path
 import torch
 from transformers import AutoTokenizer
 
-from blockdecode.io import read_json, write_json
-from blockdecode.model import EAGLE3_FOLDER, HEADS_CONFIG, BlockwiseLM
+from blockdecode.core.io import read_json, write_json
+from blockdecode.loading import EAGLE3_FOLDER, HEADS_CONFIG
+from blockdecode.model import BlockwiseLM
 
 
 def install(run: str | Path, directory: str | Path, training: dict, prompts: list[str]) -> None:
@@ -51,7 +52,7 @@ def install_eagle3(run: str | Path, directory: str | Path) -> None:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description="install a trained run's EAGLE-3 drafter as a built-in model's")
     parser.add_argument("--eagle3", required=True, help="the training run (blockdecode train --head-type eagle3)")
-    parser.add_argument("directory", help="the built-in model's folder, e.g. blockdecode/default_model")
+    parser.add_argument("directory", help="the built-in model's folder, e.g. blockdecode/builtin/default_model")
     args = parser.parse_args()
     install_eagle3(args.eagle3, args.directory)
     print(f"installed {args.eagle3}'s EAGLE-3 drafter in {Path(args.directory) / EAGLE3_FOLDER}")

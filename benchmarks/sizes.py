@@ -40,14 +40,14 @@ from transformers.utils import logging as hf_logging  # noqa: E402
 from blockdecode import DEFAULT_MODEL, BlockwiseLM, ScriptedDrafter  # noqa: E402
 from blockdecode.bench.methods import Method, Run, blockwise_run, measure, transformers_run  # noqa: E402
 from blockdecode.bench.report import cpu_name  # noqa: E402
-from blockdecode.decode import decode_prompts  # noqa: E402
-from blockdecode.drafters import NgramDrafter  # noqa: E402
-from blockdecode.hardware import auto_dtype  # noqa: E402
-from blockdecode.hf import load_tokenizer  # noqa: E402
-from blockdecode.io import read_prompts, save_figure, write_json  # noqa: E402
-from blockdecode.plan import make_plan  # noqa: E402
-from blockdecode.reference import greedy_generate, near_tie  # noqa: E402
-from blockdecode.timing import forward_cost  # noqa: E402
+from blockdecode.core.hardware import auto_dtype  # noqa: E402
+from blockdecode.core.io import read_prompts, save_figure, write_json  # noqa: E402
+from blockdecode.decoding.loop import decode_prompts  # noqa: E402
+from blockdecode.decoding.plan import make_plan  # noqa: E402
+from blockdecode.decoding.reference import greedy_generate, near_tie  # noqa: E402
+from blockdecode.decoding.timing import forward_cost  # noqa: E402
+from blockdecode.drafters.ngram import NgramDrafter  # noqa: E402
+from blockdecode.loading import load_tokenizer  # noqa: E402
 
 # Llama shapes from the built-in model's up to about 1B parameters (Llama-3.2-1B's, with a 32k vocabulary),
 # and Llama-3.1-8B's, for a GPU (not in the default sweep). Tiny ones for tests are given as "tiny:<hidden>x<layers>".
@@ -334,7 +334,7 @@ def measure_size(size: str, args: argparse.Namespace, dtype: torch.dtype, profil
 def plot(rows: list[dict], png: Path) -> None:
     """Speedup against model size: blockdecode's best over transformers' greedy and over llama.cpp's, and
     llama.cpp's greedy over transformers'."""
-    from blockdecode.plots import _pyplot
+    from blockdecode.core.plots import _pyplot
 
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.2))

@@ -2,8 +2,8 @@
 """Training throughput of the proposal heads, per mode, on the CPU (or any device accelerate picks).
 
 Builds a ~15M-parameter random Llama (vocab 8192, width 384, 6 layers) and a byte-level BPE tokenizer
-of 8192 trained on --files standard-library sources (blockdecode.corpus), saves both, then runs
-blockdecode.train.train for a few steps in each mode and precision asked for. For each run it reports
+of 8192 trained on --files standard-library sources (blockdecode.pretraining.corpus), saves both, then runs
+blockdecode.training.train.train for a few steps in each mode and precision asked for. For each run it reports
 
 - tokens/s: training tokens per second from metrics.jsonl (tokens_per_s of every log window after the
   first, which holds the warm-up step; their median, and the first window's separately);
@@ -37,11 +37,12 @@ os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 import torch  # noqa: E402
 from transformers.utils import logging as hf_logging  # noqa: E402
 
-from blockdecode.corpus import read_text, stdlib_files, train_tokenizer  # noqa: E402
-from blockdecode.distill import distill_sequences  # noqa: E402
-from blockdecode.toy import toy_model  # noqa: E402
-from blockdecode.train import base_and_tokenizer, train  # noqa: E402
-from blockdecode.train_config import MODES, TrainConfig  # noqa: E402
+from blockdecode.core.io import read_text  # noqa: E402
+from blockdecode.core.toy import toy_model  # noqa: E402
+from blockdecode.pretraining.corpus import stdlib_files, train_tokenizer
+from blockdecode.training.config import MODES, TrainConfig  # noqa: E402
+from blockdecode.training.distill import distill_sequences  # noqa: E402
+from blockdecode.training.train import base_and_tokenizer, train  # noqa: E402
 
 QUICK = dict(vocab=1024, width=64, layers=2, heads=4, files=20, steps=6, seq_len=64, k=4, distill_prompts=8)
 
@@ -210,7 +211,7 @@ def main(argv: list[str] | None = None) -> None:
                 distill_new_tokens=args.seq_len - args.distill_prompt_len,
                 distill_cache=str(root / "distill-cache"),
             )
-            from blockdecode.data import load_tokens, pack, split
+            from blockdecode.training.data import load_tokens, pack, split
 
             model, tok = base_and_tokenizer(probe)
             eos = model.generation_config.eos_token_id

@@ -26,10 +26,10 @@ from tqdm.auto import tqdm
 from transformers import AutoTokenizer
 
 from blockdecode.bench.report import cpu_name
-from blockdecode.bible import read_tsv
-from blockdecode.decode import decode
-from blockdecode.io import save_figure, write_json
+from blockdecode.core.io import save_figure, write_json
+from blockdecode.decoding.loop import decode
 from blockdecode.model import BlockwiseLM
+from blockdecode.pretraining.bible import read_tsv
 
 RESULTS = Path(__file__).parent / "results"
 PAPER = {"frozen": {8: 1.76}, "distill": {8: 1.91}, "finetune+distill": {8: 4.69, 10: 4.95}}

@@ -12,9 +12,7 @@ from pathlib import Path
 import torch
 
 from blockdecode.builtin import DEFAULT_MODEL
-from blockdecode.corpus import CORPUS_PACKAGES
-from blockdecode.export import EAGLE3_FORMATS, EXPORT_FORMATS
-from blockdecode.flags import (
+from blockdecode.commands.flags import (
     DRAFTER_CHOICES,
     Parser,
     check_corpus,
@@ -32,10 +30,13 @@ from blockdecode.flags import (
     tree_budget,
     tree_budgets,
 )
-from blockdecode.hardware import MIXED_PRECISIONS
-from blockdecode.heads import HEAD_TYPES
-from blockdecode.hf import DTYPE_CHOICES, DTYPES, dtype_for, dtype_name, is_seq2seq, load_config, load_tokenizer
-from blockdecode.io import check_writable
+from blockdecode.core.hardware import MIXED_PRECISIONS
+from blockdecode.core.hf import DTYPE_CHOICES, DTYPES, dtype_for, dtype_name, is_seq2seq
+from blockdecode.core.io import check_writable
+from blockdecode.drafters.heads import HEAD_TYPES
+from blockdecode.loading import load_config, load_tokenizer
+from blockdecode.pretraining.corpus import CORPUS_PACKAGES
+from blockdecode.serving.export import EAGLE3_FORMATS, EXPORT_FORMATS
 
 NO_HEAL = (
     "continue a prompt that ends mid-token (in a bare newline or space) from its last token as it is, "
@@ -44,12 +45,13 @@ NO_HEAL = (
 
 
 def cmd_generate(args: argparse.Namespace) -> None:
-    from blockdecode.acceptance import parse_acceptance
-    from blockdecode.adapter import check_prompt
-    from blockdecode.healing import heal_prompts
-    from blockdecode.hf import model_folder, vocab_size
-    from blockdecode.model import has_heads, load
-    from blockdecode.reference import first_divergence, greedy_generate
+    from blockdecode.core.hf import vocab_size
+    from blockdecode.decoding.acceptance import parse_acceptance
+    from blockdecode.decoding.adapter import check_prompt
+    from blockdecode.decoding.healing import heal_prompts
+    from blockdecode.decoding.reference import first_divergence, greedy_generate
+    from blockdecode.loading import has_heads, model_folder
+    from blockdecode.model import load
 
     # Settings first: a bad rule or value map is reported before the model takes seconds to load.
     if args.value_map and not args.acceptance.startswith("distance"):
@@ -186,7 +188,7 @@ def add_corpus_flag(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_train(args: argparse.Namespace) -> None:
-    from blockdecode.train import TrainConfig, train, training_summary
+    from blockdecode.training.train import TrainConfig, train, training_summary
 
     cfg = config_from(TrainConfig, args)
     model = train(cfg)
@@ -200,8 +202,8 @@ def cmd_train(args: argparse.Namespace) -> None:
 
 
 def add_train_parser(sub) -> None:
-    from blockdecode.train import RESUME_MUST_MATCH
-    from blockdecode.train_config import BASE_LOSS_ON, HEAD_LOSSES, MODES, TARGETS, TRAIN_HEAD_TYPES, TrainConfig
+    from blockdecode.training.config import BASE_LOSS_ON, HEAD_LOSSES, MODES, TARGETS, TRAIN_HEAD_TYPES, TrainConfig
+    from blockdecode.training.train import RESUME_MUST_MATCH
 
     d = TrainConfig(base="", data=["-"], out="")
     modes = "\n".join(f"  {name:17} {text}" for name, text in MODES.items())
@@ -304,8 +306,8 @@ def add_train_parser(sub) -> None:
 
 
 def cmd_pretrain(args: argparse.Namespace) -> None:
-    from blockdecode.pretrain import CorpusConfig, PretrainConfig, prepare_corpus, pretrain
-    from blockdecode.training import check_new_run
+    from blockdecode.pretraining.pretrain import CorpusConfig, PretrainConfig, prepare_corpus, pretrain
+    from blockdecode.training.loop import check_new_run
 
     # Every setting is checked, and --out found writable and free, before the corpus is read or written.
     cfg = config_from(PretrainConfig, args)
@@ -318,7 +320,7 @@ def cmd_pretrain(args: argparse.Namespace) -> None:
 
 
 def add_pretrain_parser(sub) -> None:
-    from blockdecode.pretrain import RESUME_MUST_MATCH, PretrainConfig
+    from blockdecode.pretraining.pretrain import RESUME_MUST_MATCH, PretrainConfig
 
     d = PretrainConfig(corpus="", out="")
     p = sub.add_parser(
@@ -367,7 +369,7 @@ def say_what_may_change(p: argparse.ArgumentParser, config: type, must_match: tu
 
 
 def cmd_pretrain_translation(args: argparse.Namespace) -> None:
-    from blockdecode.translation import TranslationConfig, train_translation
+    from blockdecode.pretraining.translation import TranslationConfig, train_translation
 
     cfg = config_from(TranslationConfig, args)
     train_translation(cfg)
@@ -375,7 +377,7 @@ def cmd_pretrain_translation(args: argparse.Namespace) -> None:
 
 
 def add_pretrain_translation_parser(sub) -> None:
-    from blockdecode.translation import RESUME_MUST_MATCH, TranslationConfig
+    from blockdecode.pretraining.translation import RESUME_MUST_MATCH, TranslationConfig
 
     d = TranslationConfig(corpus="", out="")
     p = sub.add_parser(
@@ -525,8 +527,8 @@ def add_bench_parser(sub) -> None:
 
 
 def cmd_calibrate(args: argparse.Namespace) -> None:
-    from blockdecode.calibrate import cache_file, calibrate
-    from blockdecode.demo import PROMPTS
+    from blockdecode.commands.demo import PROMPTS
+    from blockdecode.decoding.calibrate import cache_file, calibrate
     from blockdecode.model import load
 
     model, tokenizer = load(args.model, dtype_for(args.dtype), args.k)
@@ -568,8 +570,8 @@ def add_calibrate_parser(sub) -> None:
 
 def print_ranking(model, ids: torch.LongTensor, drafter: str, k: int | None, new_tokens: int = 96) -> None:
     """What --tree expected starts from, and how one decode of `ids` moves it."""
-    from blockdecode.calibrate import explain_ranking
-    from blockdecode.expected import PRIORS
+    from blockdecode.decoding.calibrate import explain_ranking
+    from blockdecode.decoding.ranking import PRIORS
 
     plan = model.plan(drafter, k, "expected", prompts=[ids])
     rows, mean_tree = explain_ranking(model, plan, ids, new_tokens)
@@ -584,8 +586,9 @@ def print_ranking(model, ids: torch.LongTensor, drafter: str, k: int | None, new
 
 
 def cmd_export(args: argparse.Namespace) -> None:
-    from blockdecode.export import check_destination, check_heads, export_heads, saved_heads, serve_command
-    from blockdecode.model import EAGLE3_FOLDER, BlockwiseLM
+    from blockdecode.loading import EAGLE3_FOLDER
+    from blockdecode.model import BlockwiseLM
+    from blockdecode.serving.export import check_destination, check_heads, export_heads, saved_heads, serve_command
 
     heads, record = saved_heads(args.model)  # what the heads are, and whether they can go, before any weight loads
     check_heads(heads, args.format)
@@ -630,7 +633,7 @@ def saved_dtype(model_dir: str) -> torch.dtype:
     """The dtype the heads were saved in (their safetensors), so an export changes no weight."""
     from safetensors import safe_open
 
-    from blockdecode.model import HEADS_WEIGHTS
+    from blockdecode.loading import HEADS_WEIGHTS
 
     with safe_open(str(Path(model_dir) / HEADS_WEIGHTS), "pt") as f:
         names = [n for n in f.keys() if f.get_slice(n).get_dtype() != "I64"]
@@ -638,7 +641,7 @@ def saved_dtype(model_dir: str) -> torch.dtype:
 
 
 def cmd_bible(args: argparse.Namespace) -> None:
-    from blockdecode.bible import open_sources, read_pairs, read_sources, sources_file, write_corpus
+    from blockdecode.pretraining.bible import open_sources, read_pairs, read_sources, sources_file, write_corpus
 
     check_writable(Path(args.out))  # before the modules are read, not after
     extra = open_sources(args.modules, args.extra_sources)  # a module not there fails before any reading
@@ -675,7 +678,7 @@ def add_bible_parser(sub) -> None:
 
 
 def cmd_demo(args: argparse.Namespace) -> None:
-    from blockdecode.demo import run_demo
+    from blockdecode.commands.demo import run_demo
 
     if args.task == "code":
         causal_only(args.model, "demo")

@@ -14,51 +14,41 @@ from safetensors.torch import save_file
 from torch import nn
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from blockdecode import expected
-from blockdecode.acceptance import Acceptance, parse_acceptance
-from blockdecode.adapter import check_attention_mask, check_prompt, row_tokens, takes_tree_masks
-from blockdecode.calibrate import calibrate
-from blockdecode.decode import BlockwiseOutput, decode
-from blockdecode.drafters import Drafter, HeadsDrafter
-from blockdecode.eagle3 import Eagle3, Eagle3Drafter, check_eagle3
-from blockdecode.heads import HEAD_TYPES, HeadsConfig, build_heads
-from blockdecode.healing import check_healing, heal_prompts
-from blockdecode.hf import (
+from blockdecode.core.hf import (
     check_loaded,
     context_length,
     eval_mode,
     is_seq2seq,
-    load_base,
-    load_tokenizer,
-    model_folder,
     output_projection,
-    same_weights,
     weights_signature,
 )
-from blockdecode.io import CheckpointError, read_prompts, read_tensors, reading_folder, saving_folder, write_text
-from blockdecode.plan import DecodePlan, block_size, check_settings, make_plan, max_tree
-from blockdecode.sampling import check_generator, sampling_settings
-from blockdecode.sources import Memory, SuffixArray, corpus_index
-from blockdecode.suffix import SuffixDrafter
+from blockdecode.core.io import CheckpointError, saving_folder, write_text
+from blockdecode.decoding.acceptance import Acceptance
+from blockdecode.decoding.adapter import check_attention_mask, check_prompt, row_tokens
+from blockdecode.decoding.choice import choose_plan
+from blockdecode.decoding.healing import check_healing, heal_prompts
+from blockdecode.decoding.loop import decode
+from blockdecode.decoding.output import BlockwiseOutput
+from blockdecode.decoding.plan import DecodePlan
+from blockdecode.decoding.sampling import check_generator
+from blockdecode.drafters.base import Drafter
+from blockdecode.drafters.eagle3.config import check_eagle3
+from blockdecode.drafters.eagle3.drafting import Eagle3Drafter
+from blockdecode.drafters.eagle3.model import Eagle3
+from blockdecode.drafters.heads import HEAD_TYPES, HeadsConfig, HeadsDrafter, build_heads
+from blockdecode.drafters.sources import Memory, SuffixArray, corpus_index
+from blockdecode.drafters.suffix import SuffixDrafter
+from blockdecode.loading import (
+    EAGLE3_FOLDER,
+    HEADS_CONFIG,
+    HEADS_WEIGHTS,
+    _location,
+    load_tokenizer,
+    model_folder,
+    read_model,
+)
 
-HEADS_CONFIG = "blockdecode.json"
-EAGLE3_FOLDER = "eagle3"  # a saved model's EAGLE-3 drafter, in the speculators format
-HEADS_WEIGHTS = "heads.safetensors"
-DEFAULT_DRAFTERS = "heads+ngram"
-"""What drafter="auto" decodes with in ranked trees and chains (tree="expected", the default)."""
 Corpus = str | os.PathLike | SuffixArray | Sequence[str | os.PathLike | SuffixArray]
-
-
-def _location(name: str) -> str | None:
-    """An absolute folder if `name` is one, else the hub-style name as given, else None."""
-    if not name:
-        return None
-    return str(Path(name).resolve()) if Path(name).is_dir() else name
-
-
-def has_heads(directory: str | os.PathLike) -> bool:
-    """Whether `directory` holds a saved BlockwiseLM rather than a plain transformers model."""
-    return (Path(directory) / HEADS_CONFIG).is_file()
 
 
 def load(
@@ -67,35 +57,11 @@ def load(
     k: int | None = None,
     head_type: str | None = None,
 ) -> tuple[BlockwiseLM, object]:
-    """A BlockwiseLM in eval mode and its tokenizer, from a saved BlockwiseLM or from a plain
-    transformers model (a folder, or a hub name: `hf.model_folder`); the latter gets untrained
-    `head_type` heads ("paper" by default) for block size k (default 8): exact, though they rarely
-    propose well. A head_type other than the saved heads' is refused, not ignored. The prompts the
-    folder ships (prompts.json) become `model.prompts`, what `model.plan()` measures on."""
-    if head_type is not None and head_type not in HEAD_TYPES:
-        raise ValueError(f"unknown head_type {head_type!r}: choose one of {', '.join(HEAD_TYPES)}")
-    path = model_folder(directory)
-    if has_heads(path):
-        model = BlockwiseLM.from_pretrained(path, dtype=dtype)
-        if head_type not in (None, model.config.head_type):
-            raise ValueError(
-                f"{directory} holds trained {model.config.head_type} heads, not head_type={head_type!r}: leave "
-                "head_type out (it chooses the untrained heads a plain transformers model gets)"
-            )
-    else:
-        model = BlockwiseLM.from_base(load_base(str(path), dtype), k=k or 8, head_type=head_type or "paper")
-    tokenizer = load_tokenizer(path if (path / "tokenizer.json").is_file() else model.base_location)
-    model.prompts = model_prompts(path, tokenizer)
-    model.tokenizer = tokenizer
-    return model.to(dtype).eval(), tokenizer
-
-
-def model_prompts(directory: str | os.PathLike, tokenizer, n: int = 4) -> list[torch.LongTensor]:
-    """The first `n` held-out prompts shipped beside a model (prompts.json), as [1, T] token ids; none
-    if it has none."""
-    path = Path(directory) / "prompts.json"
-    texts = read_prompts(path)[:n] if path.is_file() else []
-    return [tokenizer(t, return_tensors="pt").input_ids for t in texts]
+    """`BlockwiseLM.from_pretrained` in eval mode and in `dtype`, and its tokenizer, which it must have."""
+    model = BlockwiseLM.from_pretrained(directory, k=k, head_type=head_type, dtype=dtype)
+    if model.tokenizer is None:  # the loader's own one-line error for a folder with no tokenizer
+        model.tokenizer = load_tokenizer(model_folder(directory))
+    return model.to(dtype).eval(), model.tokenizer
 
 
 def check_beside_plan(settings: dict[str, object]) -> None:
@@ -108,13 +74,6 @@ def check_beside_plan(settings: dict[str, object]) -> None:
             f"plan= replaces every decode setting, so {', '.join(given)} would be ignored: pass "
             f"{'it' if len(given) == 1 else 'them'} to lm.plan(...) instead"
         )
-
-
-def _no_prompts(tree: str) -> ValueError:
-    return ValueError(
-        f"tree={tree!r} measures this machine on prompts, and the model ships none (prompts.json in its folder): pass "
-        "prompts=[input_ids], or a fixed tree (tree=N, or tree=None for a chain)"
-    )
 
 
 def _given(value: object, default: object) -> bool:
@@ -224,10 +183,10 @@ class BlockwiseLM(nn.Module):
             known = self.__dict__["_measured"] = nn.ModuleList(parts)
         return known
 
-    def attach_eagle3(self, eagle3: Eagle3 | str | os.PathLike) -> None:
-        """Give this model an EAGLE-3 drafter (`drafter="eagle3"`): a module, or a folder holding one in the
-        speculators or the original layout; refused in one line if it was built for another base."""
-        where = None
+    def attach_eagle3(self, eagle3: Eagle3 | str | os.PathLike, where: object = None) -> None:
+        """Give this model an EAGLE-3 drafter (`drafter="eagle3"`): a module (read from `where`, if it was), or a
+        folder holding one in the speculators or the original layout; refused in one line if it was built for
+        another base."""
         if not isinstance(eagle3, Eagle3):
             where, eagle3 = eagle3, Eagle3.load(eagle3)
         check_eagle3(eagle3.config, self.base, where)
@@ -272,10 +231,10 @@ class BlockwiseLM(nn.Module):
         """Every setting of a decode, resolved and checked once (see `generate` for their meaning).
 
         `drafter="auto"` with `tree="auto"` takes the drafters and budget predicted fastest for this
-        model, dtype and machine (`blockdecode.calibrate`: about a second the first time, then cached;
+        model, dtype and machine (`blockdecode.decoding.calibrate`: about a second the first time, then cached;
         `prompts` are what it times on, by default the model's own: `self.prompts`); "auto" with any other
         tree is the heads. `tree="default"` is "expected" for named drafters (each call's candidates ranked
-        by their chance to stand under the acceptance rule decoded with: `_ranked_plan`), but "auto" under
+        by their chance to stand under the acceptance rule decoded with: `decoding.choice`), but "auto" under
         min-block:L, which forces a chain's first proposals (there: the heads' chain), and under sampling,
         whose seed repeats a run only if its proposals do: a ranking's choices follow timings measured
         in each process, so a seed would not repeat across runs; it is the drafter's own chain for a drafter
@@ -284,56 +243,10 @@ class BlockwiseLM(nn.Module):
         batch (`rows` > 1): there "auto" is the drafter whose chain the calibration predicts fastest (it
         measures greedy's acceptance, which a draw at a low temperature mostly follows). Every setting is
         checked before anything is measured."""
-        if k is None:  # the heads' block, or the depth the EAGLE-3 drafter was trained to draft when it drafts alone
-            k = self.eagle3.config.speculative_tokens + 1 if drafter == "eagle3" and self.eagle3 is not None else self.k
-        drafter = "auto" if drafter is None else drafter
-        prompts = list(prompts) or [ids.to(self.base.device) for ids in self.prompts]  # the folder's prompts.json
-        sampling = sampling_settings(self.base, do_sample, temperature, top_k, top_p)
-        if tree == "default":  # ranked each call, greedy only: its choices follow the machine's timings, so a
-            # sampled run would not repeat with its seed; a ranking learns what stands under any rule but min-block
-            ranked = parse_acceptance(acceptance).rule != "min-block" and sampling is None
-            tree = ("expected" if ranked else "auto") if isinstance(drafter, str) else None
-        if tree == "expected":  # every drafter's candidates ranked by their chance to stand, the size chosen each call
-            settings = (acceptance, eos_token_id, cache_implementation)
-            return self._ranked_plan(drafter, k, *settings, prompts, sampling, rows)
-        if isinstance(tree, str) and tree != "auto":
-            raise ValueError(f"tree must be a node budget >= 1, 'auto', 'expected' or None, got {tree!r}")
-        if tree == "auto" and parse_acceptance(acceptance).rule == "min-block":
-            tree = None  # min-block forces a chain's first proposals
-        if tree == "auto" or drafter == "auto":
-            uses_heads = drafter == "auto" or (isinstance(drafter, str) and "heads" in drafter)
-            k = block_size(k, self.k if uses_heads else None)
-            check_settings(self.base, k, None, acceptance, eos_token_id, cache_implementation)
-        if tree == "auto":
-            if not prompts:
-                raise _no_prompts("auto")
-            chosen = calibrate(self, prompts, drafter, k, acceptance=parse_acceptance(acceptance))
-            chains = rows > 1 or sampling is not None
-            if isinstance(drafter, str):
-                drafter = chosen.best_chain() if chains else chosen.drafter
-            tree = None if chains else chosen.tree
-        elif drafter == "auto":
-            drafter = "heads"
-        return make_plan(
-            self.base, drafter, k, tree, acceptance, eos_token_id, cache_implementation, lm=self, sampling=sampling
-        )
-
-    def _ranked_plan(self, drafter, k, acceptance, eos_token_id, cache_implementation, prompts, sampling, rows):
-        """tree="expected": n-gram lookup and the heads ("auto") or the drafters given, in one tree of up to
-        `expected.CAP` nodes ranked by their chance to stand, its size chosen each call from the machine's
-        cost curve (measured on the first prompt). Sampling verifies a chain, each call's from the drafter
-        whose chain is expected to gain the most, its length chosen so; a batch, each row's chain from its
-        likeliest drafter, all of one length chosen so (`expected.batch_width`)."""
-        if not prompts:
-            raise _no_prompts("expected")
-        drafter = DEFAULT_DRAFTERS if drafter == "auto" else drafter
-        check_settings(self.base, k, None, acceptance, eos_token_id, cache_implementation)  # before anything is timed
-        check_loaded(self, "the BlockwiseLM")
-        ranking = expected.model_ranking(self, prompts[0], cache_implementation)
-        chains = sampling is not None or rows > 1 or not takes_tree_masks(self.base)  # no warning: a chain ranks too
-        tree = None if chains else min(expected.CAP, max_tree(self.base))
-        return make_plan(self.base, drafter, k, tree, acceptance, eos_token_id, cache_implementation, lm=self,
-                         sampling=sampling, ranking=ranking)  # fmt: skip
+        return choose_plan(
+            self, drafter, k, tree, acceptance, eos_token_id, cache_implementation, prompts, do_sample, temperature,
+            top_k, top_p, rows,
+        )  # fmt: skip
 
     def generate(
         self,
@@ -363,9 +276,9 @@ class BlockwiseLM(nn.Module):
 
         By default (`drafter="auto"`, `tree="default"`) n-gram lookup's and the heads' candidates are
         ranked each call by their chance to stand, learnt from what stood in this sequence, and the tree
-        is sized for the most tokens a second on this machine (`tree="expected"`, `blockdecode.expected`);
+        is sized for the most tokens a second on this machine (`tree="expected"`, `blockdecode.decoding.ranking`);
         `tree="auto"` takes the drafters and tree budget predicted fastest for this model, dtype, machine
-        and k once, then cached (`blockdecode.calibrate`). `drafter`:
+        and k once, then cached (`blockdecode.decoding.calibrate`). `drafter`:
         a name ("heads", "ngram", "heads+ngram", "heads-rescored"), a Drafter, or a list of them
         sharing a tree. `tree=N` verifies a tree of up to N candidate tokens a call, `tree=None` one
         chain (a drafter object decodes its chain unless told otherwise). k defaults to the heads'
@@ -387,7 +300,7 @@ class BlockwiseLM(nn.Module):
         first drafter's chain, with a warning.
 
         `heal=tokenizer` heals every prompt that ends mid-token, such as in a bare newline or space
-        (`blockdecode.healing`): its last token is dropped, and the new tokens write its text again as
+        (`blockdecode.decoding.healing`): its last token is dropped, and the new tokens write its text again as
         the model would have split it. `sequences` then holds the shorter prompt and the new tokens, which
         decode to the prompt's text and its continuation, exactly as `base.generate` gives them with the
         healing's `prefix_allowed_tokens_fn`.
@@ -472,7 +385,7 @@ class BlockwiseLM(nn.Module):
         if tokenizer is None:
             raise ValueError(
                 "corpus= is tokenized with the model's tokenizer, and this BlockwiseLM has none: load it with "
-                "blockdecode.load, set model.tokenizer, or pass indexes from blockdecode.sources.corpus_index"
+                "blockdecode.load, set model.tokenizer, or pass indexes from blockdecode.drafters.sources.corpus_index"
             )
         return (*arrays, corpus_index(tokenizer, named))
 
@@ -525,61 +438,44 @@ class BlockwiseLM(nn.Module):
 
     @classmethod
     def from_pretrained(
-        cls, directory: str | os.PathLike, base: PreTrainedModel | None = None, **base_kwargs
+        cls,
+        directory: str | os.PathLike,
+        base: PreTrainedModel | None = None,
+        k: int | None = None,
+        head_type: str | None = None,
+        **base_kwargs,
     ) -> BlockwiseLM:
-        """Load heads saved by save_pretrained, on `base` or on the base model they name; a save
-        running meanwhile waits until this load is done (`io.reading_folder`)."""
-        directory = model_folder(directory)
-        with reading_folder(directory, HEADS_CONFIG):
-            return cls._from_folder(directory, base, **base_kwargs)
-
-    @classmethod
-    def _from_folder(cls, directory: Path, base: PreTrainedModel | None, **base_kwargs) -> BlockwiseLM:
-        config_path = directory / HEADS_CONFIG
-        if not config_path.is_file():
-            raise CheckpointError(f"{directory} holds no {HEADS_CONFIG}: not a saved BlockwiseLM")
-        try:
-            meta = json.loads(config_path.read_text())
-            cfg = HeadsConfig(**meta["heads"])
-        except (json.JSONDecodeError, KeyError, TypeError, ValueError) as err:
-            raise CheckpointError(f"{config_path} is corrupt: {err}") from err
-        if "export" in meta:
-            raise CheckpointError(
-                f"{directory} is an export for serving engines, not a BlockwiseLM: load the folder it was exported from"
-            )
-        location = meta.get("base_model")
-        if location is None:
-            if base is None:
-                raise CheckpointError(
-                    f"{directory} holds heads only, saved from a base model that was never on disk: pass base="
+        """The model a folder (or a hub name) holds, read once by `loading.read_model`: a saved BlockwiseLM's
+        heads and drafters on `base` or on the base model they name, or a plain `transformers` model with
+        untrained `head_type` heads ("paper" by default) for block size k (default 8), exact though they rarely
+        propose well. A head_type other than the saved heads' is refused, not ignored. The tokenizer and the
+        prompts the folder ships (prompts.json) become `model.tokenizer` and `model.prompts`, what corpora are
+        tokenized with and `model.plan()` measures on. `base_kwargs` (dtype=...) go to the base's loader."""
+        if head_type is not None and head_type not in HEAD_TYPES:
+            raise ValueError(f"unknown head_type {head_type!r}: choose one of {', '.join(HEAD_TYPES)}")
+        saved = read_model(directory, base, **base_kwargs)
+        if saved.heads is None:
+            model = cls.from_base(saved.base, k=k or 8, head_type=head_type or "paper")
+            model.base_location = saved.base_location
+        else:
+            if head_type not in (None, saved.heads.head_type):
+                raise ValueError(
+                    f"{directory} holds trained {saved.heads.head_type} heads, not head_type={head_type!r}: leave "
+                    "head_type out (it chooses the untrained heads a plain transformers model gets)"
                 )
-        elif not isinstance(location, str) or not location:
-            raise CheckpointError(f"{config_path} has an invalid base_model entry {location!r}")
-        elif location == ".":
-            location = str(directory.resolve())
-        elif (directory / location).is_dir():  # a relative folder is read from the checkpoint's
-            location = str((directory / location).resolve())
-        given_base = base is not None
-        if base is None:
-            if Path(location).is_absolute() and not Path(location).is_dir():
-                raise CheckpointError(f"{config_path} names the base model {location}, which does not exist")
-            base = load_base(location, **base_kwargs)
-        signature = meta.get("base_signature")
-        if not given_base and signature is not None and not same_weights(signature, weights_signature(base)):
-            raise CheckpointError(
-                f"{location} does not hold the base these heads were saved with (its weights differ): "
-                f"pass the right base with base="
-            )
-        model = cls(base, cfg, base_location=location)
-        weights = directory / HEADS_WEIGHTS
-        state = read_tensors(weights)
-        expected = model.heads.state_dict()
+            model = cls(saved.base, saved.heads, base_location=saved.base_location)
+            model.load_heads(saved.heads_state, saved.heads_file)
+        if saved.eagle3 is not None:
+            model.attach_eagle3(saved.eagle3, saved.eagle3_folder)
+        model.tokenizer, model.prompts = saved.tokenizer, saved.prompts
+        return model
+
+    def load_heads(self, state: dict[str, torch.Tensor], where: Path) -> None:
+        """Heads' weights read from `where`, refused in one line unless they fit this model's config."""
+        cfg, expected = self.config, self.heads.state_dict()
         if set(state) != set(expected) or any(state[n].shape != expected[n].shape for n in expected):
             raise CheckpointError(
-                f"{weights} does not match its config (k={cfg.k}, head_type={cfg.head_type}, "
+                f"{where} does not match its config (k={cfg.k}, head_type={cfg.head_type}, "
                 f"hidden_size={cfg.hidden_size}, head_hidden_size={cfg.head_hidden_size})"
             )
-        model.heads.load_state_dict(state)
-        if (directory / EAGLE3_FOLDER).is_dir():
-            model.attach_eagle3(directory / EAGLE3_FOLDER)
-        return model
+        self.heads.load_state_dict(state)

@@ -18,11 +18,11 @@ PLATEAU=(--doubling-gain 0.05 --eval-prompts 32 --eval-new-tokens 128 --checkpoi
 #    (2.6M distilled tokens, about 45 minutes on one core, cached), rows of 192 tokens, 16 a step.
 [ -f "$RUNS/mask_pilot/corpus/train.npy" ] || .venv/bin/python -c "
 from blockdecode import DEFAULT_MODEL
-from blockdecode.pretrain import CorpusConfig, prepare_corpus
+from blockdecode.pretraining.pretrain import CorpusConfig, prepare_corpus
 prepare_corpus(CorpusConfig(out='$RUNS/mask_pilot/corpus', tokenizer=DEFAULT_MODEL, packages=()))"
-[ -f "$RUNS/both-code/blockdecode.json" ] || $BD train --base blockdecode/default_model \
+[ -f "$RUNS/both-code/blockdecode.json" ] || $BD train --base blockdecode/builtin/default_model \
   --data "$RUNS/mask_pilot/corpus/train.npy" --out "$RUNS/both-code" --mode finetune+distill --k 10 --head-type paper \
-  --head-hidden-size 128 --draft-vocab 1024 --init-heads blockdecode/default_model --steps $(((TOKENS + 3071) / 3072)) \
+  --head-hidden-size 128 --draft-vocab 1024 --init-heads blockdecode/builtin/default_model --steps $(((TOKENS + 3071) / 3072)) \
   --batch-size 16 --seq-len 256 --lr 1e-3 --base-lr 3e-5 --warmup-steps 20 --base-loss-on data --base-loss-weight 1 \
   --eval-every 160 --distill-prompts 16384 --distill-new-tokens 160 --distill-batch-size 64 \
   --distill-cache "$RUNS/both-distill-cache" "${PLATEAU[@]}"
@@ -37,8 +37,8 @@ if [ ! -f "$RUNS/bible/train.tsv" ]; then
   echo "translation: run recipes/translation.sh's first stage (the verse pairs) first"
   exit 0
 fi
-TR=(--base blockdecode/translation_model --data "$RUNS/bible/train.tsv" --mode finetune+distill --k 10
-  --init-heads blockdecode/translation_model --batch-size 32 --seq-len 256 --lr 2e-3 --base-lr 3e-5 --warmup-steps 50
+TR=(--base blockdecode/builtin/translation_model --data "$RUNS/bible/train.tsv" --mode finetune+distill --k 10
+  --init-heads blockdecode/builtin/translation_model --batch-size 32 --seq-len 256 --lr 2e-3 --base-lr 3e-5 --warmup-steps 50
   --eval-every 100 --distill-prompts 8192 --distill-beams 1 --distill-batch-size 32 --distill-new-tokens 200
   --distill-cache "$RUNS/both-translation-distill-cache" --eval-prompts 32 --eval-new-tokens 128 --checkpoint-every 50
   --log-every 10 --resume)

@@ -43,7 +43,7 @@ run_heads heads-hydra-soft --head-type hydra --head-hidden-size 256 --targets so
 # 3. The paper's table on held-out stdlib files and unseen third-party code, written to
 #    benchmarks/results/paper_table.* and docs/results.md; SHIP=1 also saves the heads with the largest mean
 #    accepted block at k=8, and their base, into the package in bf16.
-SHIP_ARGS=(); [ "${SHIP:-0}" = 1 ] && SHIP_ARGS=(--ship blockdecode/default_model)
+SHIP_ARGS=(); [ "${SHIP:-0}" = 1 ] && SHIP_ARGS=(--ship blockdecode/builtin/default_model)
 .venv/bin/python benchmarks/paper_table.py --corpus "$RUNS/corpus" --out benchmarks/results/paper_table.json --doc \
   "${SHIP_ARGS[@]}" \
   --third-party --runs "$RUNS/heads-distill" "$RUNS/heads-hydra" "$RUNS/heads-hydra-soft"
@@ -61,7 +61,7 @@ PY
   RUNS="$RUNS" .venv/bin/python - <<'PY'
 import os, numpy as np, torch
 from blockdecode import DEFAULT_MODEL, BlockwiseLM
-from blockdecode.calibrate import record_rates
+from blockdecode.decoding.calibrate import record_rates
 lm = BlockwiseLM.from_pretrained(DEFAULT_MODEL, dtype=torch.float32).eval()
 held = np.load(f"{os.environ['RUNS']}/corpus/heldout.npy", mmap_mode="r")
 starts = np.linspace(0, len(held) - 200, 16).astype(np.int64)
@@ -74,7 +74,7 @@ fi
 [ -f "$RUNS/draft/model/config.json" ] || $BD pretrain --corpus "$RUNS/corpus" --out "$RUNS/draft" --resume \
   --layers 1 --hidden-size 256 --heads 4 --kv-heads 4 --intermediate-size 768 --steps 500
 if [ "${SHIP:-0}" = 1 ]; then
-  .venv/bin/python - "$RUNS/draft/model" blockdecode/draft_model <<'PY'
+  .venv/bin/python - "$RUNS/draft/model" blockdecode/builtin/draft_model <<'PY'
 import sys, torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 AutoModelForCausalLM.from_pretrained(sys.argv[1], dtype=torch.bfloat16).save_pretrained(sys.argv[2])

@@ -16,7 +16,7 @@ cd "$(dirname "$0")/.."
 export HF_HUB_OFFLINE=1
 RUNS=${RUNS:-runs}
 BD=".venv/bin/blockdecode --threads ${THREADS:-2}"
-BASE=${BASE:-blockdecode/default_model}  # its base weights; its heads are not used here
+BASE=${BASE:-blockdecode/builtin/default_model}  # its base weights; its heads are not used here
 K=10
 if .venv/bin/python -c "import sys, torch; sys.exit(not torch.cuda.is_available())"; then
   DISTILL_STEPS=${DISTILL_STEPS:-3000} BOTH_STEPS=${BOTH_STEPS:-1000} RAW_STEPS=${RAW_STEPS:-1000}
@@ -32,7 +32,7 @@ mkdir -p "$RUNS"
 # 1. The stdlib corpus in the base's own tokens, split by file as for its pretraining.
 [ -f "$RUNS/corpus/train.npy" ] || .venv/bin/python - "$RUNS/corpus" "$BASE" <<'PY'
 import sys
-from blockdecode.pretrain import CorpusConfig, prepare_corpus
+from blockdecode.pretraining.pretrain import CorpusConfig, prepare_corpus
 prepare_corpus(CorpusConfig(out=sys.argv[1], tokenizer=sys.argv[2]))
 PY
 
@@ -75,7 +75,7 @@ run paper-distill-h256 --mode distill --steps "$WIDTH_STEPS" --head-hidden-size 
 
 # 3. Table 1 on both prompt sets, the speed/quality curves and the width comparison, into
 #    benchmarks/results/paper_heads_table.*; SHIP=1 ships the winner (benchmarks/ship.py).
-SHIP_ARGS=(); [ "${SHIP:-0}" = 1 ] && SHIP_ARGS=(--ship blockdecode/default_model)
+SHIP_ARGS=(); [ "${SHIP:-0}" = 1 ] && SHIP_ARGS=(--ship blockdecode/builtin/default_model)
 .venv/bin/python benchmarks/paper_table.py --corpus "$RUNS/corpus" --original "$BASE" --third-party \
   --out benchmarks/results/paper_heads_table.json \
   --widths "$RUNS/paper-distill" "$RUNS/paper-distill-h256" "${SHIP_ARGS[@]}" --runs "$RUNS/paper-frozen" "$RUNS/paper-distill" "$RUNS/paper-finetune" \

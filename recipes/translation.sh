@@ -77,7 +77,7 @@ run distill-all --distill-sources "${ALL_SOURCES[@]}"
 #    SHIP=1 installs the fastest set that keeps its BLEU within a point as the built-in translation model
 #    (benchmarks/ship.py); the table goes into docs/results.md.
 #    The extra sources' distill runs join the table where they were trained.
-SHIP_ARGS=(); [ "${SHIP:-0}" = 1 ] && SHIP_ARGS=(--ship blockdecode/translation_model)
+SHIP_ARGS=(); [ "${SHIP:-0}" = 1 ] && SHIP_ARGS=(--ship blockdecode/builtin/translation_model)
 TABLE_RUNS=("$RUNS/translation-frozen" "$RUNS/translation-distill" "$RUNS/translation-finetune"
   "$RUNS/translation-finetune+distill" "$RUNS/translation-distill-greedy")
 for source in $EXTRA_SOURCES all; do
@@ -90,7 +90,7 @@ done
 [ -f "$RUNS/translation-draft/model/config.json" ] || $BD pretrain-translation --corpus "$RUNS/bible" --out "$RUNS/translation-draft" --tokenizer "$RUNS/translation/model" \
   --encoder-layers 2 --decoder-layers 1 --steps $DRAFT_STEPS --resume
 #    The shipped model (SHIP=1) brings its held-out sources (prompts.json); a run folder is benched on a few verses.
-MEASURED=$RUNS/translation-finetune+distill; [ "${SHIP:-0}" = 1 ] && MEASURED=blockdecode/translation_model
+MEASURED=$RUNS/translation-finetune+distill; [ "${SHIP:-0}" = 1 ] && MEASURED=blockdecode/builtin/translation_model
 .venv/bin/blockdecode --threads 2 bench --model "$MEASURED" --draft "$RUNS/translation-draft/model" --k 4,8,10 \
   --no-system --out benchmarks/results/translation_bench
 .venv/bin/python benchmarks/results_doc.py benchmarks/results/translation_bench

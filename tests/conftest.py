@@ -21,11 +21,11 @@ import torch  # noqa: E402
 from transformers import PreTrainedModel  # noqa: E402
 from transformers.utils import logging as hf_logging  # noqa: E402
 
-from blockdecode import io  # noqa: E402
-from blockdecode.corpus import train_tokenizer  # noqa: E402
-from blockdecode.data import load_tokens, pack  # noqa: E402
-from blockdecode.toy import toy_model  # noqa: E402
-from blockdecode.train_config import TrainConfig  # noqa: E402
+from blockdecode.core import io  # noqa: E402
+from blockdecode.core.toy import toy_model  # noqa: E402
+from blockdecode.pretraining.corpus import train_tokenizer  # noqa: E402
+from blockdecode.training.config import TrainConfig  # noqa: E402
+from blockdecode.training.data import load_tokens, pack  # noqa: E402
 
 _atomic_write = io.atomic_write
 
@@ -251,8 +251,8 @@ def varied_base(vocab: int):
 @pytest.fixture(scope="module")
 def tiny_marian(tmp_path_factory) -> SimpleNamespace:
     """A toy Marian with a shared BPE trained on the committed verse sample, saved as a folder."""
-    from blockdecode.bible import read_tsv
-    from blockdecode.translation import marian_generation_config, translation_tokenizer
+    from blockdecode.pretraining.bible import read_tsv
+    from blockdecode.pretraining.translation import marian_generation_config, translation_tokenizer
 
     root = tmp_path_factory.mktemp("tiny-marian")
     verses = Path(__file__).parent / "data" / "bible" / "train.tsv"

@@ -11,12 +11,12 @@ import pytest
 import torch
 
 from blockdecode import BlockwiseLM
-from blockdecode.acceptance import EXACT, Acceptance, parse_acceptance
 from blockdecode.cli import main
-from blockdecode.corpus import train_tokenizer
-from blockdecode.decode import blockwise_generate
-from blockdecode.drafters import ScriptedDrafter
-from blockdecode.toy import toy_model
+from blockdecode.core.toy import toy_model
+from blockdecode.decoding.acceptance import EXACT, Acceptance, parse_acceptance
+from blockdecode.decoding.loop import blockwise_generate
+from blockdecode.drafters.base import ScriptedDrafter
+from blockdecode.pretraining.corpus import train_tokenizer
 from tests.conftest import NO_EOS, hf_greedy, make_prompt, perturb_heads, tiny
 
 # Four positions of a 6-token vocabulary. Row i scores the token proposal i stands in for; the last

@@ -8,7 +8,7 @@ import pytest
 import torch
 from conftest import make_prompt, tiny, vocab_size
 
-from blockdecode.adapter import CausalAdapter, Seq2seqAdapter, check_prompt
+from blockdecode.decoding.adapter import CausalAdapter, Seq2seqAdapter, check_prompt
 
 ARCHS = ("llama", "gpt2", "qwen2", "gpt_neox", "opt", "phi")
 TOL = 1e-5

@@ -15,11 +15,12 @@ from transformers import PreTrainedModel
 
 from blockdecode import BlockwiseLM, NgramDrafter, blockwise_generate, decode, make_plan
 from blockdecode.bench.batches import batch_rows, identical, new_tokens_of, padded_batch
-from blockdecode.calibrate import Calibration
-from blockdecode.drafters import BaseDrafter, HeadsDrafter
-from blockdecode.expected import Ranking
-from blockdecode.sampling import sampling_settings
-from blockdecode.toy import TOY_ARCHITECTURES, TOY_SEQ2SEQ, toy_model
+from blockdecode.core.toy import TOY_ARCHITECTURES, TOY_SEQ2SEQ, toy_model
+from blockdecode.decoding.calibrate import Calibration
+from blockdecode.decoding.ranking import Ranking
+from blockdecode.decoding.sampling import sampling_settings
+from blockdecode.drafters.base import BaseDrafter
+from blockdecode.drafters.heads import HeadsDrafter
 
 LENGTHS = (5, 11, 2, 8)  # prompts of different lengths: every row but the longest is padded
 

@@ -13,11 +13,11 @@ from blockdecode import BlockwiseLM
 from blockdecode.bench import PRESETS, BenchConfig, Run, block_stats, run_bench
 from blockdecode.bench.suite import default_prompts, methods_for, sourced
 from blockdecode.cli import main
-from blockdecode.corpus import train_tokenizer
+from blockdecode.core.toy import toy_model
+from blockdecode.decoding.plan import make_plan
+from blockdecode.drafters.sources import SuffixArray
 from blockdecode.model import load
-from blockdecode.plan import make_plan
-from blockdecode.sources import SuffixArray
-from blockdecode.toy import toy_model
+from blockdecode.pretraining.corpus import train_tokenizer
 from tests.conftest import interrupt_after, perturb_heads
 
 METRICS = (
@@ -235,8 +235,8 @@ def test_core_preset_measures_the_loop_with_both_caches(
 def test_bench_on_an_encoder_decoder_translates_to_eos_and_stays_exact(tmp_path: Path) -> None:
     """Table 4's harness: greedy, prompt lookup, assisted generation with a smaller Marian, heads,
     n-gram and trees on a translation model, every method stopping at the translation's EOS."""
-    from blockdecode.bible import read_tsv
-    from blockdecode.translation import marian_generation_config, translation_tokenizer
+    from blockdecode.pretraining.bible import read_tsv
+    from blockdecode.pretraining.translation import marian_generation_config, translation_tokenizer
 
     verses = read_tsv(Path(__file__).parent / "data" / "bible" / "train.tsv")
     tokenizer = translation_tokenizer([t for p in verses for t in (p.source, p.target)], 400)

@@ -18,7 +18,8 @@ import pytest
 from conftest import interrupt_after
 from pysword.books import BibleStructure
 
-from blockdecode.bible import (
+from blockdecode.cli import main
+from blockdecode.pretraining.bible import (
     ENGLISH,
     SPANISH,
     VersePair,
@@ -34,7 +35,6 @@ from blockdecode.bible import (
     undo_drop_cap,
     write_corpus,
 )
-from blockdecode.cli import main
 
 VERSES = {
     ("Genesis", 1, 1): (
@@ -141,7 +141,7 @@ def test_cli_writes_the_corpus(library: Path, tmp_path: Path, capsys: pytest.Cap
 
 
 def test_an_out_that_cannot_be_written_is_refused_before_reading(library: Path, tmp_path: Path, monkeypatch) -> None:
-    from blockdecode import bible
+    from blockdecode.pretraining import bible
 
     def read(*args, **kwargs):
         raise AssertionError("the modules were read")

@@ -9,10 +9,11 @@ import pytest
 import torch
 from conftest import NO_EOS, assert_greedy_equal, hf_greedy, make_prompt, perturb_heads
 
-from blockdecode import BlockwiseLM, NgramDrafter, calibrate
-from blockdecode.acceptance import parse_acceptance
-from blockdecode.hf import weights_digest
-from blockdecode.toy import toy_model
+from blockdecode import BlockwiseLM, NgramDrafter
+from blockdecode.core.hf import weights_digest
+from blockdecode.core.toy import toy_model
+from blockdecode.decoding import calibrate
+from blockdecode.decoding.acceptance import parse_acceptance
 
 
 @pytest.fixture
@@ -340,8 +341,9 @@ RACER = """
 import sys, time
 from pathlib import Path
 import torch
-from blockdecode import BlockwiseLM, calibrate
-from blockdecode.toy import toy_model
+from blockdecode import BlockwiseLM
+from blockdecode.decoding import calibrate
+from blockdecode.core.toy import toy_model
 
 k, ready = int(sys.argv[1]), Path(sys.argv[2])
 calibrate.predict = lambda stats, t, lt, lc: {b: 100.0 + b for b in range(calibrate.LARGEST + 1)}
@@ -415,7 +417,7 @@ def test_calibrate_in_a_context_too_short_says_the_chain_is_used_and_caches_noth
     tmp_path: Path, cache: Path, capsys: pytest.CaptureFixture
 ) -> None:
     from blockdecode.cli import main
-    from blockdecode.corpus import train_tokenizer
+    from blockdecode.pretraining.corpus import train_tokenizer
 
     tokenizer = train_tokenizer(["def f(x):\n    return x + 1\n" * 40], vocab_size=300)
     model = toy_model("llama", vocab=len(tokenizer), context=64)

@@ -13,11 +13,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from blockdecode import BlockwiseLM, builtin, demo
-from blockdecode.bible import HELD_OUT_VERSES
+from blockdecode import BlockwiseLM, builtin
 from blockdecode.cli import main
-from blockdecode.corpus import train_tokenizer
-from blockdecode.toy import toy_model
+from blockdecode.commands import demo
+from blockdecode.core.toy import toy_model
+from blockdecode.pretraining.bible import HELD_OUT_VERSES
+from blockdecode.pretraining.corpus import train_tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -113,8 +114,8 @@ def test_the_code_demo_refuses_an_encoder_decoder_by_name(tmp_path: Path) -> Non
 
 def test_demo_translates_verses_with_an_encoder_decoder(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     """`demo --task translate`: each held-out verse, its translation streamed, then the table."""
-    from blockdecode.bible import read_tsv
-    from blockdecode.translation import marian_generation_config, translation_tokenizer
+    from blockdecode.pretraining.bible import read_tsv
+    from blockdecode.pretraining.translation import marian_generation_config, translation_tokenizer
 
     verses = read_tsv(Path(__file__).parent / "data" / "bible" / "train.tsv")
     tokenizer = translation_tokenizer([t for p in verses for t in (p.source, p.target)], 400)
@@ -283,7 +284,7 @@ def test_the_summary_tells_a_near_tie_from_a_real_divergence(capsys: pytest.Capt
 def test_near_tie_is_judged_by_the_dtype_rounding() -> None:
     import torch
 
-    from blockdecode.reference import Divergence
+    from blockdecode.decoding.reference import Divergence
 
     assert Divergence(5, 0.05, 12.0).near_tie(torch.bfloat16)  # bf16's ulp at 12 is 0.0625
     assert not Divergence(5, 0.05, 12.0).near_tie(torch.float32)
@@ -412,7 +413,7 @@ def test_the_first_generate_chooses_its_setting_without_decoding_to_search(
     auto` and an empty cache, it predicts its setting from the statistics shipped beside it and a few
     short timings: it decodes a few dozen tokens per drafter to
     time the loop, never the hundreds a search by decoding took, and says so in one line."""
-    from blockdecode import calibrate
+    from blockdecode.decoding import calibrate
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     decoded, real = [], calibrate.decode
@@ -475,7 +476,7 @@ def test_a_config_that_does_not_fit_its_weights_is_one_line(
 
 
 def test_weights_the_config_does_not_use_are_left_out_with_a_warning(tmp_path: Path) -> None:
-    from blockdecode.hf import load_base
+    from blockdecode.loading import load_base
 
     toy_model("llama").save_pretrained(tmp_path)
     edit_config(tmp_path, num_hidden_layers=1)

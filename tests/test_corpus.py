@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from blockdecode.corpus import CORPUS_PACKAGES, EVAL_PACKAGES, corpus_files, is_heldout, package_root
+from blockdecode.pretraining.corpus import CORPUS_PACKAGES, EVAL_PACKAGES, corpus_files, is_heldout, package_root
 
 
 def digest(path: Path) -> str:

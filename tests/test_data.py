@@ -10,8 +10,8 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from blockdecode.corpus import train_tokenizer  # noqa: E402
-from blockdecode.data import data_files, load_tokens, pack, split  # noqa: E402
+from blockdecode.pretraining.corpus import train_tokenizer  # noqa: E402
+from blockdecode.training.data import data_files, load_tokens, pack, split  # noqa: E402
 
 EOS = 0
 

@@ -15,10 +15,10 @@ from conftest import NO_EOS, assert_greedy_equal, hf_greedy, make_prompt, pertur
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from blockdecode import BaseDrafter, BlockwiseLM, DecodePlan, NgramDrafter, ScriptedDrafter, blockwise_generate, decode
-from blockdecode.decode import ties_note
-from blockdecode.reference import first_divergence, near_tie
-from blockdecode.toy import TOY_ARCHITECTURES, TOY_SEQ2SEQ, toy_config, toy_model
-from blockdecode.tree import Tree
+from blockdecode.core.toy import TOY_ARCHITECTURES, TOY_SEQ2SEQ, toy_config, toy_model
+from blockdecode.core.tree import Tree
+from blockdecode.decoding.output import ties_note
+from blockdecode.decoding.reference import first_divergence, near_tie
 
 # k=1 paper heads are zero-width Linear layers; torch warns that initialising them is a no-op (see report).
 pytestmark = pytest.mark.filterwarnings("ignore:Initializing zero-element tensors:UserWarning")
@@ -669,8 +669,8 @@ def test_threads_sharing_one_model_each_get_greedy(arch: str) -> None:
     import threading
     import time
 
-    from blockdecode.adapter import sequence_logits
-    from blockdecode.hf import decoder_output
+    from blockdecode.core.hf import decoder_output
+    from blockdecode.decoding.adapter import sequence_logits
 
     model = toy_model(arch)
     lm = perturb_heads(BlockwiseLM.from_base(model, k=4))
@@ -723,9 +723,9 @@ def test_integral_settings_of_any_type_are_taken_everywhere(spell: Callable[[int
     import json
     from dataclasses import asdict
 
-    from blockdecode.acceptance import Acceptance
     from blockdecode.bench.suite import BenchConfig
-    from blockdecode.plan import make_plan
+    from blockdecode.decoding.acceptance import Acceptance
+    from blockdecode.decoding.plan import make_plan
 
     model, ids, ref = no_eos_case("llama")
     expected = ref[:, : ids.shape[1] + 12]
@@ -832,7 +832,7 @@ def test_a_model_in_training_mode_decodes_greedily_and_is_left_in_its_modes() ->
 
 def test_threads_sharing_a_model_in_training_mode_leave_it_in_eval_mode_until_the_last_decode_ends() -> None:
     """Two decodes that overlap: the first to end must not put the model back in training mode under the other."""
-    from blockdecode.hf import eval_mode
+    from blockdecode.core.hf import eval_mode
 
     model = toy_model("gpt2").train()
     first, second = eval_mode(model), eval_mode(model.transformer)  # overlapping modules, as lm and lm.base

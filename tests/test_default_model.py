@@ -14,11 +14,13 @@ import torch
 from safetensors import safe_open
 from transformers import AutoTokenizer, LlamaForCausalLM
 
-from blockdecode import DEFAULT_DRAFT_MODEL, DEFAULT_MODEL, BlockwiseLM, demo
+from blockdecode import DEFAULT_DRAFT_MODEL, DEFAULT_MODEL, BlockwiseLM
 from blockdecode.bench.suite import default_prompts
 from blockdecode.cli import main
-from blockdecode.corpus import corpus_files, read_text, stdlib_files
-from blockdecode.pretrain import CorpusConfig, PretrainConfig, heldout_batches, heldout_loss, split_of
+from blockdecode.commands import demo
+from blockdecode.core.io import read_text
+from blockdecode.pretraining.corpus import corpus_files, stdlib_files
+from blockdecode.pretraining.pretrain import CorpusConfig, PretrainConfig, heldout_batches, heldout_loss, split_of
 from tests.conftest import NO_EOS, assert_bf16_weights, assert_greedy_equal, hf_greedy
 
 SHIPPED = Path(DEFAULT_MODEL)

@@ -14,9 +14,9 @@ import torch
 from conftest import hf_greedy, make_cfg, pairs_cfg, varied_base
 from transformers import AutoModelForSeq2SeqLM
 
-from blockdecode import distill as distill_module
-from blockdecode.data import load_pairs
-from blockdecode.distill import distill_pairs, distill_sequences
+from blockdecode.training import distill as distill_module
+from blockdecode.training.data import load_pairs
+from blockdecode.training.distill import distill_pairs, distill_sequences
 
 
 @torch.inference_mode()

@@ -7,8 +7,9 @@ import torch
 from conftest import NO_EOS, assert_greedy_equal, hf_greedy, make_prompt, perturb_heads, tiny
 
 from blockdecode import BlockwiseLM, Drafter, HeadsDrafter, NgramDrafter, ScriptedDrafter
-from blockdecode.drafters import ContextNgram, check_ids, check_proposal
-from blockdecode.toy import toy_model
+from blockdecode.core.toy import toy_model
+from blockdecode.drafters.base import check_ids, check_proposal
+from blockdecode.drafters.ngram import ContextNgram
 
 NO_HIDDEN = torch.zeros(1, 8)  # n-gram and scripted drafters ignore the hidden state
 
@@ -277,7 +278,7 @@ def test_check_proposal_rejects_bad_drafts(draft: object, error: type, match: st
 def test_half_precision_heads_propose_through_fp32_copies_when_those_are_faster(monkeypatch) -> None:
     """On a CPU, bf16 heads may run as fp32 copies (timed once); a weight changed in place is
     copied again, fp32 weights are used as they are, and the proposals are the heads' own."""
-    from blockdecode import drafters
+    from blockdecode.drafters import heads as drafters
 
     lm = perturb_heads(BlockwiseLM.from_base(toy_model("llama", seed=2), k=5), seed=1)
     hidden = torch.randn(1, lm.config.hidden_size)
@@ -305,7 +306,7 @@ def test_a_model_made_under_inference_mode_decodes_as_one_made_outside_it(tmp_pa
     which the drafters' copies (and calibration's fingerprint, test_calibrate) must not need. Every way of
     decoding (the heads' chain and tree over a draft vocabulary, rescored, a batch, sampling), in the mode
     or out of it, gives what the same model made outside inference mode gives."""
-    from blockdecode import drafters
+    from blockdecode.drafters import heads as drafters
 
     monkeypatch.setattr(drafters, "_seconds", lambda pair, rows: float(pair[1].weight.dtype != torch.float32))
     made = perturb_heads(BlockwiseLM.from_base(toy_model("llama", seed=2), k=4, draft_vocab=64), seed=1)

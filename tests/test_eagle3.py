@@ -17,13 +17,16 @@ from test_sampling import BUDGET, PROMPT, SETTINGS, SHOWN, homogeneity, referenc
 from test_train import TWO_PROCESS_SCRIPT, Killed, kill_at, launch_two
 
 from blockdecode import BlockwiseLM, NgramDrafter, decode, make_plan
-from blockdecode.eagle3 import Eagle3, Eagle3Drafter, config_for, default_aux_layers, ttt_loss
-from blockdecode.export import export_heads
-from blockdecode.hf import layer_inputs
-from blockdecode.io import CheckpointError
-from blockdecode.sampling import sampling_settings
-from blockdecode.toy import TOY_ARCHITECTURES, toy_model
-from blockdecode.train import Eagle3Objective, train
+from blockdecode.core.hf import layer_inputs
+from blockdecode.core.io import CheckpointError
+from blockdecode.core.toy import TOY_ARCHITECTURES, toy_model
+from blockdecode.decoding.sampling import sampling_settings
+from blockdecode.drafters.eagle3.config import config_for, default_aux_layers
+from blockdecode.drafters.eagle3.drafting import Eagle3Drafter
+from blockdecode.drafters.eagle3.model import Eagle3, ttt_loss
+from blockdecode.serving.export import export_heads
+from blockdecode.training.eagle3 import Eagle3Objective
+from blockdecode.training.train import train
 
 K = 5
 

@@ -1,4 +1,4 @@
-"""Ranked trees (blockdecode/expected.py): candidates ranked by their chance to stand, the size chosen
+"""Ranked trees (blockdecode/decoding/ranking.py): candidates ranked by their chance to stand, the size chosen
 from the cost curve, estimates learnt from what stood, and decoding with them exactly greedy's output."""
 
 from __future__ import annotations
@@ -9,24 +9,15 @@ import pytest
 import torch
 from conftest import NO_EOS, assert_greedy_equal, hf_greedy, make_prompt, perturb_heads, tiny, vocab_size
 
-from blockdecode import BaseDrafter, BlockwiseLM, NgramDrafter, ScriptedDrafter, expected
-from blockdecode.calibrate import explain_ranking, record_rates
-from blockdecode.expected import (
-    PRIOR_WEIGHT,
-    PRIORS,
-    Estimates,
-    Lattice,
-    Ranker,
-    Ranking,
-    Scored,
-    Source,
-    batch_width,
-    shipped_rates,
-)
-from blockdecode.hf import weights_signature
-from blockdecode.plan import make_plan
-from blockdecode.sampling import sampling_settings
-from blockdecode.toy import TOY_ARCHITECTURES, toy_model
+from blockdecode import BaseDrafter, BlockwiseLM, NgramDrafter, ScriptedDrafter
+from blockdecode.core.hf import weights_signature
+from blockdecode.core.toy import TOY_ARCHITECTURES, toy_model
+from blockdecode.decoding import ranking as expected
+from blockdecode.decoding.calibrate import explain_ranking, record_rates
+from blockdecode.decoding.plan import make_plan
+from blockdecode.decoding.ranking import PRIOR_WEIGHT, PRIORS, Estimates, Ranker, Ranking, batch_width, shipped_rates
+from blockdecode.decoding.sampling import sampling_settings
+from blockdecode.drafters.proposals import Lattice, Scored, Source
 
 FLAT = {1: 1.0, 8: 1.0, 16: 2.0, 64: 8.0}  # a call of up to 8 tokens costs what one does, then more
 

@@ -16,10 +16,10 @@ from torch.nn import functional as F
 from transformers import AutoModelForCausalLM
 
 from blockdecode import BlockwiseLM, CheckpointError
-from blockdecode import export as export_module
 from blockdecode.cli import main
-from blockdecode.export import export_heads, serve_command
-from blockdecode.toy import toy_model
+from blockdecode.core.toy import toy_model
+from blockdecode.serving import export as export_module
+from blockdecode.serving.export import export_heads, serve_command
 
 
 class MedusaReader:

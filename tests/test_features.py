@@ -11,9 +11,9 @@ import pytest
 import torch
 from conftest import tiny
 
-from blockdecode import features as features_module
-from blockdecode.data import Pairs
-from blockdecode.features import FEATURES, cached_features, features_key
+from blockdecode.training import features as features_module
+from blockdecode.training.data import Pairs
+from blockdecode.training.features import FEATURES, cached_features, features_key
 
 ROWS = torch.randint(0, 60, (40, 16), generator=torch.Generator().manual_seed(0))
 

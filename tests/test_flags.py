@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from blockdecode.flags import comma_names, config_from, listed, positive_int, read_value_map, tree_budget
+from blockdecode.commands.flags import comma_names, config_from, listed, positive_int, read_value_map, tree_budget
 
 
 def test_a_binary_value_map_is_refused_naming_the_file(tmp_path: Path) -> None:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from blockdecode import hardware
-from blockdecode.hf import dtype_for
-from blockdecode.training import Precision
+from blockdecode.core import hardware
+from blockdecode.core.hf import dtype_for
+from blockdecode.training.loop import Precision
 
 
 @pytest.mark.parametrize(

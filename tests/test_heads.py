@@ -7,8 +7,8 @@ import torch
 from conftest import NO_EOS, assert_greedy_equal, hf_greedy, make_prompt, perturb_heads, tiny, vocab_size
 
 from blockdecode import BlockwiseLM, HeadsConfig
-from blockdecode.heads import HydraHeads, MedusaHeads, PaperHeads, build_heads, most_frequent, path_tokens
-from blockdecode.toy import toy_model
+from blockdecode.core.toy import toy_model
+from blockdecode.drafters.heads import HydraHeads, MedusaHeads, PaperHeads, build_heads, most_frequent, path_tokens
 
 HEAD_TYPES = ["paper", "medusa", "hydra"]
 # k=1 paper heads are zero-width Linear layers; torch warns that initialising them is a no-op (see report).

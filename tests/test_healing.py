@@ -1,4 +1,4 @@
-"""Token healing (blockdecode/healing.py): its specification on a toy vocabulary and on the built-in
+"""Token healing (blockdecode/decoding/healing.py): its specification on a toy vocabulary and on the built-in
 model's tokenizer, and blockwise decoding with it equal, token for token, to transformers' own `generate`
 with the same constraint (`prefix_allowed_tokens_fn`): chains, trees, batches, the generation config's
 rules, and sampling in distribution."""
@@ -18,9 +18,9 @@ from tokenizers import Tokenizer, models
 from transformers import PreTrainedTokenizerFast
 
 from blockdecode import DEFAULT_MODEL, BlockwiseLM, NgramDrafter, ScriptedDrafter, decode, load, make_plan
-from blockdecode.healing import heal_prompts
-from blockdecode.sampling import sampling_settings
-from blockdecode.toy import toy_model
+from blockdecode.core.toy import toy_model
+from blockdecode.decoding.healing import heal_prompts
+from blockdecode.decoding.sampling import sampling_settings
 
 NEW = 20
 

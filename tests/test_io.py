@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from blockdecode.io import (
+from blockdecode.core.io import (
     append_jsonl,
     atomic_write,
     load_checkpoint,

@@ -9,8 +9,8 @@ import pytest
 import torch
 from conftest import script
 
-from blockdecode import training
 from blockdecode.model import BlockwiseLM
+from blockdecode.training import loop as training
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-from blockdecode.loss import IGNORE, head_targets, linear_cross_entropy
+from blockdecode.core.loss import IGNORE, head_targets, linear_cross_entropy
 
 
 def reference(hidden: torch.Tensor, projection: nn.Linear, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -6,7 +6,7 @@ import pytest
 import torch
 from conftest import script
 
-from blockdecode.loss import IGNORE
+from blockdecode.core.loss import IGNORE
 
 
 @pytest.fixture(scope="module")

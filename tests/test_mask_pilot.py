@@ -8,8 +8,8 @@ import pytest
 import torch
 from conftest import script
 
-from blockdecode.io import read_jsonl
-from blockdecode.loss import IGNORE
+from blockdecode.core.io import read_jsonl
+from blockdecode.core.loss import IGNORE
 
 
 @pytest.fixture(scope="module")

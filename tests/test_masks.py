@@ -9,11 +9,12 @@ import pytest
 import torch
 from conftest import NO_EOS, hf_greedy, make_prompt, tiny
 
-from blockdecode.heads import most_frequent
-from blockdecode.hf import decoder_output
-from blockdecode.io import CheckpointError
-from blockdecode.loss import IGNORE, draft_projection
-from blockdecode.masks import (
+from blockdecode.core.hf import decoder_output
+from blockdecode.core.io import CheckpointError
+from blockdecode.core.loss import IGNORE, draft_projection
+from blockdecode.core.toy import TOY_ARCHITECTURES, toy_model
+from blockdecode.drafters.heads import most_frequent
+from blockdecode.drafters.masks import (
     MASKS_CONFIG,
     MASKS_WEIGHTS,
     MasksConfig,
@@ -25,7 +26,6 @@ from blockdecode.masks import (
     mask_states,
     save_masks,
 )
-from blockdecode.toy import TOY_ARCHITECTURES, toy_model
 
 
 def trained_looking(model, k: int = 4, seed: int = 0, **kwargs):

@@ -18,9 +18,9 @@ from conftest import NO_EOS, make_prompt, perturb_heads, tiny
 from transformers import AutoModelForCausalLM
 
 from blockdecode import BlockwiseLM, CheckpointError, HeadsConfig, ScriptedDrafter
-from blockdecode.hf import weights_digest
-from blockdecode.model import HEADS_CONFIG, HEADS_WEIGHTS
-from blockdecode.toy import toy_model
+from blockdecode.core.hf import weights_digest
+from blockdecode.core.toy import toy_model
+from blockdecode.loading import HEADS_CONFIG, HEADS_WEIGHTS
 
 pytestmark = pytest.mark.filterwarnings("ignore:Initializing zero-element tensors:UserWarning")
 
@@ -414,7 +414,7 @@ def broken(damage: str) -> BlockwiseLM:
 def test_a_broken_model_is_one_clear_error_before_it_is_called(damage: str, error: type, match: str) -> None:
     """A model moved to the meta device, its lm_head deleted or its heads removed: one line naming what is
     wrong, from generate, a plan and calibration alike, not a traceback from deep inside torch."""
-    from blockdecode.calibrate import calibrate
+    from blockdecode.decoding.calibrate import calibrate
 
     lm = broken(damage)
     ids = make_prompt(4, 512)
@@ -507,7 +507,7 @@ def test_a_hub_out_of_reach_fails_in_one_line_within_seconds(monkeypatch: pytest
     a closed local port here, so nothing leaves the machine (huggingface_hub alone retried for about 25 s)."""
     from huggingface_hub import constants
 
-    from blockdecode.hf import load_base, load_tokenizer
+    from blockdecode.loading import load_base, load_tokenizer
     from blockdecode.model import load as load_folder
 
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
@@ -529,7 +529,7 @@ def test_a_hub_name_is_fetched_once_the_hub_knows_it(shipped: Path, monkeypatch:
     from huggingface_hub import constants
     from huggingface_hub.errors import RepositoryNotFoundError
 
-    from blockdecode import hf
+    from blockdecode import loading as hf
     from blockdecode.model import load as load_folder
 
     fetched = []

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from blockdecode.io import append_jsonl, read_jsonl
+from blockdecode.core.io import append_jsonl, read_jsonl
 from tests.conftest import script
 
 

@@ -9,9 +9,10 @@ import torch
 from conftest import make_prompt, tiny
 
 from blockdecode import BlockwiseLM, NgramDrafter, ScriptedDrafter
-from blockdecode.acceptance import parse_acceptance
-from blockdecode.drafters import ChainDrafter, HeadsDrafter
-from blockdecode.plan import DecodePlan, make_plan
+from blockdecode.decoding.acceptance import parse_acceptance
+from blockdecode.decoding.plan import DecodePlan, make_plan
+from blockdecode.drafters.base import ChainDrafter
+from blockdecode.drafters.heads import HeadsDrafter
 
 
 @pytest.fixture

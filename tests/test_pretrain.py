@@ -16,12 +16,19 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
-from blockdecode import training
 from blockdecode.cli import main
-from blockdecode.corpus import SPECIAL_TOKENS, corpus_files, is_heldout, stdlib_files
 from blockdecode.model import BlockwiseLM
-from blockdecode.pretrain import RESUME_MUST_MATCH, CorpusConfig, PretrainConfig, prepare_corpus, pretrain, windows
-from blockdecode.train import TrainConfig, train
+from blockdecode.pretraining.corpus import SPECIAL_TOKENS, corpus_files, is_heldout, stdlib_files
+from blockdecode.pretraining.pretrain import (
+    RESUME_MUST_MATCH,
+    CorpusConfig,
+    PretrainConfig,
+    prepare_corpus,
+    pretrain,
+    windows,
+)
+from blockdecode.training import loop as training
+from blockdecode.training.train import TrainConfig, train
 from tests.conftest import NO_EOS, assert_greedy_equal, hf_greedy, keep_checkpoint_at
 
 TINY = dict(

@@ -9,8 +9,8 @@ from conftest import NO_EOS, make_prompt, tiny
 from transformers import AutoModelForCausalLM
 
 from blockdecode import NgramDrafter, blockwise_generate
-from blockdecode.reference import first_divergence, greedy_generate
-from blockdecode.toy import toy_model
+from blockdecode.core.toy import toy_model
+from blockdecode.decoding.reference import first_divergence, greedy_generate
 
 
 def test_reference_is_greedy_whatever_the_checkpoint_searches_with() -> None:
@@ -73,7 +73,7 @@ def test_the_reference_call_says_nothing_whatever_length_the_checkpoint_names(wh
     from transformers.utils import logging as hf_logging
 
     from blockdecode import DEFAULT_TRANSLATION_MODEL
-    from blockdecode.hf import load_base
+    from blockdecode.loading import load_base
 
     if which == "built-in translation model":
         model = load_base(DEFAULT_TRANSLATION_MODEL).eval()

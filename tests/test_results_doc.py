@@ -10,8 +10,8 @@ import pytest
 from blockdecode import BlockwiseLM
 from blockdecode.bench import PRESETS, BenchConfig, markdown, run_bench
 from blockdecode.cli import main
-from blockdecode.corpus import train_tokenizer
-from blockdecode.toy import toy_model
+from blockdecode.core.toy import toy_model
+from blockdecode.pretraining.corpus import train_tokenizer
 from tests.conftest import perturb_heads, script
 
 

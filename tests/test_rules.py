@@ -9,8 +9,8 @@ import torch
 from conftest import assert_greedy_equal, hf_greedy, make_prompt
 
 from blockdecode import NgramDrafter, ScriptedDrafter, blockwise_generate
-from blockdecode.rules import GreedyRules, greedy_rules
-from blockdecode.toy import toy_model
+from blockdecode.core.toy import toy_model
+from blockdecode.decoding.rules import GreedyRules, greedy_rules
 
 NEW = 24
 

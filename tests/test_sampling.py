@@ -19,10 +19,10 @@ from conftest import NO_EOS, hf_greedy, make_prompt, perturb_heads, tiny, vocab_
 from transformers import GenerationConfig
 
 from blockdecode import BaseDrafter, BlockwiseLM, NgramDrafter, blockwise_generate, decode, make_plan
-from blockdecode.calibrate import calibrate
-from blockdecode.expected import Ranking
-from blockdecode.sampling import DEFAULTS, Sampling, residual, sampling_settings, speculative_sample
-from blockdecode.toy import toy_model
+from blockdecode.core.toy import toy_model
+from blockdecode.decoding.calibrate import calibrate
+from blockdecode.decoding.ranking import Ranking
+from blockdecode.decoding.sampling import DEFAULTS, Sampling, residual, sampling_settings, speculative_sample
 
 PROMPT = torch.tensor([[3, 5, 2, 7]])
 SHOWN = 3  # sampled tokens compared: the first comes from the prefill, the next two from the drafts
@@ -161,7 +161,7 @@ def judged_by_the_first(probs, draft, q, generator=None):
 )
 def test_the_distribution_test_rejects_a_wrong_acceptance(wrong, setting: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Each slip of the acceptance step, on the drafter that is often right, fails the test above."""
-    loop = importlib.import_module("blockdecode.decode")  # the module, not the function the package exports
+    loop = importlib.import_module("blockdecode.decoding.loop")  # the module, not the function the package exports
     monkeypatch.setattr(loop, "speculative_sample", wrong)
     assert homogeneity(ours(setting, "greedy-table", runs=RUNS // 2), reference(setting)) < 1e-6
 
@@ -339,7 +339,7 @@ def test_a_generator_that_is_not_one_is_refused_before_the_model_is_called(gener
 
 
 def test_a_generator_on_another_device_than_the_models_is_refused() -> None:
-    from blockdecode.sampling import check_generator
+    from blockdecode.decoding.sampling import check_generator
 
     check_generator(None, torch.device("cpu"))
     check_generator(torch.Generator(), torch.device("cpu"))

@@ -10,7 +10,7 @@ import torch
 from safetensors import safe_open
 
 from blockdecode import BlockwiseLM
-from blockdecode.corpus import train_tokenizer
+from blockdecode.pretraining.corpus import train_tokenizer
 from tests.conftest import make_prompt, perturb_heads, script, toy_model
 
 

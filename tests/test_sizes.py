@@ -9,7 +9,7 @@ import pytest
 import torch
 from conftest import script
 
-from blockdecode.reference import greedy_generate
+from blockdecode.decoding.reference import greedy_generate
 
 
 @pytest.fixture(scope="module")

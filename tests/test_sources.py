@@ -17,12 +17,12 @@ from test_batch import causal_batch, check_rows
 from test_sampling import BUDGET, PROMPT, RUNS, SETTINGS, SHOWN, homogeneity, reference, small
 
 from blockdecode import BlockwiseLM, decode, make_plan
-from blockdecode import sources as src
-from blockdecode.corpus import train_tokenizer
-from blockdecode.sampling import sampling_settings
-from blockdecode.sources import Memory, MemoryConfig, SuffixArray, corpus_index
-from blockdecode.suffix import SuffixDrafter
-from blockdecode.toy import toy_model
+from blockdecode.core.toy import toy_model
+from blockdecode.decoding.sampling import sampling_settings
+from blockdecode.drafters import sources as src
+from blockdecode.drafters.sources import Memory, MemoryConfig, SuffixArray, corpus_index
+from blockdecode.drafters.suffix import SuffixDrafter
+from blockdecode.pretraining.corpus import train_tokenizer
 
 
 def occurrences(docs: list[list[int]], s: list[int]) -> list[tuple[int, int]]:

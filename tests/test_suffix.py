@@ -13,8 +13,8 @@ from test_batch import RANKED, causal_batch, check_rows, row_tokens
 from test_sampling import BUDGET, PROMPT, RUNS, SETTINGS, SHOWN, homogeneity, reference, small
 
 from blockdecode import BlockwiseLM, blockwise_generate, decode, make_plan
-from blockdecode.sampling import sampling_settings
-from blockdecode.suffix import SuffixDrafter, SuffixIndex
+from blockdecode.decoding.sampling import sampling_settings
+from blockdecode.drafters.suffix import SuffixDrafter, SuffixIndex
 
 NO_HIDDEN = torch.zeros(1, 8)  # the drafter ignores the hidden state
 

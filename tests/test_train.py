@@ -31,24 +31,20 @@ from safetensors.torch import load_file  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM  # noqa: E402
 
 from blockdecode import BlockwiseLM  # noqa: E402
-from blockdecode import distill as distill_module  # noqa: E402
-from blockdecode import objective as objective_module  # noqa: E402
 from blockdecode.cli import main as cli_main  # noqa: E402
-from blockdecode.data import load_tokens, split  # noqa: E402
-from blockdecode.hf import load_base  # noqa: E402
-from blockdecode.io import read_jsonl  # noqa: E402
-from blockdecode.model import HEADS_CONFIG, HEADS_WEIGHTS  # noqa: E402
-from blockdecode.objective import Objective  # noqa: E402
-from blockdecode.toy import toy_model  # noqa: E402
-from blockdecode.train import (  # noqa: E402
-    RESUME_MUST_MATCH,
-    batch_indices,
-    doubling_gain,
-    plateaued,
-    sampled_heads,
-    train,
+from blockdecode.core.io import read_jsonl  # noqa: E402
+from blockdecode.core.toy import toy_model  # noqa: E402
+from blockdecode.loading import (  # noqa: E402
+    HEADS_CONFIG,
+    HEADS_WEIGHTS,
+    load_base,  # noqa: E402
 )
-from blockdecode.train_config import TrainConfig  # noqa: E402
+from blockdecode.training import distill as distill_module  # noqa: E402
+from blockdecode.training import objective as objective_module  # noqa: E402
+from blockdecode.training.config import TrainConfig  # noqa: E402
+from blockdecode.training.data import batch_indices, load_tokens, split  # noqa: E402
+from blockdecode.training.objective import Objective  # noqa: E402
+from blockdecode.training.train import RESUME_MUST_MATCH, doubling_gain, plateaued, sampled_heads, train
 
 # ----------------------------------------------------------------------------- fixtures and helpers
 
@@ -602,7 +598,7 @@ TWO_PROCESS_SCRIPT = textwrap.dedent(
     import json, os, sys
     os.environ["HF_HUB_OFFLINE"] = "1"
     import torch
-    from blockdecode.train import TrainConfig, train
+    from blockdecode.training.train import TrainConfig, train
     torch.set_num_threads(1)
     torch.manual_seed(0)  # the heads' initialisation; train() does not seed it (rank 0's is broadcast)
     train(TrainConfig(**json.loads(sys.argv[1])))
@@ -856,7 +852,7 @@ def test_an_unwritable_out_fails_before_anything_loads(tiny_base, tmp_path):
 
 
 def test_pairs_load_from_a_tsv_or_two_aligned_files(tiny_marian, tmp_path):
-    from blockdecode.data import load_pairs, read_parallel
+    from blockdecode.training.data import load_pairs, read_parallel
 
     texts = read_parallel([tiny_marian.data])
     (tmp_path / "en.txt").write_text("\n".join(s for s, _ in texts))
@@ -925,8 +921,8 @@ def write_sources(folder: Path) -> Path:
 def test_distill_sources_join_the_training_sources(tiny_marian, tmp_path):
     """The files' lines follow the training sources, the prompts are drawn evenly from them all, and
     each distilled row is the base's own translation of its source."""
-    from blockdecode.data import load_pairs, load_sources
-    from blockdecode.train import distill_pairs
+    from blockdecode.training.data import load_pairs, load_sources
+    from blockdecode.training.train import distill_pairs
 
     base = AutoModelForSeq2SeqLM.from_pretrained(tiny_marian.dir).eval()
     tok = tiny_marian.tokenizer

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from blockdecode import training
-from blockdecode.training import MetricsLog, Precision, warmup_cosine
+from blockdecode.training import loop as training
+from blockdecode.training.loop import MetricsLog, Precision, warmup_cosine
 
 
 def test_warmup_then_cosine_to_the_floor() -> None:

@@ -13,11 +13,11 @@ import torch
 from conftest import assert_greedy_equal, hf_greedy, keep_checkpoint_at
 from transformers import AutoModelForSeq2SeqLM, PreTrainedTokenizerFast
 
-from blockdecode import BlockwiseLM, ScriptedDrafter, training
-from blockdecode.bible import read_tsv
+from blockdecode import BlockwiseLM, ScriptedDrafter
 from blockdecode.cli import main
-from blockdecode.corpus import train_tokenizer
-from blockdecode.translation import (
+from blockdecode.pretraining.bible import read_tsv
+from blockdecode.pretraining.corpus import train_tokenizer
+from blockdecode.pretraining.translation import (
     EOS,
     PAD,
     RESUME_MUST_MATCH,
@@ -27,6 +27,7 @@ from blockdecode.translation import (
     train_translation,
     translation_tokenizer,
 )
+from blockdecode.training import loop as training
 
 CORPUS = Path(__file__).parent / "data" / "bible"
 TINY = dict(

@@ -11,8 +11,9 @@ import pytest
 import torch
 from transformers import AutoTokenizer, MarianMTModel
 
-from blockdecode import DEFAULT_DRAFT_MODEL, DEFAULT_MODEL, DEFAULT_TRANSLATION_MODEL, BlockwiseLM, demo
+from blockdecode import DEFAULT_DRAFT_MODEL, DEFAULT_MODEL, DEFAULT_TRANSLATION_MODEL, BlockwiseLM
 from blockdecode.bench.suite import default_prompts
+from blockdecode.commands import demo
 from tests.conftest import assert_bf16_weights, assert_greedy_equal, hf_greedy
 
 SHIPPED = Path(DEFAULT_TRANSLATION_MODEL)

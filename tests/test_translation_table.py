@@ -10,8 +10,8 @@ import sacrebleu
 from transformers import AutoModelForSeq2SeqLM, PreTrainedTokenizerFast
 
 from blockdecode import BlockwiseLM
-from blockdecode.bible import read_tsv
-from blockdecode.translation import TranslationConfig, train_translation
+from blockdecode.pretraining.bible import read_tsv
+from blockdecode.pretraining.translation import TranslationConfig, train_translation
 from tests.conftest import hf_greedy, script
 
 CORPUS = Path(__file__).parent / "data" / "bible"

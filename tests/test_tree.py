@@ -10,9 +10,9 @@ import torch
 from conftest import NO_EOS, assert_greedy_equal, hf_greedy, make_prompt, perturb_heads, tiny, vocab_size
 
 from blockdecode import BaseDrafter, BlockwiseLM, NgramDrafter, ScriptedDrafter, blockwise_generate
-from blockdecode.adapter import takes_tree_masks
-from blockdecode.toy import TOY_ARCHITECTURES, toy_model
-from blockdecode.tree import Tree, best_path, lattice_paths
+from blockdecode.core.toy import TOY_ARCHITECTURES, toy_model
+from blockdecode.core.tree import Tree, best_path, lattice_paths
+from blockdecode.decoding.adapter import takes_tree_masks
 
 NEW = 32
 
@@ -216,7 +216,7 @@ def test_a_tree_past_what_a_forward_scores_is_refused_within_seconds_in_bounded_
     import time
     from pathlib import Path
 
-    from blockdecode.corpus import train_tokenizer
+    from blockdecode.pretraining.corpus import train_tokenizer
 
     tokenizer = train_tokenizer(["def f(x):\n    return x + 1\n" * 40], vocab_size=300)
     base = toy_model("llama", vocab=len(tokenizer), context=256)

@@ -1,7 +1,7 @@
 """The benchmark: every decoder on the same model, prompts, dtype and threads, in one process.
 
 `methods` holds the decoders and the rounds that run them side by side, `report` what a run
-writes, and `suite` the presets that `blockdecode bench` runs; the clocks are `blockdecode.timing`."""
+writes, and `suite` the presets that `blockdecode bench` runs; the clocks are `blockdecode.decoding.timing`."""
 
 from blockdecode.bench.methods import Method, Run, block_stats, measure
 from blockdecode.bench.report import (

@@ -18,12 +18,12 @@ from collections.abc import Callable
 import torch
 from tqdm.auto import tqdm
 
-from blockdecode.adapter import decoder_prompt
 from blockdecode.bench.methods import divergences
-from blockdecode.hf import is_seq2seq, resolve_eos
+from blockdecode.core.hf import is_seq2seq, resolve_eos
+from blockdecode.decoding.adapter import decoder_prompt
+from blockdecode.decoding.reference import greedy_generate
+from blockdecode.decoding.timing import metered, sync
 from blockdecode.model import BlockwiseLM
-from blockdecode.reference import greedy_generate
-from blockdecode.timing import metered, sync
 
 
 def padded_batch(tokenizer, texts: list[str], seq2seq: bool, device: str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:

@@ -16,12 +16,12 @@ import torch
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel
 
-from blockdecode.adapter import decoder_prompt, sequence_logits
-from blockdecode.decode import decode
-from blockdecode.healing import Healing
-from blockdecode.plan import DecodePlan
-from blockdecode.reference import first_divergence, greedy_generate
-from blockdecode.timing import metered, sync
+from blockdecode.decoding.adapter import decoder_prompt, sequence_logits
+from blockdecode.decoding.healing import Healing
+from blockdecode.decoding.loop import decode
+from blockdecode.decoding.plan import DecodePlan
+from blockdecode.decoding.reference import first_divergence, greedy_generate
+from blockdecode.decoding.timing import metered, sync
 
 
 @dataclass

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import torch
 
-from blockdecode import plots
 from blockdecode.bench import batches
-from blockdecode.io import saving_folder, write_json, write_text
+from blockdecode.core import plots
+from blockdecode.core.io import saving_folder, write_json, write_text
 
 
 def cpu_name() -> str:

@@ -19,7 +19,6 @@ from pathlib import Path
 
 import torch
 
-from blockdecode.acceptance import parse_acceptance
 from blockdecode.bench.batches import batch_rows, padded_batch
 from blockdecode.bench.methods import (
     Method,
@@ -31,30 +30,23 @@ from blockdecode.bench.methods import (
     transformers_run,
 )
 from blockdecode.bench.report import environment, write_report
-from blockdecode.bible import HELD_OUT_VERSES
 from blockdecode.builtin import DEFAULT_DRAFT_MODEL, DEFAULT_MODEL
-from blockdecode.calibrate import calibrate
-from blockdecode.decode import decode
-from blockdecode.drafters import ScriptedDrafter
-from blockdecode.hf import (
-    CACHE_IMPLEMENTATIONS,
-    DTYPES,
-    at_least,
-    dtype_for,
-    dtype_name,
-    is_seq2seq,
-    load_base,
-    vocab_size,
-)
-from blockdecode.io import check_writable, read_prompts
+from blockdecode.core.hf import CACHE_IMPLEMENTATIONS, DTYPES, at_least, dtype_for, dtype_name, is_seq2seq, vocab_size
+from blockdecode.core.io import check_writable, read_prompts
+from blockdecode.core.toy import toy_model
+from blockdecode.decoding.acceptance import parse_acceptance
+from blockdecode.decoding.calibrate import calibrate
+from blockdecode.decoding.loop import decode
+from blockdecode.decoding.plan import DecodePlan, make_plan
+from blockdecode.decoding.sampling import Sampling, sampling_settings
+from blockdecode.decoding.timing import forward_cost
+from blockdecode.drafters.base import ScriptedDrafter
+from blockdecode.drafters.registry import CHOICES
+from blockdecode.drafters.sources import SuffixArray, corpus_index
+from blockdecode.drafters.suffix import SuffixDrafter
+from blockdecode.loading import load_base
 from blockdecode.model import BlockwiseLM, load
-from blockdecode.named import CHOICES
-from blockdecode.plan import DecodePlan, make_plan
-from blockdecode.sampling import Sampling, sampling_settings
-from blockdecode.sources import SuffixArray, corpus_index
-from blockdecode.suffix import SuffixDrafter
-from blockdecode.timing import forward_cost
-from blockdecode.toy import toy_model
+from blockdecode.pretraining.bible import HELD_OUT_VERSES
 
 
 @dataclass

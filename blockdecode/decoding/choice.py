@@ -1,0 +1,97 @@
+"""Which drafters and tree a decode uses when it is not told exactly: `drafter="auto"` and `tree="default"`,
+`"expected"` (each call's candidates ranked by their chance to stand) or `"auto"` (the calibrated choice),
+resolved for one model into a `DecodePlan`."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from blockdecode.core.hf import check_loaded
+from blockdecode.decoding import ranking
+from blockdecode.decoding.acceptance import Acceptance, parse_acceptance
+from blockdecode.decoding.adapter import takes_tree_masks
+from blockdecode.decoding.calibrate import calibrate
+from blockdecode.decoding.plan import DecodePlan, block_size, check_settings, make_plan, max_tree
+from blockdecode.decoding.sampling import sampling_settings
+from blockdecode.drafters.base import Drafter
+
+DEFAULT_DRAFTERS = "heads+ngram"
+"""What drafter="auto" decodes with in ranked trees and chains (tree="expected", the default)."""
+
+
+def choose_plan(
+    lm,
+    drafter: str | Drafter | Sequence[Drafter] | None = "auto",
+    k: int | None = None,
+    tree: int | str | None = "default",
+    acceptance: str | Acceptance | None = None,
+    eos_token_id: int | Sequence[int] | None = None,
+    cache_implementation: str = "dynamic",
+    prompts: Sequence[torch.LongTensor] = (),
+    do_sample: bool = False,
+    temperature: float | None = None,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    rows: int = 1,
+) -> DecodePlan:
+    """`BlockwiseLM.plan`: every setting of a decode on `lm`, resolved and checked once."""
+    if k is None:  # the heads' block, or the depth the EAGLE-3 drafter was trained to draft when it drafts alone
+        k = lm.eagle3.config.speculative_tokens + 1 if drafter == "eagle3" and lm.eagle3 is not None else lm.k
+    drafter = "auto" if drafter is None else drafter
+    prompts = list(prompts) or [ids.to(lm.base.device) for ids in lm.prompts]  # the folder's prompts.json
+    sampling = sampling_settings(lm.base, do_sample, temperature, top_k, top_p)
+    if tree == "default":  # ranked each call, greedy only: its choices follow the machine's timings, so a
+        # sampled run would not repeat with its seed; a ranking learns what stands under any rule but min-block
+        ranked = parse_acceptance(acceptance).rule != "min-block" and sampling is None
+        tree = ("expected" if ranked else "auto") if isinstance(drafter, str) else None
+    if tree == "expected":  # every drafter's candidates ranked by their chance to stand, the size chosen each call
+        settings = (acceptance, eos_token_id, cache_implementation)
+        return ranked_plan(lm, drafter, k, *settings, prompts, sampling, rows)
+    if isinstance(tree, str) and tree != "auto":
+        raise ValueError(f"tree must be a node budget >= 1, 'auto', 'expected' or None, got {tree!r}")
+    if tree == "auto" and parse_acceptance(acceptance).rule == "min-block":
+        tree = None  # min-block forces a chain's first proposals
+    if tree == "auto" or drafter == "auto":
+        uses_heads = drafter == "auto" or (isinstance(drafter, str) and "heads" in drafter)
+        k = block_size(k, lm.k if uses_heads else None)
+        check_settings(lm.base, k, None, acceptance, eos_token_id, cache_implementation)
+    if tree == "auto":
+        if not prompts:
+            raise _no_prompts("auto")
+        chosen = calibrate(lm, prompts, drafter, k, acceptance=parse_acceptance(acceptance))
+        chains = rows > 1 or sampling is not None
+        if isinstance(drafter, str):
+            drafter = chosen.best_chain() if chains else chosen.drafter
+        tree = None if chains else chosen.tree
+    elif drafter == "auto":
+        drafter = "heads"
+    return make_plan(
+        lm.base, drafter, k, tree, acceptance, eos_token_id, cache_implementation, lm=lm, sampling=sampling
+    )
+
+
+def ranked_plan(lm, drafter, k, acceptance, eos_token_id, cache_implementation, prompts, sampling, rows):
+    """tree="expected": n-gram lookup and the heads ("auto") or the drafters given, in one tree of up to
+    `ranking.CAP` nodes ranked by their chance to stand, its size chosen each call from the machine's
+    cost curve (measured on the first prompt). Sampling verifies a chain, each call's from the drafter
+    whose chain is expected to gain the most, its length chosen so; a batch, each row's chain from its
+    likeliest drafter, all of one length chosen so (`ranking.batch_width`)."""
+    if not prompts:
+        raise _no_prompts("expected")
+    drafter = DEFAULT_DRAFTERS if drafter == "auto" else drafter
+    check_settings(lm.base, k, None, acceptance, eos_token_id, cache_implementation)  # before anything is timed
+    check_loaded(lm, "the BlockwiseLM")
+    ranked = ranking.model_ranking(lm, prompts[0], cache_implementation)
+    chains = sampling is not None or rows > 1 or not takes_tree_masks(lm.base)  # no warning: a chain ranks too
+    tree = None if chains else min(ranking.CAP, max_tree(lm.base))
+    return make_plan(lm.base, drafter, k, tree, acceptance, eos_token_id, cache_implementation, lm=lm,
+                     sampling=sampling, ranking=ranked)  # fmt: skip
+
+
+def _no_prompts(tree: str) -> ValueError:
+    return ValueError(
+        f"tree={tree!r} measures this machine on prompts, and the model ships none (prompts.json in its folder): pass "
+        "prompts=[input_ids], or a fixed tree (tree=N, or tree=None for a chain)"
+    )

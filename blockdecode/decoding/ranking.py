@@ -1,0 +1,448 @@
+"""One tree by expected acceptance: every drafter's candidates ranked on one scale, their chance to
+stand, and the tree's size chosen each call (issue 38).
+
+Each candidate node carries a *source*: the drafter that proposed it, a key saying what kind of guess
+it is (the heads' confidence bin, an n-gram match's length and whether it is the match's first token,
+one key for any other drafter) and a prior chance that it stands if its parent does. Drafters offer
+paths (`Scored`), or a lattice (`Lattice`: the heads' guesses at each depth, which do not hang on the
+path before them, so they may follow any node one depth above, another drafter's too).
+
+A node's chance p is its sources' best estimate, each the prior moved by this sequence's outcomes (a
+Beta posterior per drafter and key, `Estimates`), capped by what its likelier siblings leave (at most
+one of them stands; under a relaxed rule the cap bounds the chance that any does). A node's path
+probability is the product of p down its path, so a child never outranks its parent and the N best
+nodes always form a tree. The tree keeps the n best, where n maximises the expected tokens per second
+of the call, (1 + the kept path probabilities' sum) / t(n + 1), t the machine's cost curve. After the
+call every kept node whose parent stood is one trial of the source whose estimate placed it: a hit if
+it stood under the acceptance rule decoded with (under topk:2, one of the model's two best there).
+
+Exactness never depends on any of this: it decides only which candidates are verified."""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import sys
+import weakref
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from blockdecode.core.hf import context_length, same_weights, weights_key, weights_signature
+from blockdecode.core.io import read_json
+from blockdecode.core.tree import Tree
+from blockdecode.decoding.timing import forward_cost
+from blockdecode.drafters.proposals import (
+    Lattice,
+    Scored,
+    Source,
+    _confidence_source,
+    offered_by,
+)
+
+CAP = 64  # the most candidates a ranked tree holds unless told fewer
+OFFERED = 24  # paths a drafter offers a ranked tree: more than a call keeps of one drafter, for less work
+COST_POINTS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 65)  # t(q) is measured here and interpolated between
+DECAY = 0.93  # every call, past outcomes count this much less: a drafter dropped for a while is tried again
+PRIOR_WEIGHT = 4.0  # trials a prior counts for: a few dozen calls of outcomes outweigh it
+_LEARN = 0.2  # how fast a drafter's measured time and yield follow the sequence
+_RETRY = 0.995  # each call a drafter is not asked, its yield keeps this much of its distance from 1
+_REACH_DECAY = 0.8  # each call, how much of a drafter's deepest kept node it is still asked past
+
+
+@dataclass(frozen=True)
+class Ranking:
+    """How a decode ranks its candidates: the machine's cost curve, (token count, seconds) pairs of one
+    forward over a cached context, and the acceptance rates shipped with the model (`PRIORS`, by
+    `source_name`), which replace the drafters' own priors where known. Each sequence ranks with its
+    own `Ranker`, from these; it starts from what the last sequence ranked with them learnt of each
+    drafter's time and yield (`learnt`), so a drafter that did not pay there is not asked at once again:
+    a short decode would spend most of its calls learning that anew. Which candidates stand is learnt
+    afresh each sequence (a seeded sampled run repeats with its plan)."""
+
+    cost: tuple[tuple[int, float], ...]
+    rates: tuple[tuple[str, float], ...] = ()
+    learnt: dict[str, dict[str, float]] = field(default_factory=dict, compare=False, repr=False)
+
+    def start(self, decay: float | None = None) -> Ranker:
+        ranker = Ranker(dict(self.cost), dict(self.rates), DECAY if decay is None else decay)
+        ranker.seconds_of.update(self.learnt.get("seconds", {}))
+        ranker.yields.update(self.learnt.get("yields", {}))
+        return ranker
+
+    def keep(self, ranker: Ranker) -> None:
+        """What a finished sequence's ranker learnt of its drafters' time and yield, for the next one."""
+        self.learnt.update(seconds=dict(ranker.seconds_of), yields=dict(ranker.yields))
+
+
+def source_name(drafter: str, key: tuple) -> str:
+    """A source's name in a priors file: "heads confidence 3", "ngram match 2"."""
+    return " ".join(map(str, (drafter, *key)))
+
+
+PRIORS = "ranking.json"  # beside a saved model: its drafters' acceptance rates, by source
+
+
+def shipped_rates(folder: str | Path | None, signature: list[float]) -> dict[str, float]:
+    """The acceptance rates saved beside a model (`calibrate.record_rates`) if they are for these weights
+    (`hf.weights_signature`); none otherwise. A damaged file is one line on stderr, then ignored: the
+    drafters' own priors serve, and the sequence teaches the rest."""
+    path = Path(folder) / PRIORS if folder else None
+    if path is None or not path.is_file():
+        return {}
+    try:
+        saved = read_json(path)
+        rates = saved.get("rates") if isinstance(saved, dict) else None
+        if not isinstance(rates, dict) or not all(isinstance(v, float) and 0 <= v <= 1 for v in rates.values()):
+            raise ValueError(f"{path} holds no acceptance rates between 0 and 1")
+    except ValueError as err:
+        print(f"blockdecode: {err}; ranking from the drafters' own priors", file=sys.stderr)
+        return {}
+    found = saved.get("signature")
+    return rates if isinstance(found, list) and same_weights(found, signature) else {}
+
+
+def own_prior(drafter: str, key: tuple) -> float:
+    """The prior the drafters here give a source of this key: a confidence bin's middle (half that
+    aside), 0.1 for an n-gram's padding, an even chance otherwise."""
+    if key[0] == "confidence":
+        return _confidence_source(drafter, key[1], len(key) > 2).prior
+    return 0.1 if key[0] == "padding" else 0.5
+
+
+_MEASURED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # BlockwiseLM -> (key, Ranking)
+
+
+def model_ranking(lm, context: torch.LongTensor, cache_implementation: str = "dynamic") -> Ranking:
+    """The ranking for BlockwiseLM `lm` on this machine: its base's cost curve over `context` (the prompt)
+    and the rates shipped beside it (`shipped_rates`), found once per set of weights, thread count and
+    cache kind in a process (under a second), not at every `generate`."""
+    key = (weights_key(lm.parameters()), torch.get_num_threads(), cache_implementation)
+    known = _MEASURED.get(lm)
+    if known is None or known[0] != key:
+        room = context_length(lm.base)  # a short context holds fewer tokens a call: t(q) is extrapolated past them
+        points = [q for q in COST_POINTS if room is None or context.shape[1] + q <= room] or [1]
+        cost = forward_cost(lm.base, context[:1], points, reps=5, cache_implementation=cache_implementation)
+        rates = shipped_rates(lm.base_location, weights_signature(lm.measured))
+        _MEASURED[lm] = known = (key, Ranking(tuple(sorted(cost.items())), tuple(sorted(rates.items()))))
+    return known[1]
+
+
+class Estimates:
+    """Per (drafter, key), hits and trials of this sequence on top of the prior (a Beta posterior
+    whose prior counts `PRIOR_WEIGHT` trials): the rate shipped with the model for that source if
+    `rates` holds it, else the drafter's own prior."""
+
+    def __init__(self, rates: Mapping[str, float] | None = None, decay: float = DECAY) -> None:
+        self.counts: dict[tuple[str, tuple], list[float]] = {}
+        self.rates = dict(rates or {})
+        self.decay = decay
+
+    def prior(self, source: Source) -> float:
+        return self.rates.get(source_name(source.drafter, source.key), source.prior)
+
+    def chance(self, source: Source) -> float:
+        hits, trials = self.counts.get((source.drafter, source.key), (0.0, 0.0))
+        return (self.prior(source) * PRIOR_WEIGHT + hits) / (PRIOR_WEIGHT + trials)
+
+    def update(self, source: Source, stood: float) -> None:
+        """One trial of `source`: 1 if it stood, 0 if not, or its chance to have stood where known."""
+        counts = self.counts.setdefault((source.drafter, source.key), [0.0, 0.0])
+        counts[0] += stood
+        counts[1] += 1
+
+    def forget(self) -> None:
+        """Every outcome so far counts DECAY as much: estimates follow a sequence whose text changes,
+        and one whose nodes were dropped drifts back to its prior, to be tried again."""
+        for counts in self.counts.values():
+            counts[0] *= self.decay
+            counts[1] *= self.decay
+
+    def rates_seen(self, least: float = 5.0) -> dict[str, float]:
+        """The hit rate of every source with at least `least` trials, by `source_name`."""
+        return {source_name(*k): h / t for k, (h, t) in sorted(self.counts.items()) if t >= least}
+
+
+@dataclass
+class Node:
+    token: int
+    parent: int  # index in the candidate trie; -1: the newest token
+    sources: list[Source] = field(default_factory=list)
+
+
+def _by_chance(entry: tuple) -> float:
+    """Sort key: the likeliest first."""
+    return -entry[0]
+
+
+class Ranker:
+    """One sequence's ranking: builds each call's tree from the drafters' scored paths and lattices,
+    and learns from what stood. `cost` maps a call's token count (the newest token included) to its
+    seconds; a measured curve is made non-decreasing (a call of more tokens never costs less)."""
+
+    def __init__(self, cost: Mapping[int, float], rates: Mapping[str, float] | None = None, decay: float = DECAY):
+        if not cost or any(q < 1 or not t > 0 for q, t in cost.items()):
+            raise ValueError("the cost curve needs positive seconds for token counts >= 1")
+        points = sorted(cost.items())
+        floor = [min(t for _, t in points[i:]) for i in range(len(points))]  # timing noise never makes more cheaper
+        self.points = [(q, t) for (q, _), t in zip(points, floor)]
+        self.estimates = Estimates(rates, decay)
+        self._kept: list[tuple[int, Source]] = []  # the last tree's nodes: (parent in the tree, deciding source)
+        self._rates: list[float] = [0.0]  # _rates[n]: 1 / t(n), filled as far as a tree has needed
+        self.sizes: list[int] = []  # each call's tree size
+        self.seconds_of: dict[str, float] = {}  # each drafter's time to propose, lately
+        self.yields: dict[str, float] = {}  # each drafter's accepted proposals, lately, per token the others left
+        self._asked: tuple[str, float, float] | None = None  # (drafter, expected tokens without it, most)
+        self._reach: dict[str, float] = {}  # the deepest each drafter's nodes were kept, lately
+        self._last: tuple[tuple, int, tuple] | None = None  # this call's last ranking: its candidates, cap, result
+
+    def seconds(self, q: int) -> float:
+        """t(q), linear between the measured points: the first point's below them, proportional to q past them."""
+        points = self.points
+        if q <= points[0][0]:
+            return points[0][1]
+        for (q0, t0), (q1, t1) in zip(points, points[1:]):
+            if q <= q1:
+                return t0 + (t1 - t0) * (q - q0) / (q1 - q0)
+        return points[-1][1] * q / points[-1][0]  # past the curve: as the last point, per token
+
+    def rates(self, most: int) -> list[float]:
+        """[0, 1 / t(1), ..., 1 / t(most)]: calls per second by token count, kept as far as asked."""
+        while len(self._rates) <= most:
+            self._rates.append(1.0 / self.seconds(len(self._rates)))
+        return self._rates
+
+    def chance(self, sources: Sequence[Source], memo: dict[Source, float]) -> float:
+        """A node's chance to stand if its parent does: its best source's estimate (`memo` holds this
+        call's, as many nodes share a source)."""
+        best = 0.0
+        for source in sources:
+            p = memo.get(source)
+            if p is None:
+                p = memo[source] = self.estimates.chance(source)
+            best = max(best, p)
+        return best
+
+    def tree(self, candidates: Sequence[Scored | Lattice], cap: int) -> Tree:
+        """The tree of at most `cap` nodes whose expected tokens per second is the largest: nodes taken
+        best path probability first, each a path's next token or a lattice's guess one depth down."""
+        order, best, expected, memo = self._rank(candidates, cap)
+        tree, self._kept, self._last = Tree(), [], None
+        deepest = dict.fromkeys(map(offered_by, candidates), 0)
+        for parent, token, sources, _ in order[:best]:
+            decisive = max(sources, key=lambda source: memo.get(source, 0.0))  # whose estimate placed it
+            tree.add(parent, token, decisive.drafter)
+            self._kept.append((parent, decisive))
+            deepest[decisive.drafter] = max(deepest.get(decisive.drafter, 0), tree.depths[-1])
+        for drafter, depth in deepest.items():  # what this call's tree used of each drafter's offer
+            self._reach[drafter] = max(depth, _REACH_DECAY * self._reach.get(drafter, depth))
+        self.sizes.append(len(tree))
+        return tree
+
+    def reach(self, drafter: str, depth: int) -> int:
+        """How many tokens deep to ask `drafter` for this call: one past the deepest its nodes were kept
+        lately, at most `depth` (all of it at first). Trees seldom keep a lattice's long shots, and a
+        drafter asked for fewer tokens may do less work (the heads read fewer weights)."""
+        known = self._reach.get(drafter)
+        return depth if known is None else min(depth, int(known) + 1)
+
+    def worth_asking(self, drafter: str, candidates: Sequence[Scored | Lattice], depth: int, cap: int) -> bool:
+        """Whether asking `drafter` for candidates besides `candidates` is expected to pay for its time
+        this call: the tokens it would add, its yield (how many of its proposals stood lately, per token
+        the others left: depth + 1 at most) times what they leave now, against its seconds (`timed`) as
+        a share of the call. A drafter never timed is asked."""
+        seconds = self.seconds_of.get(drafter)
+        if seconds is None:
+            return True
+        _, best, expected, _ = self._rank(candidates, cap) if candidates else ([], 0, 1.0, {})
+        self._asked = (drafter, expected, depth + 1.0)
+        worth = self.yields.get(drafter, 1.0) * (depth + 1.0 - expected) / expected > seconds / self.seconds(best + 1)
+        if not worth:  # a drafter not asked drifts back to the yield it started from, so it is tried again
+            self._asked = None
+            self.yields[drafter] = 1.0 - _RETRY * (1.0 - self.yields.get(drafter, 1.0))
+        return worth
+
+    def best_chain(self, chains: Sequence[Scored], cap: int) -> Scored:
+        """Of several drafters' chains, the one whose best prefix is expected to gain the most tokens a second."""
+        if len(chains) == 1:
+            return chains[0]
+
+        def rate(chain: Scored) -> float:
+            _, best, expected, _ = self._rank([chain], cap)
+            return expected / self.seconds(best + 1)
+
+        return max(chains, key=rate)
+
+    def gains(self, chain: Scored, most: int) -> list[float]:
+        """The tokens a call is expected to gain verifying the first w of `chain`'s nodes, for w = 0 to
+        `most` (or the chain's length): 1, then 1 plus the path probabilities so far."""
+        memo: dict[Source, float] = {}
+        gains, path = [1.0], 1.0
+        for source in chain.sources[:most]:
+            path *= self.chance([source], memo)
+            gains.append(gains[-1] + path)
+        return gains
+
+    def take(self, chain: Scored, width: int) -> Tree:
+        """The first `width` nodes of `chain` as this call's tree, each to learn for its own source."""
+        tree, self._kept = Tree(), []
+        for at, (token, source) in enumerate(zip(chain.tokens[:width], chain.sources)):
+            tree.add(at, token, source.drafter)
+            self._kept.append((at, source))
+        self.sizes.append(len(tree))
+        return tree
+
+    def timed(self, drafter: str, seconds: float) -> None:
+        """How long `drafter` took to propose this call: its cost in `worth_asking`."""
+        self.seconds_of[drafter] = (1 - _LEARN) * self.seconds_of.get(drafter, seconds) + _LEARN * seconds
+
+    def _rank(self, candidates: Sequence[Scored | Lattice], cap: int) -> tuple[list, int, float, dict]:
+        """The candidate nodes best first, as (parent in the tree, token, sources, path probability); how
+        many of them the tree keeps; the tokens it is expected to gain (1 + their path probabilities);
+        and each source's chance this call. The same candidates ranked again within a call (asking a
+        drafter was not worth it: the tree is what was ranked to decide) are the last ranking's."""
+        last = self._last  # held, so no other object takes their ids
+        if (
+            last is None
+            or last[1] != cap
+            or len(last[0]) != len(candidates)
+            or any(a is not b for a, b in zip(last[0], candidates))
+        ):
+            self._last = last = (tuple(candidates), cap, self._ranked(candidates, cap))
+        return last[2]
+
+    def _ranked(self, candidates: Sequence[Scored | Lattice], cap: int) -> tuple[list, int, float, dict]:
+        trie: list[Node] = []
+        index: dict[tuple[int, int], int] = {}
+        guesses: tuple[list[dict], list[dict]] = ([], [])  # per depth, each lattice token's sources: aside, on
+        tops: list[set[int]] = []  # per depth, the lattices' guesses
+        for found in candidates:
+            if isinstance(found, Lattice):
+                for table, variant in zip(guesses, (found.aside, found.sources)):
+                    table += [{} for _ in range(len(found.tokens) - len(table))]
+                    for at, (tokens, sources) in enumerate(zip(found.tokens, variant)):
+                        for token, source in zip(tokens, sources):
+                            table[at].setdefault(token, []).append(source)
+                tops += [set() for _ in range(len(found.tokens) - len(tops))]
+                for at, tokens in enumerate(found.tokens):
+                    tops[at].update(tokens)
+                continue
+            parent = -1
+            for token, source in zip(found.tokens, found.sources):
+                at = index.get((parent, token))
+                if at is None:
+                    at = index[(parent, token)] = len(trie)
+                    trie.append(Node(token, parent))
+                if source not in trie[at].sources:
+                    trie[at].sources.append(source)
+                parent = at
+        explicit: dict[int, list[int]] = {}
+        for i, node in enumerate(trie):
+            explicit.setdefault(node.parent, []).append(i)
+        memo: dict[Source, float] = {}
+        ranked = [  # aside and on the lattices, per depth, their guesses best first: (chance, token, sources)
+            [sorted(((self.chance(s, memo), t, s) for t, s in g.items()), key=_by_chance) for g in table]
+            for table in guesses
+        ]
+        by_token = [[{entry[1]: entry for entry in entries} for entries in table] for table in ranked]
+        shared: dict[tuple[int, bool], list] = {}  # the children of a node no path goes on from, by (depth, on)
+
+        def children(at: int | None, depth: int, on: bool) -> list[tuple[float, int, list[Source], int | None, bool]]:
+            """A node's children, best first, as (chance, token, sources, trie index, on the lattices):
+            its paths' next tokens and its depth's lattice guesses, a token offered by both merged. A
+            lattice's guesses after a node off it (another drafter's token, or one after such a node)
+            stand less often: they have their own sources (`Lattice.aside`). At most one child stands
+            (the parent's argmax), so each keeps its chance only up to what the better ones leave: a
+            confident match is not diluted by the many long shots beside it."""
+            own = explicit.get(at, []) if at is not None else []
+            if not own and (depth, on) in shared:
+                return shared[(depth, on)]
+            lattice = ranked[on][depth] if depth < len(tops) else []
+            found = [(p, t, s, None) for p, t, s in lattice]
+            if own:
+                tokens = {trie[i].token for i in own}
+                found = [entry for entry in found if entry[1] not in tokens]
+                for i in own:
+                    node, guess = trie[i], by_token[on][depth].get(trie[i].token) if depth < len(tops) else None
+                    sources = node.sources + [s for s in guess[2] if s not in node.sources] if guess else node.sources
+                    found.append(
+                        (max(self.chance(node.sources, memo), guess[0] if guess else 0.0), node.token, sources, i)
+                    )
+                found.sort(key=_by_chance)
+            left, capped = 1.0, []
+            for p, token, sources, i in found:
+                capped.append((min(p, left), token, sources, i, on and depth < len(tops) and token in tops[depth]))
+                left -= capped[-1][0]
+            if not own:
+                shared[(depth, on)] = capped
+            return capped
+
+        # best first: each heap entry is the next unplaced child of a placed node (its siblings follow lazily)
+        heap: list[tuple[float, int, int, float, list, int]] = []  # (-path prob., tie, parent, its prob., children, i)
+        order: list[tuple[int, int, list[Source], float]] = []  # (parent in the tree, token, sources, path prob.)
+        depths, ties = [0], itertools.count()
+
+        def offer(parent: int, probability: float, kids: list, i: int) -> None:
+            if i < len(kids):
+                heapq.heappush(heap, (-probability * kids[i][0], next(ties), parent, probability, kids, i))
+
+        rates = self.rates(cap + 1)
+        ends = [q - 1 for q, _ in self.points if 1 < q <= cap + 1] + [cap]  # where t(n + 1)'s slope changes
+        best, total, rate = 0, 0.0, rates[1]
+        offer(0, 1.0, children(-1, 0, True), 0)
+        while heap and len(order) < cap:
+            # Stop once no larger tree can pay: the next nodes are no likelier than the best left, and on
+            # each straight piece of the cost curve the ratio is largest at one of its ends.
+            n, next_best = len(order), -heap[0][0]
+            if all((1.0 + total + (m - n) * next_best) * rates[m + 1] <= rate for m in ends if m > n):
+                break
+            minus, _, parent, above, kids, i = heapq.heappop(heap)
+            _, token, sources, at, on = kids[i]
+            order.append((parent, token, sources, -minus))
+            depths.append(depths[parent] + 1)
+            offer(parent, above, kids, i + 1)
+            offer(len(order), -minus, children(at, depths[-1], on), 0)
+            total += -minus
+            if (1.0 + total) * rates[n + 2] > rate:
+                best, rate = n + 1, (1.0 + total) * rates[n + 2]
+        return order, best, rate / rates[best + 1], memo
+
+    def observe(
+        self, path: Sequence[int], chances: Sequence[float] | None = None, stood: Iterable[int] | None = None
+    ) -> None:
+        """The last tree's outcome: `path`, the accepted node indices from the root (0); `stood`, every node
+        that stands with its whole path under the rule decoded with (default: the path's own; under topk:2 a
+        sibling of the path may stand too, a hit for its source). `chances`, where known (under sampling:
+        each node's p(x) at its parent, `decode.accept`), is what every node whose parent stood learns
+        instead of whether it stood: its expected outcome, not one draw."""
+        stood = set(path if stood is None else stood)
+        self._last = None  # estimates change: no ranking made before holds
+        if self._asked is not None:  # what the drafter last asked added, of what the others left: its yield
+            drafter, before, most = self._asked
+            added = sum(self._kept[i - 1][1].drafter == drafter for i in path[1:]) / max(most - before, 1e-9)
+            # from 1, a fifth of the way a call: one miss is no verdict
+            self.yields[drafter] = (1 - _LEARN) * self.yields.get(drafter, 1.0) + _LEARN * added
+            self._asked = None
+        self.estimates.forget()
+        for i, (parent, source) in enumerate(self._kept, start=1):
+            if parent in stood:  # one trial of the source whose estimate placed it: a long shot merged with
+                outcome = chances[i - 1] if chances is not None else i in stood  # a sure match does not
+                self.estimates.update(source, outcome)  # learn the match's rate
+        self._kept = []  # a call that verifies no tree teaches nothing
+
+
+def batch_width(rankers: Sequence[Ranker], chains: Sequence[Scored], most: int) -> int:
+    """How many of each row's chain a batch verifies: one width for all rows, as a dense forward costs
+    by its widest row; the width whose expected tokens, all rows' together, per second is the largest.
+    A forward of B rows of w + 1 tokens is taken to cost what one row's of B(w + 1) tokens does (the
+    same products and about the same attention): so a batch, costlier per position than one row, is
+    verified shorter."""
+    gains = [ranker.gains(chain, most) for ranker, chain in zip(rankers, chains)]
+    seconds = rankers[0].seconds
+
+    def rate(width: int) -> float:
+        return sum(g[min(width, len(g) - 1)] for g in gains) / seconds(len(chains) * (width + 1))
+
+    return max(range(most + 1), key=rate)

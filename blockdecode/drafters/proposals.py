@@ -1,0 +1,58 @@
+"""What a drafter hands the loop: candidate paths (`Scored`) or a lattice of guesses by depth (`Lattice`), each node
+with its `Source`, the drafter and kind of guess whose chance to stand the ranking learns
+(`blockdecode.decoding.ranking`)."""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+CONFIDENCE_BINS = 10  # the heads' probabilities, mapped to acceptance by a curve learnt per bin
+
+
+@dataclass(frozen=True)
+class Source:
+    """Who proposed a node and what kind of guess it is: estimates are kept per (drafter, key)."""
+
+    drafter: str
+    key: tuple
+    prior: float  # its chance to stand if its parent stands, before this sequence says otherwise
+
+
+@dataclass
+class Scored:
+    """A drafter's candidate path from the newest token, with a source for each of its nodes."""
+
+    tokens: list[int]
+    sources: list[Source]
+
+
+def confidence_source(drafter: str, probability: float, aside: bool = False) -> Source:
+    """The source of a guess its drafter gave `probability` (`aside`: after a node off the drafter's
+    lattice): its bin (acceptance is learnt per bin), whose middle is the prior. One object a bin, so
+    ranking compares sources by identity."""
+    return _confidence_source(drafter, min(CONFIDENCE_BINS - 1, int(probability * CONFIDENCE_BINS)), aside)
+
+
+@functools.cache
+def _confidence_source(drafter: str, bin: int, aside: bool = False) -> Source:
+    key = ("confidence", bin, "aside") if aside else ("confidence", bin)
+    return Source(drafter, key, (bin + 0.5) / CONFIDENCE_BINS / (2 if aside else 1))
+
+
+@dataclass
+class Lattice:
+    """Guesses at each depth that do not hang on the path before them (the heads' top tokens at each
+    offset, from one hidden state): so they may follow any node one depth above, another drafter's too,
+    though they stand less often after a node off the lattice (a token it did not guess there).
+    tokens[d], sources[d] and aside[d]: the guesses for depth d + 1."""
+
+    tokens: list[list[int]]  # each depth's guesses, the lattice's best first
+    sources: list[list[Source]]
+    aside: list[list[Source]]  # the same guesses' sources after a node off the lattice
+
+
+def offered_by(found: Scored | Lattice) -> str:
+    """The drafter that offered a path or a lattice."""
+    sources = found.sources[0] if isinstance(found, Lattice) and found.sources else found.sources
+    return sources[0].drafter if sources else ""

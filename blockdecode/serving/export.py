@@ -1,0 +1,181 @@
+"""Trained heads in a serving engine's own format, so that an engine can run the chain of heads
+at scale: vLLM's Medusa speculator (`config.json` and `model.safetensors`), its layout taken from
+vLLM's loader (`transformers_utils/configs/medusa.py`, `model_executor/models/medusa.py`).
+
+Per head vLLM computes x + SiLU(W x + b) on the target's final hidden state, then the target's
+output layer; with a `token_map` only those ids get logits. That is what `MedusaHeads` and the
+draft vocabulary compute, so an export is a renaming of weights, checked by a reader written from
+the format alone (tests/test_export.py)."""
+
+from __future__ import annotations
+
+import copy
+import json
+from dataclasses import asdict, replace
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+from blockdecode.core.hf import is_seq2seq, weights_signature
+from blockdecode.core.io import CheckpointError, check_writable, read_json, saving_folder, write_text
+from blockdecode.drafters.heads import HeadsConfig
+from blockdecode.loading import HEADS_CONFIG, has_heads
+from blockdecode.model import BlockwiseLM
+
+EXPORT_FORMATS = ("vllm-medusa", "speculators", "eagle3")
+EAGLE3_FORMATS = ("speculators", "eagle3")  # an EAGLE-3 drafter's: vLLM's speculators format, the original layout
+ENGINE_CONFIG = "config.json"  # written last: the file that marks an export whole
+ENGINE_WEIGHTS = "model.safetensors"
+BASE_FOLDER = "base"  # the base, written here when it has no folder of its own
+
+
+def check_heads(heads: HeadsConfig, format: str) -> None:
+    """Refuse, in one line, heads the format cannot hold: from their config alone, so that a saved
+    model's are refused before any weight loads."""
+    if format not in EXPORT_FORMATS:
+        raise ValueError(f"unknown export format {format!r}: choose one of {', '.join(EXPORT_FORMATS)}")
+    if format in EAGLE3_FORMATS:
+        return
+    if heads.head_type != "medusa":
+        raise ValueError(
+            f"{heads.head_type} heads have no serving-engine format: {format} holds medusa heads (x + SiLU(Wx) "
+            f"per head); train with --head-type medusa to serve them"
+        )
+    if heads.k < 2:
+        raise ValueError("k=1: these heads propose nothing, so there is nothing to export")
+
+
+def check_exportable(model: BlockwiseLM, format: str) -> None:
+    """Refuse, in one line, what the format cannot hold, before anything is written."""
+    check_heads(model.config, format)
+    if format in EAGLE3_FORMATS and model.eagle3 is None:
+        raise ValueError(
+            f"{format} holds an EAGLE-3 drafter, and this model has none: train one with --head-type eagle3"
+        )
+    if is_seq2seq(model.base):
+        raise ValueError(f"{format} serves decoder-only models, and this base is an encoder-decoder")
+    if getattr(model.base.get_output_embeddings(), "bias", None) is not None:
+        raise ValueError(f"the base's output layer has a bias, which {format}'s loader does not read")
+
+
+def saved_heads(folder: str | Path) -> tuple[HeadsConfig, dict]:
+    """The config of the heads saved in `folder` and their whole record (blockdecode.json), read
+    before any weight loads; a folder that is not there, or holds no heads, is refused in one line."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise CheckpointError(f"no such folder: {folder}")
+    if not has_heads(folder):
+        raise CheckpointError(f"{folder} holds no trained heads ({HEADS_CONFIG}): train them with `blockdecode train`")
+    path = folder / HEADS_CONFIG
+    record = read_json(path, CheckpointError)
+    try:
+        return HeadsConfig(**record["heads"]), record
+    except (KeyError, TypeError, ValueError) as err:
+        raise CheckpointError(f"{path} is corrupt: {err}") from err
+
+
+def check_destination(out: Path) -> None:
+    """Refuse, before any work, a folder an export cannot be written to: one that cannot be made or
+    written, or that holds files other than an earlier export's (the source model, say)."""
+    check_writable(out)
+    if out.is_dir() and not is_export(out) and any(out.iterdir()):
+        raise ValueError(f"{out} holds other files: export into an empty folder or over an earlier export")
+
+
+def vllm_medusa(model: BlockwiseLM, dtype: torch.dtype) -> tuple[dict[str, torch.Tensor], dict]:
+    """The weights and config.json of vLLM's Medusa speculator for `model`'s medusa heads: one
+    residual layer per head with its bias, the base's output layer once (`original_lm_head`), and
+    the draft vocabulary as `token_map` with `truncated_vocab_size`."""
+    cfg, projection = model.config, model.base.get_output_embeddings().weight
+    tensors = {"lm_heads.0.weight": projection}
+    for i, block in enumerate(model.heads.blocks):
+        tensors[f"blocks.{i}.layers.0.weight"] = block.weight
+        tensors[f"blocks.{i}.layers.0.bias"] = block.bias
+    tensors = {name: t.detach().to(dtype).contiguous().cpu() for name, t in tensors.items()}
+    config = {
+        "model_type": "medusa",
+        "architectures": ["MedusaModel"],
+        "hidden_size": cfg.hidden_size,
+        "vocab_size": projection.shape[0],
+        "medusa_num_heads": cfg.k - 1,
+        "medusa_num_layers": 1,
+        "medusa_fc_bias": True,
+        "original_lm_head": True,
+        "torch_dtype": str(dtype).removeprefix("torch."),
+    }
+    if model.token_map is not None:
+        tensors["token_map"] = model.token_map.detach().to(torch.int64).contiguous().cpu()
+        config["truncated_vocab_size"] = len(model.token_map)
+    return tensors, config
+
+
+def export_heads(
+    model: BlockwiseLM,
+    out: str | Path,
+    format: str = "vllm-medusa",
+    dtype: torch.dtype | None = None,
+    tokenizer: object | None = None,
+    provenance: dict | None = None,
+) -> Path:
+    """Write `model`'s heads to `out` in `format` (default dtype: the heads' own), whole or not at
+    all, replacing an earlier export as a whole, with blockdecode.json saying what they are and
+    where they came from (`provenance`: e.g. the source's training record). A base saved in one
+    folder with its heads is also written, unchanged and with `tokenizer`, to out/base: engines load
+    the base from a folder of its own. Returns the folder the engine should load as its target model."""
+    check_exportable(model, format)
+    out = Path(out)
+    check_destination(out)
+    location = model.base_location
+    base_apart = location is not None and Path(location).is_dir() and not has_heads(location)
+    target = str(Path(location).resolve()) if base_apart else str((out / BASE_FOLDER).resolve())
+    if format in EAGLE3_FORMATS:
+        dtype = dtype or model.eagle3.fc.weight.dtype
+        drafter = copy.copy(model.eagle3)  # the export names its base as the verifier, the model keeps its own
+        drafter.config = replace(drafter.config, verifier={**drafter.config.verifier, "name_or_path": target})
+        tensors, config = drafter.files(format, dtype)
+        described = {"eagle3": asdict(drafter.config)}
+    else:
+        dtype = dtype or next(model.heads.parameters()).dtype
+        tensors, config = vllm_medusa(model, dtype)
+        described = {"heads": model.config.to_dict()}
+    record = {
+        "export": {"format": format, "base_model": location if base_apart else BASE_FOLDER},
+        **described,
+        "base_signature": weights_signature(model.base),
+        **(provenance or {}),
+    }
+    with saving_folder(out, ENGINE_CONFIG, whole=True) as staging:  # no earlier base/ beside another base
+        if not base_apart:
+            model.base.save_pretrained(staging / BASE_FOLDER)
+            if tokenizer is not None:
+                tokenizer.save_pretrained(staging / BASE_FOLDER)
+        save_file(tensors, str(staging / ENGINE_WEIGHTS), metadata={"format": "pt"})
+        write_text(staging / HEADS_CONFIG, json.dumps(record, indent=2) + "\n")
+        write_text(staging / ENGINE_CONFIG, json.dumps(config, indent=2) + "\n")
+    return Path(location) if base_apart else out / BASE_FOLDER
+
+
+def is_export(folder: str | Path) -> bool:
+    """Whether `folder` holds an earlier export (which an export may replace)."""
+    try:
+        return "export" in json.loads((Path(folder) / HEADS_CONFIG).read_text())
+    except (OSError, ValueError, TypeError):
+        return False
+
+
+def serve_command(base: str | Path, out: str | Path, k: int, format: str = "vllm-medusa") -> str:
+    """The command lines that serve `base` with the export proposing k-1 tokens a step: vLLM's for every format,
+    and SGLang's and llama.cpp's for an EAGLE-3 drafter."""
+    method = "eagle3" if format in EAGLE3_FORMATS else "medusa"
+    spec = json.dumps({"method": method, "model": str(out), "num_speculative_tokens": k - 1})
+    lines = [f"vllm serve {base} --speculative-config '{spec}'"]
+    if format in EAGLE3_FORMATS:
+        lines += [
+            f"python -m sglang.launch_server --model-path {base} --speculative-algorithm EAGLE3 "
+            f"--speculative-draft-model-path {out} --speculative-num-steps {k - 1} --speculative-eagle-topk 1 "
+            f"--speculative-num-draft-tokens {k}",
+            f"python convert_hf_to_gguf.py {out} --target-model-dir {base} --outfile draft.gguf && "
+            f"llama-server -m base.gguf -md draft.gguf --spec-type draft-eagle3 --spec-draft-n-max {k - 1}",
+        ]
+    return "\n".join(lines)
