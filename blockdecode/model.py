@@ -43,8 +43,6 @@ from blockdecode.loading import (
     HEADS_CONFIG,
     HEADS_WEIGHTS,
     _location,
-    load_tokenizer,
-    model_folder,
     read_model,
 )
 
@@ -59,8 +57,9 @@ def load(
 ) -> tuple[BlockwiseLM, object]:
     """`BlockwiseLM.from_pretrained` in eval mode and in `dtype`, and its tokenizer, which it must have."""
     model = BlockwiseLM.from_pretrained(directory, k=k, head_type=head_type, dtype=dtype)
-    if model.tokenizer is None:  # the loader's own one-line error for a folder with no tokenizer
-        model.tokenizer = load_tokenizer(model_folder(directory))
+    if model.tokenizer is None:
+        where = f"{directory}" + (f" nor its base {model.base_location}" if model.base_location else "")
+        raise CheckpointError(f"no tokenizer in {where}: save one beside the model (tokenizer.save_pretrained)")
     return model.to(dtype).eval(), model.tokenizer
 
 
@@ -213,40 +212,7 @@ class BlockwiseLM(nn.Module):
         embeds = None if tokens is None else self.base.get_input_embeddings()(tokens)
         return self.base.get_output_embeddings()(self.heads(hidden, embeds))
 
-    def plan(
-        self,
-        drafter: str | Drafter | Sequence[Drafter] | None = "auto",
-        k: int | None = None,
-        tree: int | str | None = "default",
-        acceptance: str | Acceptance | None = None,
-        eos_token_id: int | Sequence[int] | None = None,
-        cache_implementation: str = "dynamic",
-        prompts: Sequence[torch.LongTensor] = (),
-        do_sample: bool = False,
-        temperature: float | None = None,
-        top_k: int | None = None,
-        top_p: float | None = None,
-        rows: int = 1,
-    ) -> DecodePlan:
-        """Every setting of a decode, resolved and checked once (see `generate` for their meaning).
-
-        `drafter="auto"` with `tree="auto"` takes the drafters and budget predicted fastest for this
-        model, dtype and machine (`blockdecode.decoding.calibrate`: about a second the first time, then cached;
-        `prompts` are what it times on, by default the model's own: `self.prompts`); "auto" with any other
-        tree is the heads. `tree="default"` is "expected" for named drafters (each call's candidates ranked
-        by their chance to stand under the acceptance rule decoded with: `decoding.choice`), but "auto" under
-        min-block:L, which forces a chain's first proposals (there: the heads' chain), and under sampling,
-        whose seed repeats a run only if its proposals do: a ranking's choices follow timings measured
-        in each process, so a seed would not repeat across runs; it is the drafter's own chain for a drafter
-        object. `tree="auto"` calibrates under the acceptance rule
-        decoded with. With `tree="auto"`, sampling verifies one chain a call, and so does each row of a
-        batch (`rows` > 1): there "auto" is the drafter whose chain the calibration predicts fastest (it
-        measures greedy's acceptance, which a draw at a low temperature mostly follows). Every setting is
-        checked before anything is measured."""
-        return choose_plan(
-            self, drafter, k, tree, acceptance, eos_token_id, cache_implementation, prompts, do_sample, temperature,
-            top_k, top_p, rows,
-        )  # fmt: skip
+    plan = choose_plan  # lm.plan(...): every setting of a decode, resolved and checked once
 
     def generate(
         self,

@@ -37,11 +37,10 @@ def test_readme_commands_parse(line, monkeypatch):
     """Every command the README shows is one the parser takes, flags and values alike (the command itself
     is not run: tests/test_cli.py runs each command)."""
     ran = []
-    for name in dir(cli):
-        if name.startswith("cmd_"):
-            monkeypatch.setattr(cli, name, lambda args, name=name: ran.append(name))
+    for command in cli.COMMANDS:
+        monkeypatch.setattr(command, "run", lambda args, name=command.__name__: ran.append(name))
     cli.main(shlex.split(line)[1:])
-    assert ran == ["cmd_" + shlex.split(line)[1].replace("-", "_")]
+    assert ran == ["blockdecode.commands." + shlex.split(line)[1].replace("-", "_")]
 
 
 def test_readme_has_examples():

@@ -8,6 +8,7 @@ how close the reference's call was there, never hidden."""
 
 from __future__ import annotations
 
+import argparse
 import os
 import statistics
 import sys
@@ -19,15 +20,23 @@ from transformers import PreTrainedModel
 
 from blockdecode.bench.methods import Method, blockwise_run, measure, transformers_run
 from blockdecode.builtin import DEFAULT_MODEL, DEFAULT_TRANSLATION_MODEL
+from blockdecode.commands.flags import (
+    NO_HEAL,
+    add_corpus_flag,
+    add_drafting_flags,
+    check_corpus,
+    check_drafter,
+    positive_int,
+)
 from blockdecode.core.hardware import auto_dtype
-from blockdecode.core.hf import dtype_name, is_seq2seq, vocab_size
+from blockdecode.core.hf import DTYPE_CHOICES, dtype_for, dtype_name, is_seq2seq, vocab_size
 from blockdecode.decoding.adapter import decoder_prompt
 from blockdecode.decoding.healing import Healing, heal_prompts
 from blockdecode.decoding.loop import decode
 from blockdecode.decoding.plan import DecodePlan
 from blockdecode.decoding.reference import first_divergence
 from blockdecode.drafters.suffix import SuffixDrafter
-from blockdecode.loading import load_base
+from blockdecode.loading import load_base, load_config
 from blockdecode.model import BlockwiseLM, load
 from blockdecode.pretraining.bible import HELD_OUT_VERSES
 
@@ -250,3 +259,46 @@ def print_table(rows: list[DemoRow]) -> None:
             )
         elif not r.identical:
             print(f"  {r.prompt.splitlines()[0]!r}: {r.divergence}: larger than {r.dtype} rounding, a REAL divergence")
+
+
+def causal_only(model_dir: str | None, command: str) -> None:
+    """`demo` (code) continues code prompts; an encoder-decoder model is refused by name."""
+    config = Path(model_dir or "") / "config.json"
+    if model_dir and config.is_file() and getattr(load_config(model_dir), "is_encoder_decoder", False):
+        raise ValueError(
+            f"`blockdecode {command}` continues code prompts with a causal LM; {model_dir} is an encoder-decoder "
+            f"model: translate with `blockdecode demo --task translate --model {model_dir}` or `blockdecode generate "
+            f"--model {model_dir} --prompt SOURCE --compare`"
+        )
+
+
+def run(args: argparse.Namespace) -> None:
+    if args.task == "code":
+        causal_only(args.model, "demo")
+    check_drafter(args.drafter, args.tree)
+    check_corpus(args.drafter, args.corpus)
+    run_demo(
+        args.model,
+        max_new_tokens=args.max_new_tokens,
+        k=args.k,
+        dtype=dtype_for(args.dtype),
+        drafter=args.drafter,
+        tree=args.tree,
+        task=args.task,
+        heal=args.heal,
+        corpus=[Path(p) for p in args.corpus] if args.corpus else None,
+    )
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("demo", help="show blockwise decoding against greedy on the built-in model")
+    p.add_argument("--model", default=None, help="a saved BlockwiseLM (default: the built-in model)")
+    p.add_argument(
+        "--task", choices=("code", "translate"), default="code", help="translate: an encoder-decoder, Bible verses"
+    )
+    p.add_argument("--max-new-tokens", type=positive_int, default=128)
+    p.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto", help="auto: bf16 where native, else fp32")
+    add_drafting_flags(p)
+    p.add_argument("--no-heal", dest="heal", action="store_false", help=NO_HEAL)
+    add_corpus_flag(p)
+    p.set_defaults(func=run)

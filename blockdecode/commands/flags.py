@@ -10,6 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import NoReturn
 
+from blockdecode.core.hardware import MIXED_PRECISIONS
 from blockdecode.decoding.plan import MAX_TREE
 from blockdecode.drafters.registry import CHOICES, DRAFTERS
 
@@ -143,3 +144,56 @@ def is_text(value: str) -> bool:
     except UnicodeEncodeError:
         return False
     return True
+
+
+NO_HEAL = (
+    "continue a prompt that ends mid-token (in a bare newline or space) from its last token as it is, "
+    "not from its text (token healing, on by default; a translation is never healed)"
+)
+
+
+def add_drafting_flags(p: argparse.ArgumentParser) -> None:
+    """--k, --drafter and --tree: how a decode drafts, the same in every command that decodes."""
+    p.add_argument("--k", type=positive_int, default=None, help="block size (default: the heads' k)")
+    p.add_argument(
+        "--drafter", choices=DRAFTER_CHOICES, default="auto", help="where proposals come from (auto: measured)"
+    )
+    p.add_argument(
+        "--tree",
+        type=tree_budget,
+        default="default",
+        help="N candidates a call, expected (ranked; default, greedy), auto (measured; default, sampling), off",
+    )
+
+
+def add_corpus_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--corpus",
+        action="append",
+        metavar="PATH",
+        help="with --drafter suffix or heads+suffix: a file or folder of text it also drafts from (repeatable; "
+        "indexed once, cached in ~/.cache/blockdecode/corpus)",
+    )
+
+
+RESUME = "continue from the checkpoint in --out, refused if a setting that decides what is trained differs"
+
+
+def add_run_arguments(p, defaults, ints: tuple[str, ...], floats: tuple[str, ...]) -> None:
+    """--flags for a from-scratch run's config fields, defaulting to the dataclass's values; then
+    --seed, --mixed-precision and --resume."""
+    for names, kind in ((ints, int), (floats, float)):
+        for name in names:
+            p.add_argument(f"--{name.replace('_', '-')}", type=kind, default=getattr(defaults, name))
+    p.add_argument("--seed", type=random_seed, default=defaults.seed)
+    p.add_argument("--mixed-precision", choices=MIXED_PRECISIONS, default=defaults.mixed_precision)
+    p.add_argument("--resume", action="store_true", help=RESUME)
+
+
+def say_what_may_change(p: argparse.ArgumentParser, config: type, must_match: tuple[str, ...]) -> None:
+    """Each flag of a run's setting that a resume does not check says in its help that it may change
+    (`must_match`: those it checks; the data's or corpus' content is checked by its fingerprint)."""
+    fixed = (*must_match, "data", "corpus", "out", "resume")
+    for action in p._actions:
+        if action.dest in config.__dataclass_fields__ and action.dest not in fixed:
+            action.help = f"{action.help or ''} (may change on --resume)".lstrip()

@@ -36,7 +36,21 @@ def choose_plan(
     top_p: float | None = None,
     rows: int = 1,
 ) -> DecodePlan:
-    """`BlockwiseLM.plan`: every setting of a decode on `lm`, resolved and checked once."""
+    """`BlockwiseLM.plan`: every setting of a decode on `lm`, resolved and checked once (see
+    `BlockwiseLM.generate` for their meaning).
+
+    `drafter="auto"` with `tree="auto"` takes the drafters and budget predicted fastest for this
+    model, dtype and machine (`blockdecode.decoding.calibrate`: about a second the first time, then cached;
+    `prompts` are what it times on, by default the model's own: `lm.prompts`); "auto" with any other
+    tree is the heads. `tree="default"` is "expected" for named drafters (each call's candidates ranked
+    by their chance to stand under the acceptance rule decoded with: `decoding.choice`), but "auto" under
+    min-block:L, which forces a chain's first proposals (there: the heads' chain), and under sampling,
+    whose seed repeats a run only if its proposals do: a ranking's choices follow timings measured
+    in each process, so a seed would not repeat across runs; it is the drafter's own chain for a drafter
+    object. `tree="auto"` calibrates under the acceptance rule decoded with. With `tree="auto"`, sampling verifies
+    one chain a call, and so does each row of a batch (`rows` > 1): there "auto" is the drafter whose chain the
+    calibration predicts fastest (it measures greedy's acceptance, which a draw at a low temperature mostly
+    follows). Every setting is checked before anything is measured."""
     if k is None:  # the heads' block, or the depth the EAGLE-3 drafter was trained to draft when it drafts alone
         k = lm.eagle3.config.speculative_tokens + 1 if drafter == "eagle3" and lm.eagle3 is not None else lm.k
     drafter = "auto" if drafter is None else drafter
