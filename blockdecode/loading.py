@@ -3,10 +3,13 @@ folder holds read from it: the base, its tokenizer, the heads, the prompts it sh
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import json
 import logging
 import os
+import sys
+import time
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -23,6 +26,7 @@ from transformers import (
     AutoModelForCausalLM,
     AutoModelForSeq2SeqLM,
     AutoTokenizer,
+    GgufConfig,
     PretrainedConfig,
     PreTrainedModel,
 )
@@ -30,10 +34,21 @@ from transformers import (
 from blockdecode import builtin
 from blockdecode.core.hf import (
     check_dtype,
+    dtype_name,
     same_weights,
     weights_signature,
 )
-from blockdecode.core.io import CheckpointError, one_line, read_json, read_prompts, read_tensors, reading_folder
+from blockdecode.core.io import (
+    CheckpointError,
+    cache_root,
+    one_line,
+    read_json,
+    read_prompts,
+    read_tensors,
+    reading_folder,
+    saving_folder,
+    write_json,
+)
 from blockdecode.drafters.eagle3.model import Eagle3
 from blockdecode.drafters.heads import HeadsConfig
 
@@ -59,16 +74,21 @@ HUB_FILES = ["*.json", "*.safetensors", "*.txt", "*.model", "*.tiktoken"]
 """What a model is fetched with: its configs, weights and tokenizer, not other frameworks' copies of the weights."""
 
 
-def model_folder(name: str | os.PathLike) -> Path:
-    """The folder a model name stands for, as every loader resolves one: a folder as it is, else a hub name
-    fetched into huggingface_hub's cache where the hub is allowed (HF_HUB_OFFLINE=0; the CLI stays offline
-    unless told). Anything else fails in one line: a file, a path that does not exist, a hub name offline,
-    one the hub lacks or keeps private, or a hub that does not answer within HUB_TIMEOUT seconds."""
+def model_folder(name: str | os.PathLike, dtype: torch.dtype | None = None) -> Path:
+    """The folder a model name stands for, as every loader resolves one: a folder as it is, a GGUF file
+    dequantized once into a folder in the cache (`gguf_folder`, in `dtype`), else a hub name fetched into
+    huggingface_hub's cache where the hub is allowed (HF_HUB_OFFLINE=0; the CLI stays offline unless told).
+    Anything else fails in one line: another file, a path that does not exist, a hub name offline, one the
+    hub lacks or keeps private, or a hub that does not answer within HUB_TIMEOUT seconds."""
     path = Path(name)
     if path.is_dir():
         return path
+    if path.is_file() and (path.suffix.lower() == ".gguf" or _magic(path) == GGUF_MAGIC):
+        return gguf_folder(path, dtype)
     if path.exists():
-        raise CheckpointError(f"{path} is a file, not a model folder (one with config.json and the weights)")
+        raise CheckpointError(
+            f"{path} is a file, not a model folder (one with config.json and the weights) nor a GGUF file"
+        )
     try:
         validate_repo_id(str(name))
     except HFValidationError:  # a path, not a hub name
@@ -95,6 +115,97 @@ def model_folder(name: str | os.PathLike) -> Path:
             f"{name} is not a folder here, and the hub ({hub}) cannot be reached ({type(err).__name__}: "
             f"{one_line(err)}): check the connection, or download the model yourself"
         ) from None
+
+
+GGUF_MAGIC = b"GGUF"
+GGUF_SOURCE = "source.json"  # written last into a GGUF's folder: the file it was made from, and what it holds
+GGUF_HEAD = 1 << 20  # bytes of a GGUF file hashed into its folder's key, beside its size and time
+
+
+def _magic(path: Path) -> bytes:
+    with open(path, "rb") as f:
+        return f.read(4)
+
+
+def gguf_folder(file: Path, dtype: torch.dtype | None = None) -> Path:
+    """The plain model folder a GGUF file is dequantized into once, through transformers' GGUF reader: in
+    the cache, keyed by the file's size, time and a hash of its head (a changed file gets a new folder),
+    in `dtype` (None: whichever was made before, else fp32). It is checked on every read and remade if
+    damaged; a GGUF transformers cannot read is one line naming the file and its architecture."""
+    file = file.resolve()
+    if _magic(file) != GGUF_MAGIC:
+        raise CheckpointError(f"{file} is not a GGUF file (it does not begin with the bytes GGUF)")
+    stat = file.stat()
+    with open(file, "rb") as f:
+        head = hashlib.sha256(f"{stat.st_size}:{stat.st_mtime_ns}:".encode() + f.read(GGUF_HEAD)).hexdigest()[:16]
+    source = {"gguf": str(file), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "key": head}
+    choices = [dtype] if dtype is not None else [torch.float32, torch.bfloat16]
+    folders = [cache_root() / "gguf" / f"{file.stem}-{head}-{dtype_name(d)}" for d in choices]
+    for folder in folders:
+        if _holds(folder, source):
+            return folder
+    _dequantize(file, folders[0], choices[0], source)
+    return folders[0]
+
+
+def _holds(folder: Path, source: dict) -> bool:
+    """Whether `folder` is a whole conversion of the GGUF `source` describes: its source.json names that
+    file, and every file it lists is there at the size it was written."""
+    if not (folder / GGUF_SOURCE).is_file():
+        return False
+    with reading_folder(folder, GGUF_SOURCE):
+        try:
+            made = read_json(folder / GGUF_SOURCE)
+        except ValueError:
+            made = None
+        whole = isinstance(made, dict) and isinstance(made.get("files"), dict)
+        if whole and all(made.get(k) == v for k, v in source.items()):
+            files = [(folder / name, size) for name, size in made["files"].items()]
+            if all(path.is_file() and path.stat().st_size == size for path, size in files):
+                return True
+    print(f"blockdecode: {folder} is damaged: making it again", file=sys.stderr, flush=True)
+    return False
+
+
+def _dequantize(file: Path, folder: Path, dtype: torch.dtype, source: dict) -> None:
+    """Read `file` through transformers' GGUF reader and save it as a plain folder, written whole or not at all."""
+    print(
+        f"blockdecode: dequantizing {file} ({source['size'] / 1e6:.0f} MB) once into {folder} ({dtype_name(dtype)})",
+        file=sys.stderr,
+        flush=True,
+    )
+    start = time.perf_counter()
+    where = {"pretrained_model_name_or_path": str(file.parent), "gguf_file": file.name}
+    try:
+        config = AutoConfig.from_pretrained(**where)
+        auto = AutoModelForSeq2SeqLM if getattr(config, "is_encoder_decoder", False) else AutoModelForCausalLM
+        model = auto.from_pretrained(**where, dtype=dtype, quantization_config=GgufConfig(dequantize=True))
+        tokenizer = AutoTokenizer.from_pretrained(**where)
+    except torch.OutOfMemoryError:
+        raise
+    except Exception as err:  # the gguf reader and transformers' mappings raise what they like
+        raise CheckpointError(
+            f"{file}: transformers cannot read this GGUF (architecture {_gguf_architecture(file)}): {one_line(err)}"
+        ) from err
+    model.hf_quantizer = None  # its weights are plain tensors now: saved as such
+    model.config.__dict__.pop("quantization_config", None)
+    with saving_folder(folder, GGUF_SOURCE, whole=True) as staging:
+        model.save_pretrained(staging)
+        tokenizer.save_pretrained(staging)
+        files = {p.name: p.stat().st_size for p in staging.iterdir() if p.is_file()}
+        write_json(staging / GGUF_SOURCE, {**source, "dtype": dtype_name(dtype), "files": files})
+    print(f"blockdecode: {folder.name} made in {time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
+
+
+def _gguf_architecture(file: Path) -> str:
+    """general.architecture of a GGUF file, or why it cannot be read."""
+    try:
+        from gguf import GGUFReader
+
+        field = GGUFReader(file).fields["general.architecture"]
+        return bytes(field.parts[field.data[0]]).decode("utf-8", "replace")
+    except Exception as err:  # a truncated or foreign file: its reader's own words
+        return f"unreadable: {type(err).__name__}: {one_line(err)}"
 
 
 def transport_errors() -> tuple[type[Exception], ...]:
@@ -124,7 +235,7 @@ def load_base(path: str, dtype: torch.dtype = torch.float32, **kwargs) -> PreTra
     is not JSON, holds values transformers refuses or does not fit the weights) is one CheckpointError
     naming it, not a traceback or transformers' load report."""
     check_dtype(dtype)
-    path = str(model_folder(path))
+    given, path = path, str(model_folder(path, dtype))
     config = load_config(path)
     auto = AutoModelForSeq2SeqLM if getattr(config, "is_encoder_decoder", False) else AutoModelForCausalLM
     try:
@@ -141,6 +252,8 @@ def load_base(path: str, dtype: torch.dtype = torch.float32, **kwargs) -> PreTra
             f"{path}: no model can be built from its config.json and weights ({type(err).__name__}: {one_line(err)})"
         ) from err
     _check_weights(path, info)
+    if Path(given).is_file():  # a GGUF's base is found again by its file, not the cache's folder
+        model.name_or_path = model.config._name_or_path = str(Path(given).resolve())
     return model
 
 
@@ -246,14 +359,14 @@ def read_model(name: str | os.PathLike, base: PreTrainedModel | None = None, **b
     """Everything a model name stands for (`model_folder`): a saved BlockwiseLM's base (`base`, if given, in
     its place), heads and drafters, read while no save replaces the folder (`io.reading_folder`); or a plain
     `transformers` model. `base_kwargs` go to `load_base` (dtype=...)."""
-    folder = model_folder(name)
+    folder = model_folder(name, base_kwargs.get("dtype"))
     if has_heads(folder):
         with reading_folder(folder, HEADS_CONFIG):
             saved = _read_saved(folder, base, **base_kwargs)
     elif (folder / HEADS_WEIGHTS).is_file():
         raise CheckpointError(f"{folder} holds no {HEADS_CONFIG} beside its {HEADS_WEIGHTS}: not a saved BlockwiseLM")
     else:
-        base = load_base(str(folder), **base_kwargs) if base is None else base
+        base = load_base(str(name if Path(name).is_file() else folder), **base_kwargs) if base is None else base
         saved = Saved(folder, base, _location(getattr(base, "name_or_path", "")) or str(folder.resolve()))
     for source in (folder, saved.base_location):  # the folder's own tokenizer, else its base's
         if source is not None and Path(source).is_dir() and _has_tokenizer(Path(source)):
@@ -285,11 +398,11 @@ def _read_saved(folder: Path, base: PreTrainedModel | None, **base_kwargs) -> Sa
         raise CheckpointError(f"{config_path} has an invalid base_model entry {location!r}")
     elif location == ".":
         location = str(folder.resolve())
-    elif (folder / location).is_dir():  # a relative folder is read from the checkpoint's
+    elif (folder / location).exists():  # a relative folder (or GGUF file) is read from the checkpoint's
         location = str((folder / location).resolve())
     given_base = base is not None
     if base is None:
-        if Path(location).is_absolute() and not Path(location).is_dir():
+        if Path(location).is_absolute() and not Path(location).exists():
             raise CheckpointError(f"{config_path} names the base model {location}, which does not exist")
         base = load_base(location, **base_kwargs)
     signature = meta.get("base_signature")
@@ -305,10 +418,10 @@ def _read_saved(folder: Path, base: PreTrainedModel | None, **base_kwargs) -> Sa
 
 
 def _location(name: str) -> str | None:
-    """An absolute folder if `name` is one, else the hub-style name as given, else None."""
+    """An absolute path if `name` is a folder or file, else the hub-style name as given, else None."""
     if not name:
         return None
-    return str(Path(name).resolve()) if Path(name).is_dir() else name
+    return str(Path(name).resolve()) if Path(name).exists() else name
 
 
 def has_heads(directory: str | os.PathLike) -> bool:

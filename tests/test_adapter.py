@@ -10,7 +10,7 @@ from conftest import make_prompt, tiny, vocab_size
 
 from blockdecode.decoding.adapter import CausalAdapter, Seq2seqAdapter, check_prompt
 
-ARCHS = ("llama", "gpt2", "qwen2", "gpt_neox", "opt", "phi")
+ARCHS = ("llama", "gpt2", "qwen2", "gpt_neox", "opt", "phi", "gemma3")
 TOL = 1e-5
 
 # A tree of candidates after the newest token (node 0): nodes 1 and 2 follow it, 3 follows 2,
@@ -52,6 +52,12 @@ def cache_tensors(adapter: CausalAdapter) -> list[torch.Tensor]:
     return [t[..., :n, :] for layer in adapter.cache.layers for t in (layer.keys, layer.values)]
 
 
+def capped(model, logits: torch.Tensor) -> torch.Tensor:
+    """What the model makes of its projection's output: Gemma's configs may cap it, tanh(x / c) * c."""
+    cap = getattr(model.config, "final_logit_softcapping", None)
+    return logits if cap is None else torch.tanh(logits / cap) * cap
+
+
 def assert_no_hooks(model) -> None:
     assert not model.get_output_embeddings()._forward_pre_hooks, "the capture hook outlived the call"
     assert not model._forward_pre_hooks and not model._forward_hooks
@@ -71,7 +77,7 @@ def test_score_a_chain(arch: str) -> None:
     logits, hidden = adapter.score(ids[:, 7:])
     torch.testing.assert_close(logits[0], full[7:], atol=TOL, rtol=0)
     with torch.inference_mode():
-        torch.testing.assert_close(model.get_output_embeddings()(hidden), logits, atol=TOL, rtol=0)
+        torch.testing.assert_close(capped(model, model.get_output_embeddings()(hidden)), logits, atol=TOL, rtol=0)
     assert adapter.length == 12 and adapter.calls == 2
     assert_no_hooks(model)
 
@@ -82,6 +88,8 @@ def test_tree_then_keep_its_path_equals_a_sequential_run(arch: str, impl: str) -
     """Score a tree in one pass (each node sees the cache and its ancestors, at its depth), keep
     the prompt and one root-to-leaf path: the logits along the path, the cache, and the next
     call's logits all equal a sequential run over the prompt and that path."""
+    if impl == "static" and arch == "gemma3":
+        pytest.skip("a static cache cannot roll back sliding-window layers (tests/test_decode.py)")
     model = tiny(arch)
     vocab = vocab_size(model)
     prompt = make_prompt(6, vocab, seed=4)

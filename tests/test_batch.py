@@ -144,16 +144,17 @@ def test_static_cache_batch(arch: str) -> None:
     check_rows(model, prompts, mask, out.sequences, ref, what=f"{arch} static")
 
 
-def test_sliding_window_batch() -> None:
+@pytest.mark.parametrize("arch", ["mistral", "gemma3"])
+def test_sliding_window_batch(arch: str) -> None:
     """A sliding window counts cache slots: each row's entries are kept contiguous, so the window is
-    the row's own."""
-    model = sliding_window_model()
+    the row's own (Mistral: every layer slides; Gemma 3: some)."""
+    model = sliding_window_model() if arch == "mistral" else tiny(arch)
     prompts = [make_prompt(n, 512, seed=n) for n in LENGTHS]
     ids, mask = padded(prompts, 1, left=True)
     ref = hf_batch(model, ids, mask, 30)
     drafter = RowsScripted([row_tokens(model, ref, mask, r, set()) for r in range(len(prompts))])
     out = blockwise_generate(model, ids, 30, drafter, 4, eos_token_id=NO_EOS, attention_mask=mask)
-    check_rows(model, prompts, mask, out.sequences, ref, what="window 8")
+    check_rows(model, prompts, mask, out.sequences, ref, what=f"{arch}, window 8")
 
 
 @pytest.mark.parametrize("arch", ["llama", "gpt2", "opt"])

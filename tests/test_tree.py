@@ -8,6 +8,7 @@ import functools
 import pytest
 import torch
 from conftest import NO_EOS, assert_greedy_equal, hf_greedy, make_prompt, perturb_heads, tiny, vocab_size
+from test_decode import sliding_window_model
 
 from blockdecode import BaseDrafter, BlockwiseLM, NgramDrafter, ScriptedDrafter, blockwise_generate
 from blockdecode.core.toy import TOY_ARCHITECTURES, toy_model
@@ -90,7 +91,8 @@ def case(arch: str):
 
 @pytest.mark.parametrize("arch", TOY_ARCHITECTURES)
 def test_trees_match_transformers_generate(arch: str) -> None:
-    """Every tree size and source, good or bad candidates, gives transformers' greedy output."""
+    """Every tree size and source, good or bad candidates, gives transformers' greedy output (Gemma 3:
+    a window of 8 crossed many times, each layer kind with its own mask)."""
     model, ids, ref = case(arch)
     lm = perturb_heads(BlockwiseLM.from_base(model, k=6), seed=3, std=0.3)
     for budget in (1, 2, 5, 16, 64):
@@ -109,6 +111,18 @@ def test_trees_match_transformers_generate(arch: str) -> None:
             out = hydra.generate(ids, NEW, eos_token_id=NO_EOS, drafter=drafter, tree=budget)
             assert_greedy_equal(model, ids, out.sequences, ref, what=f"hydra {drafter}, tree of {budget}")
             assert all(v <= budget + 1 for v in out.stats.verified)
+
+
+def test_a_tree_sees_only_its_window_where_every_layer_slides() -> None:
+    """Mistral's layers all slide: the one mask a tree hands them carries the window, as a chain sees it."""
+    model = sliding_window_model()
+    ids = make_prompt(6, vocab_size(model), seed=2)
+    ref = hf_greedy(model, ids, NEW, eos_token_id=NO_EOS)
+    for accuracy in (0.5, 1.0):
+        drafters = [ScriptedDrafter(ref, vocab_size(model), accuracy, seed=4), NgramDrafter()]
+        out = BlockwiseLM.from_base(model, k=6).generate(ids, NEW, eos_token_id=NO_EOS, drafter=drafters, tree=12)
+        assert_greedy_equal(model, ids, out.sequences, ref, what=f"window 8, scripted {accuracy} + n-gram tree")
+        assert max(out.stats.block_sizes) > 2
 
 
 class Candidates(BaseDrafter):

@@ -11,6 +11,7 @@ from transformers import (
     AutoModelForCausalLM,
     AutoModelForSeq2SeqLM,
     BartConfig,
+    Gemma3TextConfig,
     GPT2Config,
     GPTNeoXConfig,
     LlamaConfig,
@@ -56,6 +57,15 @@ def toy_config(arch: str, vocab: int = 512, width: int = 64, layers: int = 2, he
         "llama": lambda: LlamaConfig(num_key_value_heads=max(1, heads // 2), **llama_like),
         "qwen2": lambda: Qwen2Config(num_key_value_heads=max(1, heads // 2), **llama_like),
         "mistral": lambda: MistralConfig(num_key_value_heads=heads, sliding_window=None, **llama_like),
+        "gemma3": lambda: Gemma3TextConfig(  # sliding-window layers (window 8), then a full one; capped logits
+            head_dim=width // heads,
+            num_key_value_heads=1,
+            sliding_window=8,
+            layer_types=["sliding_attention"] * (layers - 1) + ["full_attention"],
+            final_logit_softcapping=30.0,
+            tie_word_embeddings=False,  # tied, the embedding scale makes a random model repeat its last token
+            **llama_like,
+        ),
         "gpt_neox": lambda: GPTNeoXConfig(rotary_pct=0.5, **llama_like),
         "opt": lambda: OPTConfig(
             hidden_size=width,
@@ -78,7 +88,7 @@ def toy_config(arch: str, vocab: int = 512, width: int = 64, layers: int = 2, he
     return builders[arch]()
 
 
-TOY_ARCHITECTURES = ("gpt2", "llama", "qwen2", "mistral", "gpt_neox", "opt", "phi")
+TOY_ARCHITECTURES = ("gpt2", "llama", "qwen2", "mistral", "gpt_neox", "opt", "phi", "gemma3")
 TOY_SEQ2SEQ = ("marian", "bart", "t5")
 
 

@@ -132,3 +132,17 @@ def best_path(
         ]
         beams = heapq.nlargest(beam, grown, key=lambda c: c[0])
     return beams[0][1]
+
+
+def windowed(full: torch.Tensor, mask: torch.Tensor, length: int, window: int) -> torch.Tensor:
+    """The additive mask `full` [B, 1, q, kv] of a tree scored after `length` cached entries (`mask`
+    [B, q, q]: each node's ancestors and itself), cut to a sliding window as a chain would see it: a
+    node at depth d sits where the chain puts it, `length + d`, and sees only what lies fewer than
+    `window` tokens back. A custom mask is taken as given by every layer, so the window must be in it."""
+    q = mask.shape[-1]
+    depth = mask.sum(-1) - 1  # [B, q]
+    slots = torch.arange(length, device=full.device)
+    back = torch.cat([(length + depth)[..., None] - slots, depth[..., :, None] - depth[..., None, :]], dim=-1)
+    out = full.clone()
+    out[..., : length + q].masked_fill_((back >= window)[:, None], torch.finfo(full.dtype).min)
+    return out

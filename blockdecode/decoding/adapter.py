@@ -43,6 +43,7 @@ from blockdecode.core.hf import (
     special_ids,
     vocab_size,
 )
+from blockdecode.core.tree import windowed
 
 
 class CausalAdapter:
@@ -62,7 +63,11 @@ class CausalAdapter:
         self.length = 0  # positions in the cache
         self.scored = 0  # tokens the last forward appended
         self.valid: torch.Tensor | None = None  # [B, length] bool, which entries each row sees; None: all
-        self.sliding = bool(getattr(model.config.get_text_config(decoder=True), "sliding_window", None))
+        text = model.config.get_text_config(decoder=True)
+        kinds = set(getattr(text, "layer_types", None) or ("sliding_attention",))
+        self.window = getattr(text, "sliding_window", None) if "sliding_attention" in kinds else None
+        self.mixed = "full_attention" in kinds  # then a tree's masks go by layer kind, as transformers names them
+        self.sliding = bool(self.window)
         self.calls = 0  # forward passes, prefill included
         self.encoder_calls = 0
         self.read_layers: tuple[int, ...] = ()  # layers whose inputs the drafters read (`features`)
@@ -204,10 +209,10 @@ class CausalAdapter:
             self.valid = torch.cat([self.valid[:, :fixed], self.valid[:, moved]], dim=1)
         self.length = n
 
-    def _attention_mask(self, mask: torch.Tensor) -> torch.Tensor:
+    def _attention_mask(self, mask: torch.Tensor) -> torch.Tensor | dict[str, torch.Tensor]:
         """The [B, 1, q, kv] additive mask transformers takes as given, from mask [B, q, q]: 0 where a
         token may attend, the dtype's minimum elsewhere (a bool mask is silently misread under eager
-        attention)."""
+        attention). With sliding-window layers: their own, cut to the window (`windowed`)."""
         batch, q = mask.shape[:2]
         width = self.max_len if self.static else self.length + q
         dtype = self.model.dtype
@@ -217,7 +222,10 @@ class CausalAdapter:
         else:
             full[..., : self.length].masked_fill_(self.valid[:, None, None, :], 0)
         full[..., self.length : self.length + q].masked_fill_(mask[:, None].to(full.device), 0)
-        return full
+        if not self.window:
+            return full
+        sliding = windowed(full, mask.to(full.device), self.length, self.window)
+        return {"full_attention": full, "sliding_attention": sliding} if self.mixed else sliding
 
     def _padding_mask(self, q: int) -> torch.Tensor:
         """The [B, kv] mask of which keys each row sees (its valid cache and the q new tokens), 0 past

@@ -1,0 +1,197 @@
+"""A GGUF file taken wherever a model is: dequantized once into a cached folder, checked on reading, and
+decoded exactly as transformers decodes the same file. The file is a tiny random Gemma 3 written here
+with the `gguf` package: sliding-window layers (window 8) and a full one, Q8_0 weights, a byte-fallback
+vocabulary."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+import torch
+from conftest import NO_EOS, assert_greedy_equal, hf_greedy, make_cfg
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from blockdecode import BlockwiseLM, load
+from blockdecode.cli import main as cli_main
+from blockdecode.core.io import CheckpointError, cache_root
+from blockdecode.loading import HEADS_CONFIG, gguf_folder
+from blockdecode.training.train import train
+
+WORDS = ["▁the", "▁def", "▁return", "▁self", "▁and", "▁of", "in", "er", "on", "at"]
+SPECIAL = ["<pad>", "<eos>", "<bos>", "<unk>"]
+
+
+def write_gemma3_gguf(
+    path: Path, architecture: str = "gemma3", layers: int = 6, width: int = 64, seed: int = 0
+) -> None:
+    """A random Gemma 3 as llama.cpp lays it out: GGUF's tensor names, norms stored as 1 + weight, 2-D
+    weights in Q8_0, and a SentencePiece-style vocabulary (specials, 256 byte tokens, letters, words)."""
+    heads, head_dim, ffn = 4, 16, 2 * width
+    rng = np.random.default_rng(seed)
+    tokens = [*SPECIAL, *(f"<0x{i:02X}>" for i in range(256)), "▁", *"abcdefghijklmnopqrstuvwxyz", *WORDS]
+    writer = gguf.GGUFWriter(str(path), architecture)
+    writer.add_name("toy")
+    writer.add_context_length(512)
+    writer.add_embedding_length(width)
+    writer.add_block_count(layers)
+    writer.add_feed_forward_length(ffn)
+    writer.add_head_count(heads)
+    writer.add_head_count_kv(1)
+    writer.add_key_length(head_dim)
+    writer.add_value_length(head_dim)
+    writer.add_layer_norm_rms_eps(1e-6)
+    writer.add_rope_freq_base(10000.0)
+    writer.add_sliding_window(8)
+    writer.add_tokenizer_model("llama")
+    writer.add_token_list(tokens)
+    writer.add_token_scores([0.0] * 260 + [-1.0] + [-2.0] * 26 + [-0.5] * len(WORDS))
+    writer.add_token_types([3, 3, 3, 2] + [6] * 256 + [1] * (1 + 26 + len(WORDS)))
+    writer.add_bos_token_id(2)
+    writer.add_eos_token_id(1)
+    writer.add_unk_token_id(3)
+    writer.add_pad_token_id(0)
+    writer.add_add_bos_token(True)
+    writer.add_add_space_prefix(False)
+
+    def tensor(name: str, *shape: int) -> None:
+        if len(shape) == 1:  # a norm: GGUF keeps Gemma's 1 + weight
+            writer.add_tensor(name, (1.0 + rng.normal(0, 0.1, shape)).astype(np.float32))
+            return
+        values = rng.normal(0, 0.2, shape).astype(np.float32)
+        q8 = gguf.GGMLQuantizationType.Q8_0
+        writer.add_tensor(name, gguf.quantize(values, q8), raw_dtype=q8)  # byte rows: the shape follows
+
+    tensor("token_embd.weight", len(tokens), width)
+    for i in range(layers):
+        tensor(f"blk.{i}.attn_q.weight", heads * head_dim, width)
+        tensor(f"blk.{i}.attn_k.weight", head_dim, width)
+        tensor(f"blk.{i}.attn_v.weight", head_dim, width)
+        tensor(f"blk.{i}.attn_output.weight", width, heads * head_dim)
+        tensor(f"blk.{i}.attn_q_norm.weight", head_dim)
+        tensor(f"blk.{i}.attn_k_norm.weight", head_dim)
+        for norm in ("attn_norm", "post_attention_norm", "ffn_norm", "post_ffw_norm"):
+            tensor(f"blk.{i}.{norm}.weight", width)
+        tensor(f"blk.{i}.ffn_gate.weight", ffn, width)
+        tensor(f"blk.{i}.ffn_up.weight", ffn, width)
+        tensor(f"blk.{i}.ffn_down.weight", width, ffn)
+    tensor("output_norm.weight", width)
+    tensor("output.weight", len(tokens), width)  # untied: tied, the embedding scale repeats the last token
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+@pytest.fixture(scope="module")
+def toy_gguf(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("gguf") / "toy.gguf"
+    write_gemma3_gguf(path)
+    return path
+
+
+def transformers_reads(path: Path):
+    """The model and tokenizer transformers makes of the file itself: the reference."""
+    where = {"pretrained_model_name_or_path": str(path.parent), "gguf_file": path.name}
+    return AutoModelForCausalLM.from_pretrained(**where).eval(), AutoTokenizer.from_pretrained(**where)
+
+
+def test_a_gguf_decodes_exactly_as_transformers_reads_it(toy_gguf: Path) -> None:
+    """Chains, trees and the ranked default on a window of 8 crossed many times, and a left-padded batch."""
+    reference, ref_tokenizer = transformers_reads(toy_gguf)
+    model, tokenizer = load(toy_gguf)
+    assert model.base_location == str(toy_gguf.resolve()) and type(model.base).__name__ == "Gemma3ForCausalLM"
+    assert set(model.base.config.layer_types) == {"sliding_attention", "full_attention"}
+    text = "the def return self and of the def"
+    ids = tokenizer(text, return_tensors="pt").input_ids
+    assert torch.equal(ids, ref_tokenizer(text, return_tensors="pt").input_ids)
+    ref = hf_greedy(reference, ids, 48, eos_token_id=NO_EOS)
+    for drafter, tree in (("ngram", None), ("heads", None), ("heads+ngram", 12), ("auto", "expected")):
+        out = model.generate(ids, 48, drafter=drafter, tree=tree, eos_token_id=NO_EOS)
+        assert_greedy_equal(reference, ids, out.sequences, ref, what=f"{drafter}, tree {tree}")
+    prompts = ["the def", "return self and of the def the"]
+    batch = tokenizer(prompts, return_tensors="pt", padding=True, padding_side="left")
+    expected = reference.generate(**batch, max_new_tokens=24, do_sample=False, eos_token_id=None, min_new_tokens=24)
+    out = model.generate(batch.input_ids, 24, attention_mask=batch.attention_mask, eos_token_id=NO_EOS, tree=None)
+    assert torch.equal(out.sequences, expected)
+
+
+def test_the_second_load_reads_the_cache_and_a_damaged_one_is_made_again(toy_gguf: Path, monkeypatch, capsys) -> None:
+    folder = gguf_folder(toy_gguf, torch.float32)
+    assert folder.parent == cache_root() / "gguf" and (folder / "source.json").is_file()
+    source = json.loads((folder / "source.json").read_text())
+    assert source["gguf"] == str(toy_gguf.resolve()) and "model.safetensors" in source["files"]
+
+    def no_conversion(*args):
+        raise AssertionError("converted again")
+
+    monkeypatch.setattr("blockdecode.loading._dequantize", no_conversion)
+    assert gguf_folder(toy_gguf, torch.float32) == folder
+    assert gguf_folder(toy_gguf) == folder  # no dtype asked: whichever is there
+    monkeypatch.undo()
+    weights = folder / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])  # cut short, as a killed copy would leave it
+    capsys.readouterr()
+    model, _ = load(toy_gguf)
+    assert "damaged: making it again" in capsys.readouterr().err
+    assert weights.stat().st_size == source["files"]["model.safetensors"]
+    bf16 = gguf_folder(toy_gguf, torch.bfloat16)
+    assert bf16 != folder and load(toy_gguf, dtype=torch.bfloat16)[0].base.dtype == torch.bfloat16
+
+
+def test_a_changed_file_gets_a_folder_of_its_own(tmp_path: Path) -> None:
+    path = tmp_path / "m.gguf"
+    write_gemma3_gguf(path, seed=1)
+    first = gguf_folder(path)
+    write_gemma3_gguf(path, seed=2)
+    os.utime(path, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns + 10**9))
+    second = gguf_folder(path)
+    assert second != first
+    weights = [AutoModelForCausalLM.from_pretrained(f).model.embed_tokens.weight for f in (first, second)]
+    assert not torch.equal(*weights)
+    assert torch.equal(BlockwiseLM.from_pretrained(path).base.model.embed_tokens.weight, weights[1])
+
+
+def test_what_is_not_a_readable_gguf_is_one_line_naming_it(tmp_path: Path) -> None:
+    fake = tmp_path / "fake.gguf"
+    fake.write_text("not a model")
+    with pytest.raises(CheckpointError, match=f"{fake} is not a GGUF file"):
+        load(fake)
+    other = tmp_path / "other.gguf"
+    write_gemma3_gguf(other, architecture="nonesuch")
+    with pytest.raises(
+        CheckpointError, match=r"other.gguf: transformers cannot read this GGUF \(architecture nonesuch\)"
+    ):
+        load(other)
+    cut = tmp_path / "cut.gguf"
+    write_gemma3_gguf(cut)
+    cut.write_bytes(cut.read_bytes()[:5000])
+    with pytest.raises(CheckpointError, match="cut.gguf: transformers cannot read this GGUF"):
+        load(cut)
+    plain = tmp_path / "notes.txt"
+    plain.write_text("hello")
+    with pytest.raises(CheckpointError, match="is a file, not a model folder .* nor a GGUF file"):
+        load(plain)
+
+
+def test_the_command_line_takes_a_gguf(toy_gguf: Path, capsys) -> None:
+    args = ["--model", str(toy_gguf), "--prompt", "the def", "--max-new-tokens", "24", "--dtype", "fp32"]
+    cli_main(["generate", *args, "--compare"])
+    assert "identical: yes" in capsys.readouterr().err
+
+
+def test_heads_train_on_a_gguf_base_and_find_it_again(toy_gguf: Path, tiny_base, tmp_path: Path) -> None:
+    """`train --base x.gguf`: the saved heads name the file, and loading them reads the base from it."""
+    out = tmp_path / "heads"
+    cfg = make_cfg(tiny_base, out, base=str(toy_gguf), steps=4, eval_every=4, checkpoint_every=4)
+    train(cfg)
+    assert json.loads((out / HEADS_CONFIG).read_text())["base_model"] == str(toy_gguf.resolve())
+    model, tokenizer = load(out)
+    reference, _ = transformers_reads(toy_gguf)
+    ids = tokenizer("the def return", return_tensors="pt").input_ids
+    out_ids = model.generate(ids, 24, eos_token_id=NO_EOS).sequences
+    assert_greedy_equal(reference, ids, out_ids, hf_greedy(reference, ids, 24, eos_token_id=NO_EOS))
