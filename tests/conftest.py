@@ -175,6 +175,7 @@ def perturb_heads(lm: torch.nn.Module, seed: int = 0, std: float = 0.5) -> torch
     with torch.no_grad():
         for p in lm.heads.parameters():
             torch.nn.init.normal_(p, std=std, generator=gen)
+    lm.heads_trained = True  # drafter="auto" asks them, as it asks trained ones
     return lm
 
 

@@ -219,7 +219,7 @@ def test_a_context_too_short_to_calibrate_in_decodes_with_the_chain(cache: Path)
 
 
 def test_a_bad_request_fails_before_any_calibration(cache: Path) -> None:
-    lm = BlockwiseLM.from_base(toy_model("llama", seed=2), k=4)
+    lm = perturb_heads(BlockwiseLM.from_base(toy_model("llama", seed=2), k=4))  # trained: the default asks them
     for kwargs, match in (
         (dict(input_ids=torch.zeros(1, 0, dtype=torch.long), max_new_tokens=5), "the prompt is empty"),
         (dict(input_ids=make_prompt(4, 512), max_new_tokens=0), "max_new_tokens must be a positive integer"),

@@ -388,7 +388,7 @@ def test_bad_k_raises(k: object) -> None:
     with pytest.raises(ValueError, match="k must be an integer >= 1"):
         lm.generate(ids, 5, drafter=NgramDrafter(), k=k, tree=None)
     with pytest.raises(ValueError, match="k must be between 1 and the heads' block size 4"):
-        lm.generate(ids, 5, k=k, tree=None)
+        lm.generate(ids, 5, drafter="heads", k=k, tree=None)
 
 
 def test_k_beyond_the_heads_raises() -> None:
@@ -396,7 +396,7 @@ def test_k_beyond_the_heads_raises() -> None:
     model, ids, ref = no_eos_case("llama")
     lm = BlockwiseLM.from_base(model, k=4)
     with pytest.raises(ValueError, match="heads' block size 4, got 5"):
-        lm.generate(ids, 5, k=5, tree=None)
+        lm.generate(ids, 5, drafter="heads", k=5, tree=None)
     assert_greedy_equal(
         model, ids, perturb_heads(lm).generate(ids, 40, k=2, eos_token_id=NO_EOS, tree=None).sequences, ref
     )

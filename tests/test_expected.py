@@ -110,6 +110,7 @@ def test_the_default_under_topk_ranks_the_heads_and_accepts_at_least_what_exact_
     what stands under topk:2, and learns it: on heads whose guesses are all second choices, it takes them."""
     model = tiny("llama")
     lm = BlockwiseLM.from_base(model, k=6)
+    lm.heads_trained = True  # the heads below stand for trained ones: the default asks them
     monkeypatch.setattr(BlockwiseLM, "drafter", lambda self, rescore=0.0: RunnerUp(self.base))
     monkeypatch.setattr(expected, "model_ranking", lambda lm, context, cache="dynamic": Ranking(tuple(FLAT.items())))
     prompts = [make_prompt(10, vocab_size(model), seed=s) for s in range(3)]

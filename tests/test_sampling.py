@@ -252,6 +252,7 @@ def test_auto_under_sampling_is_the_calibrations_fastest_chain_without_a_warning
     recwarn: pytest.WarningsRecorder,
 ) -> None:
     lm = BlockwiseLM.from_base(tiny("llama"), k=4)
+    lm.heads_trained = True  # else "auto" is suffix lookup alone, with nothing to calibrate
     prompts = [make_prompt(6, vocab_size(lm.base))]
     plan = lm.plan(tree="auto", do_sample=True, temperature=0.7, prompts=prompts)
     fastest = calibrate(lm, prompts, "auto", 4).best_chain()

@@ -20,6 +20,15 @@ from blockdecode.drafters.base import Drafter
 DEFAULT_DRAFTERS = "heads+ngram"
 """What drafter="auto" decodes with in ranked trees and chains (tree="expected", the default)."""
 
+LOOKUP_DEFAULT = "suffix"
+"""drafter="auto" where the heads are untrained (a plain transformers model, a GGUF) and no EAGLE-3 drafter is
+attached: suffix lookup alone. Untrained heads rarely guess right, and on a large vocabulary each guess scores its
+rows."""
+
+LOOKUP_DEPTH = 16
+"""The block a plain model is loaded with (`BlockwiseLM.from_pretrained`): a call of 16 tokens costs about what one
+does on a 270M model with a 262k vocabulary in bf16, and long lookup matches are common (benchmarks/real.py)."""
+
 
 def choose_plan(
     lm,
@@ -51,6 +60,8 @@ def choose_plan(
     one chain a call, and so does each row of a batch (`rows` > 1): there "auto" is the drafter whose chain the
     calibration predicts fastest (it measures greedy's acceptance, which a draw at a low temperature mostly
     follows). Every setting is checked before anything is measured."""
+    if drafter in ("auto", None) and not lm.heads_trained and lm.eagle3 is None:
+        drafter = LOOKUP_DEFAULT
     if k is None:  # the heads' block, or the depth the EAGLE-3 drafter was trained to draft when it drafts alone
         k = lm.eagle3.config.speculative_tokens + 1 if drafter == "eagle3" and lm.eagle3 is not None else lm.k
     drafter = "auto" if drafter is None else drafter

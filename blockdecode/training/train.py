@@ -245,6 +245,7 @@ def train(cfg: TrainConfig, callback: Callable[[int, dict], None] | None = None)
     model = BlockwiseLM.from_base(
         base, k=cfg.k, head_type=cfg.head_type, head_hidden_size=cfg.head_hidden_size, draft_vocab=cfg.draft_vocab
     )
+    model.heads_trained = True  # trained from here on: the default asks them
     if cfg.init_heads and state is None:
         model.heads.load_state_dict(trained_heads(cfg.init_heads, model))
     real_rows = train_seqs
