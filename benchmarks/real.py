@@ -54,6 +54,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--dtype", choices=("bf16", "fp32"), default="bf16")
     p.add_argument("--fp32-check", action=argparse.BooleanOptionalAction, default=True,
                    help="decode every window in fp32 too: the default must give transformers' fp32 greedy")  # fmt: skip
+    p.add_argument(
+        "--llama-cpp",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="llama.cpp's greedy and prompt lookup on the file, where llama-cpp-python is installed",
+    )
     p.add_argument("--out", type=Path, default=RESULTS / "real.json")
     return p.parse_args(argv)
 
@@ -111,6 +117,41 @@ def llama_cpp_run(path: Path, threads: int, context: int, lookup: bool) -> Calla
     return run
 
 
+def call_costs(lm, gguf: Path, context: torch.LongTensor, threads: int, llama_cpp: bool, sizes=(1, 4, 16)) -> dict:
+    """ms of one call of q new tokens over `context` in each engine, the median of 5: `transformers`' forward as
+    blockdecode scores a chain (every position's logits), and llama.cpp's batch with logits for every token, as a
+    verifier would need them."""
+    from blockdecode.decoding.adapter import CausalAdapter
+
+    torch.set_num_threads(threads)
+    costs: dict[str, dict[int, float]] = {"transformers": {}}
+    for q in sizes:
+        times = []
+        for _ in range(5):
+            adapter = CausalAdapter(lm.base, "dynamic", 0)
+            adapter.prefill(context)
+            start = time.perf_counter()
+            adapter.score(context[:, -q:])
+            times.append(1000 * (time.perf_counter() - start))
+        costs["transformers"][q] = statistics.median(times)
+    if llama_cpp and importlib.util.find_spec("llama_cpp") is not None:
+        from llama_cpp import Llama
+
+        llm = Llama(str(gguf), n_ctx=context.shape[1] + 64, n_threads=threads, n_threads_batch=threads, n_batch=512,
+                    logits_all=True, verbose=False)  # fmt: skip
+        prompt, costs["llama.cpp"] = context[0].tolist(), {}
+        for q in sizes:
+            times = []
+            for _ in range(5):
+                llm.reset()
+                llm.eval(prompt)
+                start = time.perf_counter()
+                llm.eval(prompt[-q:])
+                times.append(1000 * (time.perf_counter() - start))
+            costs["llama.cpp"][q] = statistics.median(times)
+    return costs
+
+
 def measure(lm, gguf: Path, windows: list[Window], kinds: list[str], threads: int, args) -> list[dict]:
     """Every method on every window at `threads`: each window's best run of each method, with what it gave."""
     torch.set_num_threads(threads)
@@ -125,7 +166,7 @@ def measure(lm, gguf: Path, windows: list[Window], kinds: list[str], threads: in
     }  # fmt: skip
     for name, plan in plans.items():
         methods[name] = lambda w, plan=plan: lm.generate(w.ids, n, plan=plan, remember=False)
-    if importlib.util.find_spec("llama_cpp") is not None:
+    if args.llama_cpp and importlib.util.find_spec("llama_cpp") is not None:
         context = args.prompt_len + n + 16
         for name, lookup in (("llama.cpp greedy", False), ("llama.cpp prompt lookup", True)):
             engine = llama_cpp_run(gguf, threads, context, lookup)
@@ -251,8 +292,10 @@ def main(argv: list[str] | None = None) -> dict:
     report = {"model": gguf.name, "cpu": cpu_name(), "dtype": dtype_name(dtype), "prompt_len": args.prompt_len,
               "new_tokens": args.new_tokens, "rounds": args.rounds, "threads": {}}  # fmt: skip
     for threads in [int(t) for t in args.threads.split(",")]:
+        costs = call_costs(lm, gguf, windows[0].ids, threads, args.llama_cpp)
+        print(f"  {threads} thread(s), ms a call of q tokens: {costs}", flush=True)
         rows = measure(lm, gguf, windows, kinds, threads, args)
-        report["threads"][str(threads)] = {"summary": summarize(rows), "per_window": rows}
+        report["threads"][str(threads)] = {"summary": summarize(rows), "call_ms": costs, "per_window": rows}
         write_json(args.out, report)  # each thread count's figures kept as soon as they exist
     if args.fp32_check:
         del lm

@@ -367,7 +367,14 @@ def read_model(name: str | os.PathLike, base: PreTrainedModel | None = None, **b
         raise CheckpointError(f"{folder} holds no {HEADS_CONFIG} beside its {HEADS_WEIGHTS}: not a saved BlockwiseLM")
     else:
         base = load_base(str(name if Path(name).is_file() else folder), **base_kwargs) if base is None else base
-        saved = Saved(folder, base, _location(getattr(base, "name_or_path", "")) or str(folder.resolve()))
+        location = _location(getattr(base, "name_or_path", "")) or str(folder.resolve())
+        shipped = shipped_drafters(base)
+        if shipped is None:
+            saved = Saved(folder, base, location)
+        else:  # drafters trained for this base, shipped in the package: attached by its weights
+            with reading_folder(shipped, HEADS_CONFIG):
+                saved = _read_saved(shipped, base)
+            saved.base_location = location
     for source in (folder, saved.base_location):  # the folder's own tokenizer, else its base's
         if source is not None and Path(source).is_dir() and _has_tokenizer(Path(source)):
             saved.tokenizer = load_tokenizer(source)
@@ -415,6 +422,22 @@ def _read_saved(folder: Path, base: PreTrainedModel | None, **base_kwargs) -> Sa
     if saved.eagle3_folder.is_dir():
         saved.eagle3 = Eagle3.load(saved.eagle3_folder)
     return saved
+
+
+def shipped_drafters(base: PreTrainedModel) -> Path | None:
+    """The folder of `builtin.SHIPPED_DRAFTERS` whose heads were trained on `base`: same width, and weights whose
+    signature matches the one saved with them. None where none was."""
+    folders = sorted(p for p in builtin.SHIPPED_DRAFTERS.glob("*") if (p / HEADS_CONFIG).is_file())
+    signature = None
+    for folder in folders:
+        meta = read_json(folder / HEADS_CONFIG, CheckpointError)
+        width = getattr(base.config.get_text_config(decoder=True), "hidden_size", None)
+        if not isinstance(meta, dict) or meta.get("heads", {}).get("hidden_size") != width:
+            continue
+        signature = weights_signature(base) if signature is None else signature
+        if same_weights(meta.get("base_signature") or [], signature):
+            return folder
+    return None
 
 
 def _location(name: str) -> str | None:

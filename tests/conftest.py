@@ -16,6 +16,8 @@ os.environ["HF_HUB_OFFLINE"] = "1"  # before transformers is imported: tests nev
 os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="blockdecode-test-cache-")  # calibrations stay out of ~
 os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 
+import gguf  # noqa: E402
+import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 from transformers import PreTrainedModel  # noqa: E402
@@ -273,3 +275,71 @@ def pairs_cfg(tiny_marian: SimpleNamespace, out: Path, **overrides) -> TrainConf
               seq_len=128, lr=3e-3, base_lr=1e-3, eval_every=3, checkpoint_every=3, log_every=1, eval_batches=1,
               eval_prompts=2, eval_new_tokens=24, distill_batch_size=16, distill_new_tokens=40)  # fmt: skip
     return TrainConfig(**{**kw, **overrides})
+
+
+# ----------------------------------------------------------------------------- a GGUF file, written here
+
+
+GGUF_WORDS = ["▁the", "▁def", "▁return", "▁self", "▁and", "▁of", "in", "er", "on", "at"]
+GGUF_SPECIAL = ["<pad>", "<eos>", "<bos>", "<unk>"]
+
+
+def write_gemma3_gguf(
+    path: Path, architecture: str = "gemma3", layers: int = 6, width: int = 64, seed: int = 0
+) -> None:
+    """A random Gemma 3 as llama.cpp lays it out: GGUF's tensor names, norms stored as 1 + weight, 2-D
+    weights in Q8_0, and a SentencePiece-style vocabulary (specials, 256 byte tokens, letters, words)."""
+    heads, head_dim, ffn = 4, 16, 2 * width
+    rng = np.random.default_rng(seed)
+    tokens = [*GGUF_SPECIAL, *(f"<0x{i:02X}>" for i in range(256)), "▁", *"abcdefghijklmnopqrstuvwxyz", *GGUF_WORDS]
+    writer = gguf.GGUFWriter(str(path), architecture)
+    writer.add_name("toy")
+    writer.add_context_length(512)
+    writer.add_embedding_length(width)
+    writer.add_block_count(layers)
+    writer.add_feed_forward_length(ffn)
+    writer.add_head_count(heads)
+    writer.add_head_count_kv(1)
+    writer.add_key_length(head_dim)
+    writer.add_value_length(head_dim)
+    writer.add_layer_norm_rms_eps(1e-6)
+    writer.add_rope_freq_base(10000.0)
+    writer.add_sliding_window(8)
+    writer.add_tokenizer_model("llama")
+    writer.add_token_list(tokens)
+    writer.add_token_scores([0.0] * 260 + [-1.0] + [-2.0] * 26 + [-0.5] * len(GGUF_WORDS))
+    writer.add_token_types([3, 3, 3, 2] + [6] * 256 + [1] * (1 + 26 + len(GGUF_WORDS)))
+    writer.add_bos_token_id(2)
+    writer.add_eos_token_id(1)
+    writer.add_unk_token_id(3)
+    writer.add_pad_token_id(0)
+    writer.add_add_bos_token(True)
+    writer.add_add_space_prefix(False)
+
+    def tensor(name: str, *shape: int) -> None:
+        if len(shape) == 1:  # a norm: GGUF keeps Gemma's 1 + weight
+            writer.add_tensor(name, (1.0 + rng.normal(0, 0.1, shape)).astype(np.float32))
+            return
+        values = rng.normal(0, 0.2, shape).astype(np.float32)
+        q8 = gguf.GGMLQuantizationType.Q8_0
+        writer.add_tensor(name, gguf.quantize(values, q8), raw_dtype=q8)  # byte rows: the shape follows
+
+    tensor("token_embd.weight", len(tokens), width)
+    for i in range(layers):
+        tensor(f"blk.{i}.attn_q.weight", heads * head_dim, width)
+        tensor(f"blk.{i}.attn_k.weight", head_dim, width)
+        tensor(f"blk.{i}.attn_v.weight", head_dim, width)
+        tensor(f"blk.{i}.attn_output.weight", width, heads * head_dim)
+        tensor(f"blk.{i}.attn_q_norm.weight", head_dim)
+        tensor(f"blk.{i}.attn_k_norm.weight", head_dim)
+        for norm in ("attn_norm", "post_attention_norm", "ffn_norm", "post_ffw_norm"):
+            tensor(f"blk.{i}.{norm}.weight", width)
+        tensor(f"blk.{i}.ffn_gate.weight", ffn, width)
+        tensor(f"blk.{i}.ffn_up.weight", ffn, width)
+        tensor(f"blk.{i}.ffn_down.weight", width, ffn)
+    tensor("output_norm.weight", width)
+    tensor("output.weight", len(tokens), width)  # untied: tied, the embedding scale repeats the last token
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()

@@ -70,28 +70,19 @@ def test_generate_heals_a_prompt_that_ends_mid_token_and_says_so(
     assert err.count("(--no-heal: off)") == heal
 
 
-def test_generate_with_ngram_drafter_on_a_plain_model_dir(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    """A transformers directory without heads gets untrained heads and a note saying so."""
+def test_generate_on_a_plain_model_dir_drafts_by_lookup(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """A transformers directory without heads: the default drafts by suffix lookup and says why; n-gram lookup,
+    which needs no heads, says nothing of them."""
     tokenizer = train_tokenizer(["a b c d e f g " * 50], vocab_size=270)
     toy_model("gpt2", vocab=len(tokenizer), context=128).save_pretrained(tmp_path)
     tokenizer.save_pretrained(tmp_path)
-    main(
-        [
-            "generate",
-            "--model",
-            str(tmp_path),
-            "--prompt",
-            "a b c",
-            "--max-new-tokens",
-            "12",
-            "--drafter",
-            "ngram",
-            "--tree",
-            "off",
-        ]
-    )
+    argv = ["generate", "--model", str(tmp_path), "--prompt", "a b c", "--max-new-tokens", "12", "--tree", "off"]
+    main([*argv, "--drafter", "ngram"])
     err = capsys.readouterr().err
-    assert "no trained heads" in err and "ngram" in err
+    assert "no trained heads" not in err and "(ngram, k=16" in err
+    main(argv)
+    err = capsys.readouterr().err
+    assert "no trained heads: the default drafts by suffix lookup" in err and "(suffix, k=16" in err
 
 
 def test_generate_translates_with_an_encoder_decoder(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:

@@ -9,82 +9,18 @@ import json
 import os
 from pathlib import Path
 
-import gguf
-import numpy as np
 import pytest
 import torch
-from conftest import NO_EOS, assert_greedy_equal, hf_greedy, make_cfg
+from conftest import NO_EOS, assert_greedy_equal, hf_greedy, make_cfg, perturb_heads, write_gemma3_gguf
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from blockdecode import BlockwiseLM, load
+from blockdecode import BlockwiseLM, builtin, load
 from blockdecode.cli import main as cli_main
 from blockdecode.core.io import CheckpointError, cache_root
+from blockdecode.core.toy import toy_model
 from blockdecode.loading import HEADS_CONFIG, gguf_folder
+from blockdecode.pretraining.corpus import train_tokenizer
 from blockdecode.training.train import train
-
-WORDS = ["▁the", "▁def", "▁return", "▁self", "▁and", "▁of", "in", "er", "on", "at"]
-SPECIAL = ["<pad>", "<eos>", "<bos>", "<unk>"]
-
-
-def write_gemma3_gguf(
-    path: Path, architecture: str = "gemma3", layers: int = 6, width: int = 64, seed: int = 0
-) -> None:
-    """A random Gemma 3 as llama.cpp lays it out: GGUF's tensor names, norms stored as 1 + weight, 2-D
-    weights in Q8_0, and a SentencePiece-style vocabulary (specials, 256 byte tokens, letters, words)."""
-    heads, head_dim, ffn = 4, 16, 2 * width
-    rng = np.random.default_rng(seed)
-    tokens = [*SPECIAL, *(f"<0x{i:02X}>" for i in range(256)), "▁", *"abcdefghijklmnopqrstuvwxyz", *WORDS]
-    writer = gguf.GGUFWriter(str(path), architecture)
-    writer.add_name("toy")
-    writer.add_context_length(512)
-    writer.add_embedding_length(width)
-    writer.add_block_count(layers)
-    writer.add_feed_forward_length(ffn)
-    writer.add_head_count(heads)
-    writer.add_head_count_kv(1)
-    writer.add_key_length(head_dim)
-    writer.add_value_length(head_dim)
-    writer.add_layer_norm_rms_eps(1e-6)
-    writer.add_rope_freq_base(10000.0)
-    writer.add_sliding_window(8)
-    writer.add_tokenizer_model("llama")
-    writer.add_token_list(tokens)
-    writer.add_token_scores([0.0] * 260 + [-1.0] + [-2.0] * 26 + [-0.5] * len(WORDS))
-    writer.add_token_types([3, 3, 3, 2] + [6] * 256 + [1] * (1 + 26 + len(WORDS)))
-    writer.add_bos_token_id(2)
-    writer.add_eos_token_id(1)
-    writer.add_unk_token_id(3)
-    writer.add_pad_token_id(0)
-    writer.add_add_bos_token(True)
-    writer.add_add_space_prefix(False)
-
-    def tensor(name: str, *shape: int) -> None:
-        if len(shape) == 1:  # a norm: GGUF keeps Gemma's 1 + weight
-            writer.add_tensor(name, (1.0 + rng.normal(0, 0.1, shape)).astype(np.float32))
-            return
-        values = rng.normal(0, 0.2, shape).astype(np.float32)
-        q8 = gguf.GGMLQuantizationType.Q8_0
-        writer.add_tensor(name, gguf.quantize(values, q8), raw_dtype=q8)  # byte rows: the shape follows
-
-    tensor("token_embd.weight", len(tokens), width)
-    for i in range(layers):
-        tensor(f"blk.{i}.attn_q.weight", heads * head_dim, width)
-        tensor(f"blk.{i}.attn_k.weight", head_dim, width)
-        tensor(f"blk.{i}.attn_v.weight", head_dim, width)
-        tensor(f"blk.{i}.attn_output.weight", width, heads * head_dim)
-        tensor(f"blk.{i}.attn_q_norm.weight", head_dim)
-        tensor(f"blk.{i}.attn_k_norm.weight", head_dim)
-        for norm in ("attn_norm", "post_attention_norm", "ffn_norm", "post_ffw_norm"):
-            tensor(f"blk.{i}.{norm}.weight", width)
-        tensor(f"blk.{i}.ffn_gate.weight", ffn, width)
-        tensor(f"blk.{i}.ffn_up.weight", ffn, width)
-        tensor(f"blk.{i}.ffn_down.weight", width, ffn)
-    tensor("output_norm.weight", width)
-    tensor("output.weight", len(tokens), width)  # untied: tied, the embedding scale repeats the last token
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
 
 
 @pytest.fixture(scope="module")
@@ -195,3 +131,25 @@ def test_heads_train_on_a_gguf_base_and_find_it_again(toy_gguf: Path, tiny_base,
     ids = tokenizer("the def return", return_tensors="pt").input_ids
     out_ids = model.generate(ids, 24, eos_token_id=NO_EOS).sequences
     assert_greedy_equal(reference, ids, out_ids, hf_greedy(reference, ids, 24, eos_token_id=NO_EOS))
+
+
+def test_drafters_shipped_for_a_base_are_attached_by_its_weights(tmp_path: Path, monkeypatch) -> None:
+    """A base users install themselves (a GGUF) gets the heads trained for it from the package, matched by its
+    weights' signature: no flag, and exact; another base of the same shape gets none."""
+    tokenizer = train_tokenizer(["\n".join(f"x{i} = {i}" for i in range(300))], vocab_size=300)
+    base, other = tmp_path / "base", tmp_path / "other"
+    for seed, folder in ((3, base), (4, other)):
+        toy_model("llama", vocab=len(tokenizer), seed=seed).save_pretrained(folder)
+        tokenizer.save_pretrained(folder)
+    trained = perturb_heads(BlockwiseLM.from_pretrained(base, k=4), seed=5)
+    trained.base_location = None  # shipped without its base: the user's own copy is what it attaches to
+    trained.save_pretrained(tmp_path / "shipped" / "toy", save_base=False)
+    monkeypatch.setattr(builtin, "SHIPPED_DRAFTERS", tmp_path / "shipped")
+    model, tokenizer = load(base)
+    assert model.heads_trained and model.k == 4 and model.base_location == str(base.resolve())
+    for name, tensor in trained.heads.state_dict().items():
+        assert torch.equal(model.heads.state_dict()[name], tensor)
+    ids = tokenizer("x1 = 1", return_tensors="pt").input_ids
+    out = model.generate(ids, 24, eos_token_id=NO_EOS)
+    assert_greedy_equal(model.base, ids, out.sequences, hf_greedy(model.base, ids, 24, eos_token_id=NO_EOS))
+    assert not load(other)[0].heads_trained

@@ -17,19 +17,21 @@ import torch
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
 from blockdecode.cli import main
+from blockdecode.loading import model_folder
 from blockdecode.model import BlockwiseLM
 from blockdecode.pretraining.corpus import SPECIAL_TOKENS, corpus_files, is_heldout, stdlib_files
 from blockdecode.pretraining.pretrain import (
     RESUME_MUST_MATCH,
     CorpusConfig,
     PretrainConfig,
+    id_dtype,
     prepare_corpus,
     pretrain,
     windows,
 )
 from blockdecode.training import loop as training
 from blockdecode.training.train import TrainConfig, train
-from tests.conftest import NO_EOS, assert_greedy_equal, hf_greedy, keep_checkpoint_at
+from tests.conftest import NO_EOS, assert_greedy_equal, hf_greedy, keep_checkpoint_at, write_gemma3_gguf
 
 TINY = dict(
     hidden_size=32,
@@ -234,3 +236,20 @@ def test_cli_pretrain_runs_the_recipe(tmp_path: Path) -> None:
     main(["pretrain", "--corpus", str(tmp_path / "c"), "--out", str(tmp_path / "o"), "--root", str(root), *args])
     assert (tmp_path / "o" / "model" / "model.safetensors").is_file()
     assert (tmp_path / "o" / "model" / "tokenizer.json").is_file()
+
+
+def test_a_large_vocabulary_keeps_its_ids_and_its_own_eos(tmp_path: Path) -> None:
+    """A pretrained model's tokenizer (Gemma's: 262,144 ids, EOS "<eos>") tokenizes the corpus as it is: ids past
+    65,535 are not wrapped by uint16, and files end in its own EOS."""
+    assert id_dtype(2**16) is np.uint16 and id_dtype(262_144) is np.uint32
+    assert np.asarray([70_000, 262_143], dtype=id_dtype(262_144)).tolist() == [70_000, 262_143]
+    gguf = tmp_path / "toy.gguf"
+    write_gemma3_gguf(gguf)
+    root = tmp_path / "src"
+    root.mkdir()
+    for i in range(3):
+        (root / f"m{i}.py").write_text(f"def f{i}(self):\n    return self\n")
+    tokenizer = prepare_corpus(CorpusConfig(out=str(tmp_path / "c"), root=str(root), packages=(),
+                                            tokenizer=str(model_folder(gguf))), show=False)  # fmt: skip
+    ids = np.load(tmp_path / "c" / "train.npy")
+    assert tokenizer.eos_token == "<eos>" and ids[-1] == tokenizer.eos_token_id == 1

@@ -75,7 +75,7 @@ def add_parser(sub) -> None:
     )
     p.add_argument("--preset", choices=("default", "quick", "core"), default="default")
     p.add_argument("--quick", action="store_true", help="the same as --preset quick")
-    p.add_argument("--model", default=None, help="a saved BlockwiseLM or transformers folder (default: built-in)")
+    p.add_argument("--model", default=None, help="BlockwiseLM or transformers folder, or GGUF (default: built-in)")
     p.add_argument("--draft", default=None, help="draft model for assisted generation (default: built-in draft)")
     p.add_argument("--prompts", default=None, help="JSON list of prompt texts (default: held-out code)")
     p.add_argument(

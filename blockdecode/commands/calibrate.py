@@ -49,7 +49,7 @@ def add_parser(sub) -> None:
         "acceptance statistics (shipped with a built-in model, else measured on its prompts) and this machine's "
         "cost curve t(q), and caches the fastest for this model, dtype, machine, threads, drafter and k.",
     )
-    p.add_argument("--model", default=DEFAULT_MODEL, help="saved BlockwiseLM or transformers folder")
+    p.add_argument("--model", default=DEFAULT_MODEL, help="saved BlockwiseLM or transformers folder, or a GGUF file")
     p.add_argument("--drafter", choices=DRAFTER_CHOICES, default="auto", help="auto: choose the drafters too")
     p.add_argument("--k", type=positive_int, default=None, help="block size (default: the heads' k)")
     p.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto")

@@ -34,7 +34,6 @@ def run(args: argparse.Namespace) -> None:
     from blockdecode.decoding.adapter import check_prompt
     from blockdecode.decoding.healing import heal_prompts
     from blockdecode.decoding.reference import first_divergence, greedy_generate
-    from blockdecode.loading import has_heads, model_folder
     from blockdecode.model import load
 
     # Settings first: a bad rule or value map is reported before the model takes seconds to load.
@@ -56,10 +55,10 @@ def run(args: argparse.Namespace) -> None:
     model, tokenizer = load(args.model, dtype, args.k, args.head_type)
     if args.eagle3:
         model.attach_eagle3(args.eagle3)
-    if not has_heads(model_folder(args.model)):
-        print(
-            f"note: {args.model} has no trained heads; using untrained {model.config.head_type} heads", file=sys.stderr
-        )
+    if not model.heads_trained and (args.drafter == "auto" or "heads" in args.drafter):
+        auto = args.drafter == "auto"
+        uses = "the default drafts by suffix lookup" if auto else f"these {model.config.head_type} heads are untrained"
+        print(f"note: {args.model} has no trained heads: {uses}", file=sys.stderr)
     ids = check_prompt(model.base, tokenizer(args.prompt, return_tensors="pt").input_ids, args.max_new_tokens)
     seq2seq = is_seq2seq(model.base)  # the output is the decoder's: a translation, not a continuation
     heal = tokenizer if args.heal and not seq2seq else None
@@ -112,7 +111,7 @@ def run(args: argparse.Namespace) -> None:
 def add_parser(sub) -> None:
     p = sub.add_parser("generate", help="complete a prompt with exact blockwise decoding (greedy, or --sample)")
     p.add_argument(
-        "--model", default=DEFAULT_MODEL, help="saved BlockwiseLM or transformers causal-LM folder (default: built-in)"
+        "--model", default=DEFAULT_MODEL, help="saved BlockwiseLM or transformers folder, or GGUF (default: built-in)"
     )
     p.add_argument("--prompt", required=True, help="the text to continue; - reads it from standard input")
     p.add_argument("--max-new-tokens", type=positive_int, default=64)

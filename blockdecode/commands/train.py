@@ -43,7 +43,7 @@ def add_parser(sub) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument(
-        "--base", default=DEFAULT_MODEL, help="transformers causal-LM directory, with its tokenizer (default: built-in)"
+        "--base", default=DEFAULT_MODEL, help="transformers folder with its tokenizer, or GGUF (default: built-in)"
     )
     p.add_argument(
         "--data",

@@ -57,7 +57,7 @@ class CorpusConfig:
         if self.tokenizer is None and not least <= self.vocab_size <= 65536:
             raise ValueError(
                 f"--vocab-size {self.vocab_size} must lie in [{least}, 65536]: the byte-level BPE holds its 256 bytes "
-                "and special tokens before any merge, and the corpus stores ids as uint16"
+                "and special tokens before any merge, and the corpus stores its ids as uint16"
             )
         if not 0 <= self.heldout_fraction < 1:
             raise ValueError(f"heldout_fraction must lie in [0, 1), got {self.heldout_fraction}")
@@ -71,8 +71,14 @@ def split_of(f: SourceFile, fraction: float) -> str:
     return "heldout" if f.source == "stdlib" else "heldout_packages"
 
 
+def id_dtype(vocab_size: int) -> type:
+    """The narrowest unsigned integer that holds every id of a vocabulary: uint16 for the built-in models', uint32
+    for a pretrained model's (Gemma's 262,144), which uint16 would wrap without a word."""
+    return np.uint16 if vocab_size <= 2**16 else np.uint32
+
+
 def prepare_corpus(cfg: CorpusConfig, show: bool = True) -> PreTrainedTokenizerFast:
-    """tokenizer.json and one .npy per split (uint16 token ids, EOS after each file) in cfg.out, and
+    """tokenizer.json and one .npy per split (token ids, `id_dtype`; EOS after each file) in cfg.out, and
     files.json: each split's files, bytes, tokens and bytes per token, which say what a per-token loss
     is worth. Files already there are reused, so a resumed recipe does not redo this."""
     out = Path(cfg.out)
@@ -95,6 +101,9 @@ def prepare_corpus(cfg: CorpusConfig, show: bool = True) -> PreTrainedTokenizerF
     else:
         tokenizer = train_tokenizer((texts[f] for f in files if split[f] == "train"), cfg.vocab_size)
     eos = tokenizer.convert_tokens_to_ids(SPECIAL_TOKENS[0])
+    if SPECIAL_TOKENS[0] not in tokenizer.get_vocab() and tokenizer.eos_token_id is not None:
+        eos = tokenizer.eos_token_id  # a pretrained model's own tokenizer (Gemma's <eos>)
+    kind = id_dtype(len(tokenizer))
     out.mkdir(parents=True, exist_ok=True)
     manifest = {}
     for name in SPLITS:
@@ -103,7 +112,7 @@ def prepare_corpus(cfg: CorpusConfig, show: bool = True) -> PreTrainedTokenizerF
         for start in tqdm(range(0, len(chosen), 64), desc=f"tokenising {name}", disable=not show):
             for row in tokenizer([texts[f] for f in chosen[start : start + 64]]).input_ids:
                 ids += row + [eos]
-        array = np.asarray(ids, dtype=np.uint16)
+        array = np.asarray(ids, dtype=kind)
         atomic_write(out / f"{name}.npy", lambda p, a=array: save_npy(p, a))
         size = sum(len(texts[f].encode()) for f in chosen)
         manifest[name] = {

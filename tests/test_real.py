@@ -1,0 +1,29 @@
+"""The real-model benchmark (benchmarks/real.py), run short on a tiny GGUF written here: every method on code and
+prose windows at a thread count, the default against its parts, the fp32 check, JSON and plot."""
+
+from __future__ import annotations
+
+import json
+
+from conftest import script, write_gemma3_gguf
+
+
+def test_a_short_run_on_a_gguf_writes_every_figure_and_the_plot(tmp_path):
+    gguf = tmp_path / "toy.gguf"
+    write_gemma3_gguf(gguf)
+    out = tmp_path / "real.json"
+    args = ["--gguf", str(gguf), "--code", "2", "--prose", "1", "--prompt-len", "48", "--new-tokens", "8"]
+    report = script("real").main([*args, "--threads", "1", "--no-llama-cpp", "--out", str(out)])
+    part = report["threads"]["1"]
+    assert [r["kind"] for r in part["per_window"]] == ["code", "code", "prose"]
+    summary = part["summary"]
+    assert summary["code"]["windows"] == 2 and summary["prose"]["windows"] == 1 and summary["all"]["windows"] == 3
+    medians = summary["all"]["median_vs_greedy"]
+    assert set(medians) == {"transformers greedy", "transformers prompt lookup", "default", "suffix chain",
+                            "n-gram chain"} and medians["transformers greedy"] == 1.0  # fmt: skip
+    assert 0 < summary["all"]["default_vs_fastest_part"]["worst"] <= summary["all"]["default_vs_fastest_part"]["median"]
+    for row in part["per_window"]:  # fp32 toy: every blockdecode method is greedy's output
+        assert all(row["identical"][m] for m in ("default", "suffix chain", "n-gram chain")), row
+    assert report["fp32_check"] == {"windows": 3, "identical": 3, "departures": []}
+    assert json.loads(out.read_text())["threads"].keys() == {"1"}
+    assert out.with_suffix(".png").stat().st_size > 0
