@@ -139,6 +139,17 @@ def loops(tokens: list[int], prompt: list[int]) -> float:
     return repeated / total if total else 0.0
 
 
+def transformers_methods(base, n: int) -> dict[str, Callable[[Window], object]]:
+    """`transformers`' own greedy and prompt lookup (10 tokens) of `n` new tokens: the baselines of every study."""
+    return {
+        "transformers greedy": lambda w: base.generate(w.ids, attention_mask=torch.ones_like(w.ids), do_sample=False,
+                                                       max_new_tokens=n),
+        "transformers prompt lookup": lambda w: base.generate(w.ids, attention_mask=torch.ones_like(w.ids),
+                                                              do_sample=False, max_new_tokens=n,
+                                                              prompt_lookup_num_tokens=10),
+    }  # fmt: skip
+
+
 def study_code(lm, windows: list[Window], args, corpus: bool) -> dict:
     """(a): every method on every window, best of `args.rounds`; with `corpus`, (b): suffix lookup's default
     with and without the package's other files."""
@@ -146,13 +157,7 @@ def study_code(lm, windows: list[Window], args, corpus: bool) -> dict:
     chosen = ("heads+suffix ranked",) if corpus else tuple(GREEDY_METHODS)
     plans = {name: lm.plan(*GREEDY_METHODS[name][:1], None, GREEDY_METHODS[name][1], prompts=[windows[0].ids])
              for name in chosen}  # fmt: skip
-    methods: dict[str, Callable[[Window], object]] = {
-        "transformers greedy": lambda w: base.generate(w.ids, attention_mask=torch.ones_like(w.ids), do_sample=False,
-                                                       max_new_tokens=n),
-        "transformers prompt lookup": lambda w: base.generate(w.ids, attention_mask=torch.ones_like(w.ids),
-                                                              do_sample=False, max_new_tokens=n,
-                                                              prompt_lookup_num_tokens=10),
-    }  # fmt: skip
+    methods = transformers_methods(base, n)
     for name, plan in plans.items():
         methods[name] = lambda w, plan=plan: lm.generate(w.ids, n, plan=plan, remember=False)
     if corpus:

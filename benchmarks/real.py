@@ -27,7 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from lookup_study import Timed, Window, best_of, code_windows, engine_run, loops, speed, timed
+from lookup_study import Timed, Window, best_of, code_windows, engine_run, loops, speed, timed, transformers_methods
 
 from blockdecode import load
 from blockdecode.bench.methods import Run
@@ -157,13 +157,7 @@ def measure(lm, gguf: Path, windows: list[Window], kinds: list[str], threads: in
     torch.set_num_threads(threads)
     base, n = lm.base, args.new_tokens
     plans = {name: lm.plan(d, None, t, prompts=[windows[0].ids]) for name, (d, t) in BLOCKDECODE.items()}
-    methods: dict[str, Callable[[Window], object]] = {
-        "transformers greedy": lambda w: base.generate(w.ids, attention_mask=torch.ones_like(w.ids),
-                                                       do_sample=False, max_new_tokens=n),
-        "transformers prompt lookup": lambda w: base.generate(w.ids, attention_mask=torch.ones_like(w.ids),
-                                                              do_sample=False, max_new_tokens=n,
-                                                              prompt_lookup_num_tokens=10),
-    }  # fmt: skip
+    methods = transformers_methods(base, n)
     for name, plan in plans.items():
         methods[name] = lambda w, plan=plan: lm.generate(w.ids, n, plan=plan, remember=False)
     if args.llama_cpp and importlib.util.find_spec("llama_cpp") is not None:
