@@ -133,11 +133,12 @@ def gguf_folder(file: Path, dtype: torch.dtype | None = None) -> Path:
     in `dtype` (None: whichever was made before, else fp32). It is checked on every read and remade if
     damaged; a GGUF transformers cannot read is one line naming the file and its architecture."""
     file = file.resolve()
-    if _magic(file) != GGUF_MAGIC:
-        raise CheckpointError(f"{file} is not a GGUF file (it does not begin with the bytes GGUF)")
     stat = file.stat()
     with open(file, "rb") as f:
-        head = hashlib.sha256(f"{stat.st_size}:{stat.st_mtime_ns}:".encode() + f.read(GGUF_HEAD)).hexdigest()[:16]
+        start = f.read(GGUF_HEAD)
+    if start[:4] != GGUF_MAGIC:
+        raise CheckpointError(f"{file} is not a GGUF file (it does not begin with the bytes GGUF)")
+    head = hashlib.sha256(f"{stat.st_size}:{stat.st_mtime_ns}:".encode() + start).hexdigest()[:16]
     source = {"gguf": str(file), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "key": head}
     choices = [dtype] if dtype is not None else [torch.float32, torch.bfloat16]
     folders = [cache_root() / "gguf" / f"{file.stem}-{head}-{dtype_name(d)}" for d in choices]
@@ -428,10 +429,10 @@ def shipped_drafters(base: PreTrainedModel) -> Path | None:
     """The folder of `builtin.SHIPPED_DRAFTERS` whose heads were trained on `base`: same width, and weights whose
     signature matches the one saved with them. None where none was."""
     folders = sorted(p for p in builtin.SHIPPED_DRAFTERS.glob("*") if (p / HEADS_CONFIG).is_file())
+    width = getattr(base.config.get_text_config(decoder=True), "hidden_size", None)
     signature = None
     for folder in folders:
         meta = read_json(folder / HEADS_CONFIG, CheckpointError)
-        width = getattr(base.config.get_text_config(decoder=True), "hidden_size", None)
         if not isinstance(meta, dict) or meta.get("heads", {}).get("hidden_size") != width:
             continue
         signature = weights_signature(base) if signature is None else signature

@@ -67,7 +67,6 @@ class CausalAdapter:
         kinds = set(getattr(text, "layer_types", None) or ("sliding_attention",))
         self.window = getattr(text, "sliding_window", None) if "sliding_attention" in kinds else None
         self.mixed = "full_attention" in kinds  # then a tree's masks go by layer kind, as transformers names them
-        self.sliding = bool(self.window)
         self.calls = 0  # forward passes, prefill included
         self.encoder_calls = 0
         self.read_layers: tuple[int, ...] = ()  # layers whose inputs the drafters read (`features`)
@@ -111,7 +110,7 @@ class CausalAdapter:
     def contiguous(self) -> bool:
         """Whether attention reads where a key sits in the cache, not only the mask (relative
         positions, a sliding window): then each row's valid entries stay contiguous and last."""
-        return self.sliding or not self.takes_positions
+        return bool(self.window) or not self.takes_positions
 
     @torch.inference_mode()
     def keep_paths(self, paths: Sequence[Sequence[int]]) -> None:
