@@ -38,8 +38,16 @@ from blockdecode.decoding.reference import first_divergence
 
 RESULTS = Path(__file__).parent / "results"
 LOOPS = 0.5  # a continuation loops when more than this share of its 4-grams stood before (`repetition.py`)
-BLOCKDECODE = {"default": ("auto", "default"), "suffix chain": ("suffix", None), "n-gram chain": ("ngram", None)}
-PARTS = ("suffix chain", "n-gram chain")  # the default's parts when the model has no trained drafter
+CHAINS = {"suffix chain": "suffix", "n-gram chain": "ngram", "heads chain": "heads", "eagle3 chain": "eagle3"}
+
+
+def blockdecode_methods(lm, ranked: tuple[str, ...] = ()) -> dict[str, tuple[str, str | None]]:
+    """The default, one chain of each drafter the model can use alone (the heads and EAGLE-3 where trained): the
+    parts the default is measured against (`summarize`'s fastest part); and the drafters `ranked` asks for, each
+    set in a ranked tree (candidates for the default)."""
+    usable = {"heads": lm.heads_trained, "eagle3": lm.eagle3 is not None}
+    chains = {name: (d, None) for name, d in CHAINS.items() if usable.get(d, True)}
+    return {"default": ("auto", "default"), **chains, **{f"{spec} ranked": (spec, "expected") for spec in ranked}}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -52,6 +60,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--threads", default="1,2", help="comma-separated thread counts, each timed in turn")
     p.add_argument("--rounds", type=int, default=1, help="interleaved runs of every method; the best is kept")
     p.add_argument("--dtype", choices=("bf16", "fp32"), default="bf16")
+    p.add_argument("--ranked", default="", help="comma-separated drafters, each also decoded in a ranked tree")
     p.add_argument("--fp32-check", action=argparse.BooleanOptionalAction, default=True,
                    help="decode every window in fp32 too: the default must give transformers' fp32 greedy")  # fmt: skip
     p.add_argument(
@@ -156,7 +165,10 @@ def measure(lm, gguf: Path, windows: list[Window], kinds: list[str], threads: in
     """Every method on every window at `threads`: each window's best run of each method, with what it gave."""
     torch.set_num_threads(threads)
     base, n = lm.base, args.new_tokens
-    plans = {name: lm.plan(d, None, t, prompts=[windows[0].ids]) for name, (d, t) in BLOCKDECODE.items()}
+    ranked = tuple(spec for spec in args.ranked.split(",") if spec)
+    plans = {
+        name: lm.plan(d, None, t, prompts=[windows[0].ids]) for name, (d, t) in blockdecode_methods(lm, ranked).items()
+    }
     methods = transformers_methods(base, n)
     for name, plan in plans.items():
         methods[name] = lambda w, plan=plan: lm.generate(w.ids, n, plan=plan, remember=False)
@@ -208,9 +220,11 @@ def summarize(rows: list[dict]) -> dict:
         for m in methods:
             s["median_vs_greedy"][m] = statistics.median(r["speedup"][m] for r in chosen)
         tps = [r["tokens_per_second"] for r in chosen]
+        parts = [m for m in methods if m in CHAINS]
         s["default_vs_fastest_part"] = {
-            "median": statistics.median(t["default"] / max(t[p] for p in PARTS) for t in tps),
-            "worst": min(t["default"] / max(t[p] for p in PARTS) for t in tps),
+            "median": statistics.median(t["default"] / max(t[p] for p in parts) for t in tps),
+            "worst": min(t["default"] / max(t[p] for p in parts) for t in tps),
+            "at_least_0.95": sum(t["default"] >= 0.95 * max(t[p] for p in parts) for t in tps),
         }
         s["default_vs_prompt_lookup"] = statistics.median(t["default"] / t["transformers prompt lookup"] for t in tps)
         for engine in ("llama.cpp greedy", "llama.cpp prompt lookup"):
@@ -285,6 +299,9 @@ def main(argv: list[str] | None = None) -> dict:
     kinds = ["code"] * args.code + ["prose"] * args.prose
     report = {"model": gguf.name, "cpu": cpu_name(), "dtype": dtype_name(dtype), "prompt_len": args.prompt_len,
               "new_tokens": args.new_tokens, "rounds": args.rounds, "threads": {}}  # fmt: skip
+    default = lm.plan("auto", None, "default", prompts=[windows[0].ids])
+    report["drafters"] = {"shipped": lm.heads_trained or lm.eagle3 is not None, "default": default.drafter_name,
+                          "k": default.k}  # fmt: skip
     for threads in [int(t) for t in args.threads.split(",")]:
         costs = call_costs(lm, gguf, windows[0].ids, threads, args.llama_cpp)
         print(f"  {threads} thread(s), ms a call of q tokens: {costs}", flush=True)

@@ -5,7 +5,8 @@
 # pydoc_data's topics), on its cached decoder outputs. The base is read from the GGUF (dequantized once, fp32).
 # CPU budget on 2 cores: the corpus 1 minute; distillation (2,048 prompts x 96 tokens, the base in fp32 over a
 # 262k vocabulary) ran at 15-17 tokens/s beside other work, about 3 hours (2 alone); the feature cache and 1,500
-# steps are estimated at 40 minutes more. Then SHIP=1 copies the heads (bf16, about 3 MB) into
+# steps are estimated at 40 minutes more. An EAGLE-3 drafter (one layer, the same draft vocabulary) is trained
+# beside the heads on the same distilled rows (the cache is shared). SHIP=1 copies both (bf16, about 25 MB) into
 # blockdecode/builtin/drafters/gemma3-270m, where `load()` of that GGUF finds them by the base's weights.
 # Resumable: run it again after an interruption; finished stages are skipped, a stopped one continues.
 #
@@ -32,15 +33,23 @@ prepare_corpus(CorpusConfig(out='$RUNS/corpus', tokenizer=str(model_folder('$GGU
   --feature-cache "$RUNS/features" --distill-prompts 2048 --distill-new-tokens 96 --distill-batch-size 32 \
   --distill-cache "$RUNS/distill-cache" --eval-prompts 8 --eval-new-tokens 64 --resume
 
-# 3. Shipped: the heads alone in bf16, with Gemma's terms named beside them.
+# 3. EAGLE-3 beside those heads, on the same distilled rows and the inputs of three of the base's layers.
+[ -f "$RUNS/eagle3/blockdecode.json" ] || $BD train --base "$RUNS/heads" --data "$RUNS/corpus/train.npy" \
+  --out "$RUNS/eagle3" --head-type eagle3 --mode distill --k 8 --draft-vocab 4096 \
+  --steps 1500 --batch-size 8 --seq-len 128 --lr 2e-3 --warmup-steps 50 --eval-every 250 --checkpoint-every 50 \
+  --feature-cache "$RUNS/features" --distill-prompts 2048 --distill-new-tokens 96 --distill-batch-size 32 \
+  --distill-cache "$RUNS/distill-cache" --eval-prompts 8 --eval-new-tokens 64 --resume
+
+# 4. Shipped: the heads and the EAGLE-3 drafter in bf16 (never the base), with Gemma's terms named beside them.
 if [ "${SHIP:-0}" = 1 ]; then
-  .venv/bin/python - "$RUNS/heads" blockdecode/builtin/drafters/gemma3-270m <<'PY'
+  .venv/bin/python - "$RUNS/eagle3" blockdecode/builtin/drafters/gemma3-270m <<'PY'
 import sys
 from pathlib import Path
 import torch
 from blockdecode import BlockwiseLM
 lm = BlockwiseLM.from_pretrained(sys.argv[1], dtype=torch.bfloat16)
 lm.heads.to(torch.bfloat16)
+lm.eagle3.to(torch.bfloat16)
 lm.base_location = None  # the user's own copy of the GGUF is what they attach to
 lm.save_pretrained(sys.argv[2], save_base=False)
 Path(sys.argv[2], "NOTICE").write_text(

@@ -333,6 +333,18 @@ def test_a_drafter_is_asked_one_token_past_the_deepest_its_nodes_were_kept_latel
     assert ranker.reach("heads", 6) == 1
 
 
+def test_a_drafter_whose_whole_reach_stood_is_asked_twice_as_deep_next():
+    match = [Source("suffix", ("match", 8), 0.9)] * 16
+    ranker = Ranker({1: 1.0, 16: 1.1, 64: 2.0})  # each node nearly free: the tree keeps all it is offered
+    ranker.tree([Scored(list(range(1, 5)), match[:4])], cap=64)  # a lookup asked 4 deep, as reach allowed
+    assert ranker.reach("suffix", 16) == 5
+    ranker.observe([0, 1, 2, 3, 4])  # all 4 stood: the match goes on, and is followed at once, not a token a call
+    assert ranker.reach("suffix", 16) == 9
+    ranker.tree([Scored(list(range(1, 9)), match[:8])], cap=64)
+    ranker.observe([0, 1, 2])  # a miss: one past the deepest kept, as before
+    assert ranker.reach("suffix", 16) == 9
+
+
 def test_the_next_sequence_starts_from_what_the_last_learnt_of_each_drafters_time_and_yield():
     ranking = Ranking(tuple(FLAT.items()))
     first = ranking.start()

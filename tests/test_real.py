@@ -13,17 +13,18 @@ def test_a_short_run_on_a_gguf_writes_every_figure_and_the_plot(tmp_path):
     write_gemma3_gguf(gguf)
     out = tmp_path / "real.json"
     args = ["--gguf", str(gguf), "--code", "2", "--prose", "1", "--prompt-len", "48", "--new-tokens", "8"]
-    report = script("real").main([*args, "--threads", "1", "--no-llama-cpp", "--out", str(out)])
+    report = script("real").main([*args, "--threads", "1", "--no-llama-cpp", "--ranked", "ngram", "--out", str(out)])
+    assert report["drafters"] == {"shipped": False, "default": "suffix", "k": 16}  # a GGUF no drafter was shipped for
     part = report["threads"]["1"]
     assert [r["kind"] for r in part["per_window"]] == ["code", "code", "prose"]
     summary = part["summary"]
     assert summary["code"]["windows"] == 2 and summary["prose"]["windows"] == 1 and summary["all"]["windows"] == 3
     medians = summary["all"]["median_vs_greedy"]
     assert set(medians) == {"transformers greedy", "transformers prompt lookup", "default", "suffix chain",
-                            "n-gram chain"} and medians["transformers greedy"] == 1.0  # fmt: skip
+                            "n-gram chain", "ngram ranked"} and medians["transformers greedy"] == 1.0  # fmt: skip
     assert 0 < summary["all"]["default_vs_fastest_part"]["worst"] <= summary["all"]["default_vs_fastest_part"]["median"]
     for row in part["per_window"]:  # fp32 toy: every blockdecode method is greedy's output
-        assert all(row["identical"][m] for m in ("default", "suffix chain", "n-gram chain")), row
+        assert all(row["identical"][m] for m in ("default", "suffix chain", "n-gram chain", "ngram ranked")), row
     assert report["fp32_check"] == {"windows": 3, "identical": 3, "departures": []}
     assert json.loads(out.read_text())["threads"].keys() == {"1"}
     assert out.with_suffix(".png").stat().st_size > 0

@@ -196,6 +196,7 @@ class Ranker:
         self.yields: dict[str, float] = {}  # each drafter's accepted proposals, lately, per token the others left
         self._asked: tuple[str, float, float] | None = None  # (drafter, expected tokens without it, most)
         self._reach: dict[str, float] = {}  # the deepest each drafter's nodes were kept, lately
+        self._deepest: dict[str, int] = {}  # the last tree's deepest node of each drafter
         self._last: tuple[tuple, int, tuple] | None = None  # this call's last ranking: its candidates, cap, result
 
     def seconds(self, q: int) -> float:
@@ -238,13 +239,15 @@ class Ranker:
             deepest[decisive.drafter] = max(deepest.get(decisive.drafter, 0), tree.depths[-1])
         for drafter, depth in deepest.items():  # what this call's tree used of each drafter's offer
             self._reach[drafter] = max(depth, _REACH_DECAY * self._reach.get(drafter, depth))
+        self._deepest = deepest
         self.sizes.append(len(tree))
         return tree
 
     def reach(self, drafter: str, depth: int) -> int:
         """How many tokens deep to ask `drafter` for this call: one past the deepest its nodes were kept
-        lately, at most `depth` (all of it at first). Trees seldom keep a lattice's long shots, and a
-        drafter asked for fewer tokens may do less work (the heads read fewer weights)."""
+        lately, at most `depth` (all of it at first); twice that depth after a call that accepted it all,
+        so a long match is followed at once, not a token a call. Trees seldom keep a lattice's long shots,
+        and a drafter asked for fewer tokens may do less work (the heads read fewer weights)."""
         known = self._reach.get(drafter)
         return depth if known is None else min(depth, int(known) + 1)
 
@@ -425,6 +428,10 @@ class Ranker:
             # from 1, a fifth of the way a call: one miss is no verdict
             self.yields[drafter] = (1 - _LEARN) * self.yields.get(drafter, 1.0) + _LEARN * added
             self._asked = None
+        for drafter, depth in self._deepest.items():  # all it was asked for stood: ask it twice as deep
+            if 0 < depth <= len(path) - 1:
+                self._reach[drafter] = max(self._reach.get(drafter, 0.0), 2.0 * depth)
+        self._deepest = {}
         self.estimates.forget()
         for i, (parent, source) in enumerate(self._kept, start=1):
             if parent in stood:  # one trial of the source whose estimate placed it: a long shot merged with
