@@ -396,3 +396,15 @@ def test_a_variant_the_layer_does_not_compute_is_refused_and_an_own_embedding_is
     save_file({**tensors, "embed_tokens.weight": own}, str(folder / "model.safetensors"))
     drafter = Eagle3Drafter(Eagle3.load(folder), torch.nn.Embedding(512, own.shape[1]))
     assert torch.equal(drafter.embed.weight, own)
+
+
+def test_a_drafter_trains_beside_heads_saved_apart_from_their_base(tiny_base, tmp_path) -> None:
+    """`--base` a heads folder whose base lives elsewhere (a GGUF's, or any saved with save_base=False): the base
+    is the one it names, and the drafter lands beside those heads."""
+    heads = tmp_path / "heads"
+    BlockwiseLM.from_pretrained(tiny_base.dir, k=4).save_pretrained(heads, save_base=False)
+    cfg = make_cfg(tiny_base, tmp_path / "e3", base=str(heads), head_type="eagle3", steps=2, eval_every=100)
+    model = train(cfg)
+    assert model.eagle3 is not None and Path(model.base_location) == Path(tiny_base.dir).resolve()
+    again = BlockwiseLM.from_pretrained(tmp_path / "e3")
+    assert again.eagle3 is not None and again.k == 4

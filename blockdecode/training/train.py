@@ -25,7 +25,7 @@ from blockdecode.decoding.loop import decode_prompts
 from blockdecode.decoding.plan import make_plan
 from blockdecode.decoding.rules import greedy_rules
 from blockdecode.drafters.heads import most_frequent
-from blockdecode.loading import HEADS_CONFIG, load_base, load_tokenizer
+from blockdecode.loading import HEADS_CONFIG, has_heads, load_base, load_tokenizer, read_model
 from blockdecode.model import BlockwiseLM
 from blockdecode.training import loop as training
 from blockdecode.training.config import TrainConfig
@@ -92,7 +92,11 @@ def evaluate(objective: Objective, held_out: torch.LongTensor, cfg: TrainConfig,
 
 def base_and_tokenizer(cfg: TrainConfig) -> tuple[PreTrainedModel, object]:
     """The base model in fp32 and its tokenizer: None if the folder holds none (transformers saves
-    one with tokenizer_config.json), refused by name if it is damaged."""
+    one with tokenizer_config.json), refused by name if it is damaged. A saved BlockwiseLM's base is
+    the one it names, wherever it is (heads saved apart from their base, a GGUF's)."""
+    if has_heads(cfg.base):
+        saved = read_model(cfg.base, dtype=torch.float32)
+        return saved.base, saved.tokenizer
     base = load_base(cfg.base, torch.float32)
     folder = Path(cfg.base)
     saved = any((folder / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json"))
