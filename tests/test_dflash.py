@@ -1,0 +1,138 @@
+"""The DFlash block drafter: exact decoding with it on every toy causal architecture (chain, tree, ranked tree,
+batch, sampling), and its training objective's blocks."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+import torch
+from conftest import NO_EOS, assert_greedy_equal, hf_greedy, make_prompt, vocab_size
+from test_batch import RANKED, causal_batch, check_rows
+from test_eagle3 import greedy_rows
+from test_sampling import BUDGET, PROMPT, SETTINGS, SHOWN, homogeneity, reference, small
+
+from blockdecode import NgramDrafter, decode, make_plan
+from blockdecode.core.hf import layer_inputs
+from blockdecode.core.toy import TOY_ARCHITECTURES, toy_model
+from blockdecode.decoding.sampling import sampling_settings
+from blockdecode.drafters.dflash.config import config_for
+from blockdecode.drafters.dflash.drafting import DFlashDrafter
+from blockdecode.drafters.dflash.model import DFlash
+
+K = 6
+BLOCK = 6
+
+
+@torch.no_grad()
+def base_argmax(base, rows: torch.LongTensor, layers) -> tuple[torch.Tensor, torch.Tensor]:
+    with layer_inputs(base, layers) as aux:
+        logits = base(input_ids=rows).logits
+    return aux[0].float(), logits.argmax(-1)
+
+
+def fitted(base, steps: int = 80, draft_vocab: int = 0, seed: int = 0, layers: int = 1, shared: bool = False) -> DFlash:
+    """A drafter trained briefly on the base's greedy text, so that its blocks often stand, and sometimes do not."""
+    torch.manual_seed(seed)
+    vocab = vocab_size(base)
+    shape = config_for(base, draft_vocab or vocab, vocab - 1, block_size=BLOCK, layers=layers, shared_head=shared)
+    drafter = DFlash(shape)
+    rows = greedy_rows(base)
+    if draft_vocab:
+        drafter.set_vocabulary(rows.flatten().bincount(minlength=vocab).topk(draft_vocab).indices)
+    features, argmax = base_argmax(base, rows, drafter.config.target_layer_ids)
+    optimizer = torch.optim.Adam(drafter.parameters(), lr=3e-3)
+    generator = torch.Generator().manual_seed(seed)
+    for _ in range(steps):
+        loss, _ = drafter.loss(base, features, rows, argmax, anchors=8, gamma=4.0, generator=generator)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    return drafter.eval()
+
+
+def drafter_for(base, **kw) -> DFlashDrafter:
+    return DFlashDrafter(fitted(base, **kw), base)
+
+
+@pytest.mark.parametrize("arch", TOY_ARCHITECTURES)
+def test_chain_and_trees_are_transformers_greedy(arch: str) -> None:
+    base = toy_model(arch, layers=4)
+    model = fitted(base)
+    blocks = []
+    for seed in (0, 1, 99):  # two prompts it learnt, one it did not
+        ids = make_prompt(10, 512, seed=seed)
+        ref = hf_greedy(base, ids, 64, eos_token_id=NO_EOS)
+        for tree in (None, 12):
+            plan = make_plan(base, DFlashDrafter(model, base), K, tree, eos_token_id=NO_EOS)
+            out = decode(base, ids, 64, plan)
+            assert_greedy_equal(base, ids, out.sequences, ref, what=f"{arch} tree={tree} seed {seed}")
+            blocks += zip(out.stats.block_sizes, out.stats.verified) if tree is None else []
+        drafters = [NgramDrafter(), DFlashDrafter(model, base)]
+        out = decode(base, ids, 64, make_plan(base, drafters, K, 16, eos_token_id=NO_EOS, ranking=RANKED))
+        assert_greedy_equal(base, ids, out.sequences, ref, what=f"{arch} ranked seed {seed}")
+    assert max(b for b, _ in blocks) >= 3, "the drafter should be right for several tokens at times"
+    assert any(b < v for b, v in blocks), "and wrong at others"
+
+
+def test_a_batch_is_transformers_batched_greedy() -> None:
+    model, prompts, ids, mask, ref = causal_batch("llama", new=24)
+    plan = make_plan(model, drafter_for(model, layers=2), K, eos_token_id=NO_EOS)
+    out = decode(model, ids, 24, plan, attention_mask=mask)
+    check_rows(model, prompts, mask, out.sequences, ref, what="dflash batch")
+    assert max(b for s in out.row_stats for b in s.block_sizes) > 1
+
+
+def test_a_draft_vocabulary_maps_back_to_the_bases_ids() -> None:
+    base = toy_model("llama", layers=4)
+    ids = make_prompt(10, 512, seed=2)
+    plan = make_plan(base, drafter_for(base, draft_vocab=64), K, eos_token_id=NO_EOS)
+    out = decode(base, ids, 32, plan)
+    assert_greedy_equal(base, ids, out.sequences, hf_greedy(base, ids, 32, eos_token_id=NO_EOS))
+    assert out.stats.mean_block_size > 1.2
+
+
+def test_sampling_matches_transformers_in_distribution() -> None:
+    model = small()
+    setting = "t1.3-k5-p0.8"
+    sampling = sampling_settings(model, True, **SETTINGS[setting])
+    plan = make_plan(model, drafter_for(model, steps=40), 3, sampling=sampling)
+    generator, samples = torch.Generator().manual_seed(0), Counter()
+    for _ in range(600):
+        new = decode(model, PROMPT, BUDGET[setting], plan, generator=generator).sequences[0, PROMPT.shape[1] :]
+        samples[tuple((new.tolist() + [1] * SHOWN)[:SHOWN])] += 1  # as transformers pads a finished row
+    assert homogeneity(samples, reference(setting)) > 1e-3
+
+
+def test_one_pass_guesses_what_each_block_of_the_training_pass_does() -> None:
+    """Drafting's pass (context entries, then one block) and training's (every block at once, block-sparse)
+    compute the same logits for the same anchor: the masks keep each block to its own context."""
+    base = toy_model("llama", layers=4)
+    model = fitted(base, steps=5)
+    rows = greedy_rows(base)[:1]
+    features, _ = base_argmax(base, rows, model.config.target_layer_ids)
+    embed = base.get_input_embeddings()
+    with torch.no_grad():
+        for a in (5, 20, 40):
+            context = model.context(features[:, :a], torch.arange(a)[None])
+            embeds, positions = model.blocks(embed, rows, torch.tensor([[a]]))
+            alone = model(embeds, positions, context)
+            starts = torch.tensor([[3, a, 50]])
+            embeds, positions = model.blocks(embed, rows, starts)
+            length = rows.shape[1]
+            full = model.context(features, torch.arange(length)[None])
+            block = torch.arange(3).repeat_interleave(BLOCK)
+            sees = torch.arange(length) < starts.repeat_interleave(BLOCK, dim=1)[..., None]
+            mask = torch.cat([sees, (block[:, None] == block[None, :])[None]], dim=-1)[:, None]
+            together = model(embeds, positions, full, mask)[:, BLOCK : 2 * BLOCK]
+            torch.testing.assert_close(together, alone, atol=1e-5, rtol=1e-4)
+
+
+def test_a_drafter_sharing_the_bases_output_layer_drafts_over_its_vocabulary() -> None:
+    base = toy_model("qwen2", layers=4)
+    model = fitted(base, shared=True)
+    assert not hasattr(model, "lm_head")  # z-lab's design: the base's output layer, not a copy
+    ids = make_prompt(10, 512, seed=1)
+    out = decode(base, ids, 32, make_plan(base, DFlashDrafter(model, base), K, eos_token_id=NO_EOS))
+    assert_greedy_equal(base, ids, out.sequences, hf_greedy(base, ids, 32, eos_token_id=NO_EOS))
+    assert out.stats.mean_block_size > 1.2
