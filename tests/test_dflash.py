@@ -3,17 +3,23 @@ batch, sampling), and its training objective's blocks."""
 
 from __future__ import annotations
 
+import json
+import shutil
 from collections import Counter
+from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import torch
 from conftest import NO_EOS, assert_greedy_equal, hf_greedy, make_prompt, vocab_size
+from safetensors.torch import load_file, save_file
 from test_batch import RANKED, causal_batch, check_rows
 from test_eagle3 import greedy_rows
 from test_sampling import BUDGET, PROMPT, SETTINGS, SHOWN, homogeneity, reference, small
 
-from blockdecode import NgramDrafter, decode, make_plan
+from blockdecode import BlockwiseLM, NgramDrafter, decode, make_plan
 from blockdecode.core.hf import layer_inputs
+from blockdecode.core.io import CheckpointError
 from blockdecode.core.toy import TOY_ARCHITECTURES, toy_model
 from blockdecode.decoding.sampling import sampling_settings
 from blockdecode.drafters.dflash.config import config_for
@@ -136,3 +142,76 @@ def test_a_drafter_sharing_the_bases_output_layer_drafts_over_its_vocabulary() -
     out = decode(base, ids, 32, make_plan(base, DFlashDrafter(model, base), K, eos_token_id=NO_EOS))
     assert_greedy_equal(base, ids, out.sequences, hf_greedy(base, ids, 32, eos_token_id=NO_EOS))
     assert out.stats.mean_block_size > 1.2
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory) -> tuple[BlockwiseLM, Path]:
+    base = toy_model("llama", layers=4)
+    lm = BlockwiseLM.from_base(base, k=K)
+    lm.attach_dflash(fitted(base, steps=30))
+    folder = tmp_path_factory.mktemp("dflash") / "model"
+    lm.save_pretrained(folder)
+    return lm, folder
+
+
+def test_a_saved_model_keeps_its_drafter_and_decodes_with_it_by_name(saved) -> None:
+    lm, folder = saved
+    again = BlockwiseLM.from_pretrained(folder)
+    assert again.dflash is not None and again.dflash.config == lm.dflash.config
+    for name, t in lm.dflash.state_dict().items():
+        assert torch.equal(t, again.dflash.state_dict()[name]), name
+    ids = make_prompt(10, 512, seed=0)
+    out = again.generate(ids, 32, drafter="dflash", k=K, tree=None, eos_token_id=NO_EOS)
+    assert_greedy_equal(again.base, ids, out.sequences, hf_greedy(again.base, ids, 32, eos_token_id=NO_EOS))
+    assert out.stats.mean_block_size > 1.2
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_both_layouts_read_back_what_they_wrote(tmp_path, shared: bool) -> None:
+    base = toy_model("llama", layers=4)
+    model = fitted(base, steps=2, draft_vocab=0 if shared else 64, shared=shared)
+    layout = "dflash" if shared else "speculators"
+    model.save(tmp_path / layout, layout)
+    config = json.loads((tmp_path / layout / "config.json").read_text())
+    if shared:  # z-lab's ids are layers' outputs: vLLM's input id L is z-lab's L - 1
+        assert config["dflash_config"]["target_layer_ids"] == [i - 1 for i in model.config.target_layer_ids]
+        assert config["architectures"] == ["DFlashDraftModel"] and config["num_target_layers"] == 4
+    else:
+        assert config["speculators_model_type"] == "dflash" and config["draft_vocab_size"] == 64
+    again = DFlash.load(tmp_path / layout)
+    assert replace(again.config, verifier={}) == replace(model.config, verifier={})
+    for name, t in model.state_dict().items():
+        assert torch.equal(t, again.state_dict()[name]), name
+
+
+@pytest.mark.parametrize(
+    ("damage", "match"),
+    [
+        (lambda f: (f / "config.json").unlink(), "config.json is missing"),
+        (lambda f: (f / "config.json").write_text("{"), "config.json is corrupt"),
+        (lambda f: (f / "model.safetensors").write_bytes(b"\0" * 10), "corrupt or truncated"),
+        (lambda f: _edit(f, lambda t: t.pop("norm.weight")), "lacks the tensor norm.weight"),
+        (lambda f: _edit(f, lambda t: t.update({"fc.weight": t["fc.weight"][:, :3].clone()})), "fc.weight has"),
+        (lambda f: _edit(f, lambda t: t["norm.weight"].fill_(float("nan"))), "not finite"),
+    ],
+)
+def test_a_damaged_drafter_is_refused_in_one_line(saved, tmp_path, damage, match) -> None:
+    _, folder = saved
+    copy = tmp_path / "copy"
+    shutil.copytree(folder, copy)
+    damage(copy / "dflash")
+    with pytest.raises(CheckpointError, match=match):
+        BlockwiseLM.from_pretrained(copy)
+
+
+def _edit(folder: Path, change) -> None:
+    tensors = load_file(str(folder / "model.safetensors"))
+    change(tensors)
+    save_file(tensors, str(folder / "model.safetensors"))
+
+
+def test_a_drafter_for_another_base_is_refused(saved) -> None:
+    lm, folder = saved
+    other = BlockwiseLM.from_base(toy_model("llama", layers=4, width=96), k=K)
+    with pytest.raises(CheckpointError, match="the DFlash drafter was built for an embedding width of 64"):
+        other.attach_dflash(folder / "dflash")

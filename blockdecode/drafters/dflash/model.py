@@ -14,11 +14,16 @@ block-sparse mask, against the base's own greedy continuation from each anchor."
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import torch
 import torch.nn.functional as F
+from safetensors.torch import save_file
 from torch import nn
 
-from blockdecode.drafters.dflash.config import DFlashConfig
+from blockdecode.core.io import CheckpointError, read_tensors, saving_folder, write_text
+from blockdecode.drafters.dflash.config import CONFIG, WEIGHTS, DFlashConfig
 from blockdecode.drafters.eagle3.model import MLP, RMSNorm, rotary, rotate
 
 
@@ -176,3 +181,60 @@ class DFlash(nn.Module):
         loss = (losses * weights).sum() / (known * weights).sum().clamp(min=1e-9)
         right = ((logits.argmax(-1) == targets) & (targets >= 0)).sum((0, 1)).float()
         return loss, torch.stack([right, known.sum((0, 1))], dim=-1).detach().cpu()
+
+    def files(self, layout: str | None = None, dtype: torch.dtype | None = None) -> tuple[dict, dict]:
+        """The tensors and config.json of `layout`: "dflash" (z-lab's: no vocabulary map, the base's output layer)
+        or "speculators"; by default z-lab's where the drafter shares the base's output layer."""
+        layout = layout or ("dflash" if self.config.shared_head else "speculators")
+        config = self.config.zlab() if layout == "dflash" else self.config.speculators()
+        tensors = {}
+        for name, t in self.state_dict().items():
+            if layout == "dflash" and name in ("d2t", "t2d"):
+                continue
+            t = t.detach().cpu()
+            tensors[name] = (t.to(dtype) if dtype is not None and t.is_floating_point() else t).contiguous()
+        return tensors, config
+
+    def save(self, folder: str | Path, layout: str | None = None, dtype: torch.dtype | None = None) -> None:
+        """config.json and model.safetensors in `layout` (`files`), written as a whole."""
+        with saving_folder(Path(folder), CONFIG) as staging:
+            tensors, config = self.files(layout, dtype)
+            save_file(tensors, str(staging / WEIGHTS), metadata={"format": "pt"})
+            write_text(staging / CONFIG, json.dumps(config, indent=2) + "\n")
+
+    @classmethod
+    def load(cls, folder: str | Path, dtype: torch.dtype | None = None) -> DFlash:
+        """A drafter saved in either layout (`save`, z-lab's checkpoints, or speculators'); a missing or damaged
+        file, a missing tensor or a wrong shape refused in one line naming the file."""
+        folder = Path(folder)
+        config_path, weights = folder / CONFIG, folder / WEIGHTS
+        try:
+            raw = json.loads(config_path.read_text())
+        except FileNotFoundError as err:
+            raise CheckpointError(f"{config_path} is missing: not a saved DFlash drafter") from err
+        except (json.JSONDecodeError, UnicodeDecodeError) as err:
+            raise CheckpointError(f"{config_path} is corrupt: {err}") from err
+        drafter = cls(DFlashConfig.from_json(raw, config_path))
+        state = read_tensors(weights)
+        if drafter.config.shared_head:  # z-lab's layout: the base's ids throughout
+            state = {**state, "d2t": drafter.d2t, "t2d": drafter.t2d}
+        state.pop("embed_tokens.weight", None)  # speculators' copy of the base's own, which is shared here
+        expected = drafter.state_dict()
+        for name, t in expected.items():
+            if name not in state:
+                raise CheckpointError(f"{weights} lacks the tensor {name}")
+            if state[name].shape != t.shape:
+                raise CheckpointError(
+                    f"{weights}: {name} has shape {list(state[name].shape)}, its config says {list(t.shape)}"
+                )
+        extra = sorted(set(state) - set(expected))
+        if extra:
+            raise CheckpointError(f"{weights} holds tensors a DFlash drafter does not: {', '.join(extra[:3])}")
+        if not all(t.isfinite().all() for t in state.values() if t.is_floating_point()):
+            raise CheckpointError(f"{weights} holds weights that are not finite (NaN or inf)")
+        d2t = state["d2t"].long()
+        targets = torch.arange(len(d2t)) + d2t
+        if targets.min() < 0 or targets.max() >= drafter.config.vocab_size:
+            raise CheckpointError(f"{weights}: d2t maps draft ids outside the base's vocabulary")
+        drafter.load_state_dict({**state, "d2t": d2t, "t2d": state["t2d"].bool()})
+        return drafter.to(dtype) if dtype is not None else drafter
