@@ -11,11 +11,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import NO_EOS, assert_greedy_equal, hf_greedy, make_prompt, vocab_size
+from conftest import NO_EOS, assert_greedy_equal, hf_greedy, make_cfg, make_prompt, vocab_size
 from safetensors.torch import load_file, save_file
 from test_batch import RANKED, causal_batch, check_rows
 from test_eagle3 import greedy_rows
 from test_sampling import BUDGET, PROMPT, SETTINGS, SHOWN, homogeneity, reference, small
+from test_train import Killed, kill_at
 
 from blockdecode import BlockwiseLM, NgramDrafter, decode, make_plan
 from blockdecode.core.hf import layer_inputs
@@ -25,6 +26,8 @@ from blockdecode.decoding.sampling import sampling_settings
 from blockdecode.drafters.dflash.config import config_for
 from blockdecode.drafters.dflash.drafting import DFlashDrafter
 from blockdecode.drafters.dflash.model import DFlash
+from blockdecode.training.dflash import mask_token
+from blockdecode.training.train import train
 
 K = 6
 BLOCK = 6
@@ -37,13 +40,13 @@ def base_argmax(base, rows: torch.LongTensor, layers) -> tuple[torch.Tensor, tor
     return aux[0].float(), logits.argmax(-1)
 
 
-def fitted(base, steps: int = 80, draft_vocab: int = 0, seed: int = 0, layers: int = 1, shared: bool = False) -> DFlash:
+def fitted(base, steps=80, draft_vocab=0, seed=0, layers=1, shared=False, rows=None) -> DFlash:
     """A drafter trained briefly on the base's greedy text, so that its blocks often stand, and sometimes do not."""
     torch.manual_seed(seed)
     vocab = vocab_size(base)
     shape = config_for(base, draft_vocab or vocab, vocab - 1, block_size=BLOCK, layers=layers, shared_head=shared)
     drafter = DFlash(shape)
-    rows = greedy_rows(base)
+    rows = greedy_rows(base) if rows is None else rows
     if draft_vocab:
         drafter.set_vocabulary(rows.flatten().bincount(minlength=vocab).topk(draft_vocab).indices)
     features, argmax = base_argmax(base, rows, drafter.config.target_layer_ids)
@@ -83,7 +86,7 @@ def test_chain_and_trees_are_transformers_greedy(arch: str) -> None:
 
 def test_a_batch_is_transformers_batched_greedy() -> None:
     model, prompts, ids, mask, ref = causal_batch("llama", new=24)
-    plan = make_plan(model, drafter_for(model, layers=2), K, eos_token_id=NO_EOS)
+    plan = make_plan(model, drafter_for(model, layers=2, rows=ref), K, eos_token_id=NO_EOS)  # learnt its text
     out = decode(model, ids, 24, plan, attention_mask=mask)
     check_rows(model, prompts, mask, out.sequences, ref, what="dflash batch")
     assert max(b for s in out.row_stats for b in s.block_sizes) > 1
@@ -215,3 +218,35 @@ def test_a_drafter_for_another_base_is_refused(saved) -> None:
     other = BlockwiseLM.from_base(toy_model("llama", layers=4, width=96), k=K)
     with pytest.raises(CheckpointError, match="the DFlash drafter was built for an embedding width of 64"):
         other.attach_dflash(folder / "dflash")
+
+
+# ------------------------------------------------------------------------------------------- training
+
+
+@pytest.mark.parametrize("draft_vocab", [0, 64])
+def test_training_resumes_exactly_and_saves_a_model_that_decodes(tiny_base, tmp_path, draft_vocab: int) -> None:
+    kw = dict(head_type="dflash", mode="distill", draft_vocab=draft_vocab, k=5, steps=8, checkpoint_every=4)
+    kw |= dict(log_every=1, eval_every=100, anchors=4, feature_cache=str(tmp_path / "features"))
+    a, b = tmp_path / "a", tmp_path / "b"
+    train(make_cfg(tiny_base, a, **kw))
+    with pytest.raises(Killed):
+        train(make_cfg(tiny_base, b, **kw), callback=kill_at(6))
+    train(make_cfg(tiny_base, b, resume=True, **kw))
+    first, resumed = (load_file(str(out / "dflash" / "model.safetensors")) for out in (a, b))
+    for name, t in first.items():
+        torch.testing.assert_close(resumed[name], t, atol=1e-6, rtol=0, msg=name)
+    loaded = BlockwiseLM.from_pretrained(a)
+    shape = loaded.dflash.config
+    assert shape.block_size == 5 and shape.shared_head == (not draft_vocab)
+    assert shape.draft_vocab_size == (draft_vocab or vocab_size(loaded.base))
+    ids = tiny_base.sequences[:1, :16]
+    out = loaded.generate(ids, 24, drafter="dflash", tree=None, eos_token_id=NO_EOS)
+    assert_greedy_equal(loaded.base, ids, out.sequences, hf_greedy(loaded.base, ids, 24, eos_token_id=NO_EOS))
+    record = json.loads((a / "blockdecode.json").read_text())["training"]
+    assert record["head_type"] == "dflash" and record["steps"] == 8 and (a / "training.png").is_file()
+
+
+def test_the_mask_is_an_id_the_rows_never_use() -> None:
+    rows = torch.tensor([[0, 1, 2, 3, -1], [3, 2, 1, 0, 5]])
+    assert mask_token(rows, 8) == 7  # 4, 6 and 7 are unused: the highest
+    assert mask_token(torch.arange(8)[None].repeat(2, 1), 8) == 7  # all used as often

@@ -102,15 +102,14 @@ class DFlashConfig:
         }
 
     def zlab(self) -> dict:
-        """z-lab's config.json (`DFlashDraftModel`: the base's output layer, its layers' outputs as ids, so
-        vLLM's id L is z-lab's L - 1); one line where this drafter cannot be written so."""
+        """z-lab's config.json (`DFlashDraftModel`: the base's output layer; layers' outputs as ids, read as
+        hidden_states[id + 1], so vLLM's id L is z-lab's L - 1, and the embeddings -1); one line where this
+        drafter cannot be written so."""
         if not self.shared_head:
             raise ValueError(
                 "z-lab's DFlash layout drafts through the base's output layer: this drafter has its own over a "
                 "draft vocabulary (export it as speculators, or train it with --draft-vocab 0)"
             )
-        if 0 in self.target_layer_ids:
-            raise ValueError("z-lab's DFlash layout reads layers' outputs: this drafter reads the embeddings (id 0)")
         ids = [i - 1 for i in self.target_layer_ids]
         return self.layer_config() | {
             "architectures": ["DFlashDraftModel"],
@@ -178,7 +177,9 @@ def config_for(
     n_layers = getattr(text, "num_hidden_layers", None)
     if n_layers is None:
         raise ValueError(f"{type(base).__name__}'s config names no num_hidden_layers: pass target_layer_ids")
-    ids = tuple(sorted(set(target_layer_ids or default_aux_layers(n_layers))))  # a shallow base: fewer than three
+    # EAGLE-3's layers, the embeddings aside where the base has more than one (DFlash reads layers' outputs); a
+    # shallow base: fewer than three
+    ids = tuple(sorted(set(target_layer_ids or (max(n_layers > 1, i) for i in default_aux_layers(n_layers)))))
     if min(ids) < 0 or max(ids) >= n_layers:
         raise ValueError(f"target layers must lie in [0, {n_layers - 1}] (the base has {n_layers}), got {list(ids)}")
     eagle3 = eagle3_config_for(base, draft_vocab, default_aux_layers(n_layers))
