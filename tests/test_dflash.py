@@ -14,11 +14,12 @@ import torch
 from conftest import NO_EOS, assert_greedy_equal, hf_greedy, make_cfg, make_prompt, vocab_size
 from safetensors.torch import load_file, save_file
 from test_batch import RANKED, causal_batch, check_rows
-from test_eagle3 import greedy_rows
+from test_eagle3 import greedy_rows, rotary
 from test_sampling import BUDGET, PROMPT, SETTINGS, SHOWN, homogeneity, reference, small
 from test_train import Killed, kill_at
 
 from blockdecode import BlockwiseLM, NgramDrafter, decode, make_plan
+from blockdecode.cli import main
 from blockdecode.core.hf import layer_inputs
 from blockdecode.core.io import CheckpointError
 from blockdecode.core.toy import TOY_ARCHITECTURES, toy_model
@@ -26,6 +27,7 @@ from blockdecode.decoding.sampling import sampling_settings
 from blockdecode.drafters.dflash.config import config_for
 from blockdecode.drafters.dflash.drafting import DFlashDrafter
 from blockdecode.drafters.dflash.model import DFlash
+from blockdecode.serving.export import export_heads
 from blockdecode.training.dflash import mask_token
 from blockdecode.training.train import train
 
@@ -250,3 +252,151 @@ def test_the_mask_is_an_id_the_rows_never_use() -> None:
     rows = torch.tensor([[0, 1, 2, 3, -1], [3, 2, 1, 0, 5]])
     assert mask_token(rows, 8) == 7  # 4, 6 and 7 are unused: the highest
     assert mask_token(torch.arange(8)[None].repeat(2, 1), 8) == 7  # all used as often
+
+
+# ------------------------------------------------------------------ an independent reader of the exports
+
+
+def reader_chain(folder: Path, base, tokens: list[int]) -> list[int]:
+    """vLLM's DFlash drafting, from an export's files alone (either layout) and the base's hidden states as the
+    layout names them: the context's keys and values precomputed (hidden_norm(fc(features)), each layer's k/v
+    projections, k_norm, rotary), then the block [newest, mask, ...] through every layer, attending to the
+    context and to the whole block, and the argmax of every mask through the head (its own, or the base's)."""
+    cfg = json.loads((folder / "config.json").read_text())
+    w = {k: v.float() for k, v in load_file(str(folder / "model.safetensors")).items()}
+    if cfg.get("speculators_model_type") == "dflash":
+        layer, states_at = cfg["transformer_layer_config"], cfg["aux_hidden_state_layer_ids"]  # inputs of layers
+        block, mask = cfg["block_size"], cfg["mask_token_id"]
+    else:  # z-lab: layers' outputs, hidden_states[id + 1]
+        layer, states_at = cfg, [i + 1 for i in cfg["dflash_config"]["target_layer_ids"]]
+        block, mask = cfg["block_size"], cfg["dflash_config"]["mask_token_id"]
+    eps, heads, kv = layer["rms_norm_eps"], layer["num_attention_heads"], layer["num_key_value_heads"]
+    d, theta = layer["head_dim"], layer["rope_theta"]
+    head = w["lm_head.weight"] if "lm_head.weight" in w else base.get_output_embeddings().weight.float()
+
+    def norm(x, weight):
+        return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
+
+    with torch.no_grad():
+        states = base(torch.tensor([tokens[:-1]]), output_hidden_states=True).hidden_states
+        context = norm(torch.cat([states[i][0] for i in states_at], -1) @ w["fc.weight"].T, w["hidden_norm.weight"])
+        n = context.shape[0]
+        x = base.get_input_embeddings()(torch.tensor([tokens[-1]] + [mask] * (block - 1))).float()
+        where = torch.arange(n, n + block)
+        for i in range(layer["num_hidden_layers"]):
+            p = f"layers.{i}."
+            ctx_k = rotary(
+                norm((context @ w[p + "self_attn.k_proj.weight"].T).view(n, kv, d), w[p + "self_attn.k_norm.weight"]),
+                torch.arange(n),
+                theta,
+            )
+            ctx_v = (context @ w[p + "self_attn.v_proj.weight"].T).view(n, kv, d)
+            h = norm(x, w[p + "input_layernorm.weight"])
+            q = rotary(
+                norm((h @ w[p + "self_attn.q_proj.weight"].T).view(block, heads, d), w[p + "self_attn.q_norm.weight"]),
+                where,
+                theta,
+            )
+            k = rotary(
+                norm((h @ w[p + "self_attn.k_proj.weight"].T).view(block, kv, d), w[p + "self_attn.k_norm.weight"]),
+                where,
+                theta,
+            )
+            v = (h @ w[p + "self_attn.v_proj.weight"].T).view(block, kv, d)
+            k, v = (
+                torch.cat([ctx_k, k]).repeat_interleave(heads // kv, 1),
+                torch.cat([ctx_v, v]).repeat_interleave(heads // kv, 1),
+            )
+            scores = torch.einsum("qhd,khd->hqk", q, k) / d**0.5  # no mask: the block sees the context and itself
+            x = (
+                torch.einsum("hqk,khd->qhd", scores.softmax(-1), v).reshape(block, -1)
+                @ w[p + "self_attn.o_proj.weight"].T
+                + x
+            )
+            m = norm(x, w[p + "post_attention_layernorm.weight"])
+            x = (
+                torch.nn.functional.silu(m @ w[p + "mlp.gate_proj.weight"].T) * (m @ w[p + "mlp.up_proj.weight"].T)
+            ) @ w[p + "mlp.down_proj.weight"].T + x
+        draft = (norm(x[1:], w["norm.weight"]) @ head.T).argmax(-1)
+        return (draft + w["d2t"].long()[draft] if "d2t" in w else draft).tolist()
+
+
+class Recording(DFlashDrafter):
+    """The drafter, keeping each chain it proposed with the sequence it was proposed after."""
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.seen: list[tuple[list[int], list[int]]] = []
+
+    def _chain(self, row, tokens, n):
+        scored = super()._chain(row, tokens, n)
+        self.seen.append((tokens[0].tolist(), scored.tokens))
+        return scored
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory) -> dict[str, Path]:
+    """Two models, one with a drafter over a draft vocabulary, one sharing the base's output layer, each saved and
+    exported in every format it can be."""
+    root = tmp_path_factory.mktemp("dflash-export")
+    folders = {}
+    for name, kw in (("own", {"draft_vocab": 128}), ("shared", {"shared": True, "layers": 2})):
+        lm = BlockwiseLM.from_base(toy_model("qwen2", layers=4), k=K)
+        lm.attach_dflash(fitted(lm.base, **kw))
+        lm.save_pretrained(root / name)
+        folders[name] = root / name
+        for fmt in ("speculators", "dflash") if name == "shared" else ("speculators",):
+            folders[f"{name}-{fmt}"] = root / f"{name}-{fmt}"
+            export_heads(BlockwiseLM.from_pretrained(root / name), folders[f"{name}-{fmt}"], fmt)
+    return folders
+
+
+@pytest.mark.parametrize("export", ["own-speculators", "shared-speculators", "shared-dflash"])
+def test_an_independent_reader_of_the_export_proposes_what_blockdecode_does(exported, export: str) -> None:
+    lm = BlockwiseLM.from_pretrained(exported[export.split("-")[0]])
+    drafter = Recording(DFlash.load(exported[export]), lm.base)
+    for seed in range(12):
+        ids = make_prompt(8 + seed % 5, 512, seed=100 + seed)
+        decode(lm.base, ids, 24, make_plan(lm.base, drafter, K, eos_token_id=NO_EOS))
+    assert len(drafter.seen) > 20
+    disagree = [(t, c) for t, c in drafter.seen if reader_chain(exported[export], lm.base, t)[: len(c)] != c]
+    assert not disagree, f"{len(disagree)} of {len(drafter.seen)} chains differ, first after {disagree[0][0]}"
+
+
+def test_the_exports_hold_every_field_the_engines_read(exported) -> None:
+    zlab = json.loads((exported["shared-dflash"] / "config.json").read_text())
+    assert zlab["architectures"] == ["DFlashDraftModel"] and zlab["block_size"] == K
+    assert zlab["num_target_layers"] == 4 and set(zlab["dflash_config"]) == {"target_layer_ids", "mask_token_id"}
+    tensors = load_file(str(exported["shared-dflash"] / "model.safetensors"))
+    assert "lm_head.weight" not in tensors and "d2t" not in tensors and "layers.1.self_attn.q_norm.weight" in tensors
+    spec = json.loads((exported["own-speculators"] / "config.json").read_text())
+    assert spec["speculators_model_type"] == "dflash" and spec["draft_vocab_size"] == 128
+    assert spec["sample_from_anchor"] is False and spec["block_size"] == K and spec["aux_hidden_state_layer_ids"]
+    proposal = spec["speculators_config"]["proposal_methods"][0]
+    assert (
+        proposal["speculative_tokens"] == K - 1
+        and Path(spec["speculators_config"]["verifier"]["name_or_path"]).is_dir()
+    )
+    own = load_file(str(exported["own-speculators"] / "model.safetensors"))
+    assert own["lm_head.weight"].shape[0] == 128 and int(own["t2d"].sum()) == 128
+
+
+def test_an_export_the_format_cannot_hold_is_refused_in_one_line(exported, tmp_path) -> None:
+    lm = BlockwiseLM.from_pretrained(exported["own"])
+    with pytest.raises(ValueError, match="z-lab's DFlash layout drafts through the base's output layer"):
+        export_heads(lm, tmp_path / "a", "dflash")
+    with pytest.raises(ValueError, match="eagle3 holds an EAGLE-3 drafter, and this model has none"):
+        export_heads(lm, tmp_path / "b", "eagle3")
+    with pytest.raises(
+        ValueError, match="eagle3 does not hold a dflash drafter: choose --format speculators or dflash"
+    ):
+        export_heads(lm, tmp_path / "c", "eagle3", drafter="dflash")
+    assert not any(tmp_path.iterdir())
+
+
+def test_the_command_line_exports_and_prints_the_serving_commands(exported, tmp_path, capsys) -> None:
+    main(["export", "--model", str(exported["shared"]), "--format", "dflash", "--out", str(tmp_path / "out")])
+    said = capsys.readouterr().out
+    assert "exported a DFlash drafter (dflash, blocks of 6)" in said
+    assert '"method": "dflash"' in said and '"num_speculative_tokens": 5' in said
+    assert "--speculative-algorithm DFLASH" in said and "--speculative-num-draft-tokens 6" in said
