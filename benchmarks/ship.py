@@ -14,7 +14,7 @@ import torch
 from transformers import AutoTokenizer
 
 from blockdecode.core.io import read_json, write_json
-from blockdecode.loading import EAGLE3_FOLDER, HEADS_CONFIG
+from blockdecode.loading import DFLASH_FOLDER, EAGLE3_FOLDER, HEADS_CONFIG
 from blockdecode.model import BlockwiseLM
 
 
@@ -37,22 +37,26 @@ def install(run: str | Path, directory: str | Path, training: dict, prompts: lis
     shutil.rmtree(old, ignore_errors=True)
 
 
-def install_eagle3(run: str | Path, directory: str | Path) -> None:
-    """Make a trained EAGLE-3 run's drafter a built-in model's (`directory`/eagle3): in bf16, naming no verifier
-    path (an export names the base it writes), with the run's record (eagle3/training.json); the folder's other
-    files stay as they are."""
+def install_drafter(run: str | Path, directory: str | Path, kind: str = "eagle3") -> Path:
+    """Make a trained EAGLE-3 or DFlash run's drafter a built-in model's (`directory`/eagle3 or /dflash): in bf16,
+    naming no verifier path (an export names the base it writes), with the run's record (training.json); the
+    folder's other files stay as they are."""
     lm = BlockwiseLM.from_pretrained(run, dtype=torch.float32)
-    drafter = lm.eagle3
+    drafter = lm.eagle3 if kind == "eagle3" else lm.dflash
     drafter.config = replace(drafter.config, verifier={"architectures": list(lm.base.config.architectures or [])})
-    folder = Path(directory) / EAGLE3_FOLDER
+    folder = Path(directory) / (EAGLE3_FOLDER if kind == "eagle3" else DFLASH_FOLDER)
     drafter.save(folder, dtype=torch.bfloat16)
     write_json(folder / "training.json", read_json(Path(run) / HEADS_CONFIG)["training"])
+    return folder
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description="install a trained run's EAGLE-3 drafter as a built-in model's")
-    parser.add_argument("--eagle3", required=True, help="the training run (blockdecode train --head-type eagle3)")
+    parser = argparse.ArgumentParser(description="install a trained run's drafter as a built-in model's")
+    parser.add_argument("--eagle3", help="an EAGLE-3 training run (blockdecode train --head-type eagle3)")
+    parser.add_argument("--dflash", help="a DFlash training run (blockdecode train --head-type dflash)")
     parser.add_argument("directory", help="the built-in model's folder, e.g. blockdecode/builtin/default_model")
     args = parser.parse_args()
-    install_eagle3(args.eagle3, args.directory)
-    print(f"installed {args.eagle3}'s EAGLE-3 drafter in {Path(args.directory) / EAGLE3_FOLDER}")
+    if bool(args.eagle3) == bool(args.dflash):
+        parser.error("give one of --eagle3 RUN and --dflash RUN")
+    kind, run = ("eagle3", args.eagle3) if args.eagle3 else ("dflash", args.dflash)
+    print(f"installed {run}'s drafter in {install_drafter(run, args.directory, kind)}")

@@ -49,6 +49,7 @@ from blockdecode.core.io import (
     saving_folder,
     write_json,
 )
+from blockdecode.drafters.dflash.model import DFlash
 from blockdecode.drafters.eagle3.model import Eagle3
 from blockdecode.drafters.heads import HeadsConfig
 
@@ -330,13 +331,14 @@ def _tokenizer_file(folder: Path) -> Path:
 HEADS_CONFIG = "blockdecode.json"
 HEADS_WEIGHTS = "heads.safetensors"
 EAGLE3_FOLDER = "eagle3"  # a saved model's EAGLE-3 drafter, in the speculators format
+DFLASH_FOLDER = "dflash"  # a saved model's DFlash drafter, in z-lab's layout or the speculators format
 
 
 @dataclass
 class Saved:
     """What a model folder holds, read in one pass: the base and where it can be read again, the heads' config
-    and weights (None for a plain `transformers` model), the EAGLE-3 drafter beside them, the tokenizer (None
-    where neither the folder nor its base has one) and the prompts it ships."""
+    and weights (None for a plain `transformers` model), the EAGLE-3 and DFlash drafters beside them, the
+    tokenizer (None where neither the folder nor its base has one) and the prompts it ships."""
 
     folder: Path
     base: PreTrainedModel
@@ -344,6 +346,7 @@ class Saved:
     heads: HeadsConfig | None = None
     heads_state: dict[str, torch.Tensor] | None = None
     eagle3: Eagle3 | None = None
+    dflash: DFlash | None = None
     tokenizer: object | None = None
     prompts: list[torch.LongTensor] = field(default_factory=list)
 
@@ -354,6 +357,10 @@ class Saved:
     @property
     def eagle3_folder(self) -> Path:
         return self.folder / EAGLE3_FOLDER
+
+    @property
+    def dflash_folder(self) -> Path:
+        return self.folder / DFLASH_FOLDER
 
 
 def read_model(name: str | os.PathLike, base: PreTrainedModel | None = None, **base_kwargs) -> Saved:
@@ -422,6 +429,8 @@ def _read_saved(folder: Path, base: PreTrainedModel | None, **base_kwargs) -> Sa
     saved = Saved(folder, base, location, cfg, read_tensors(folder / HEADS_WEIGHTS))
     if saved.eagle3_folder.is_dir():
         saved.eagle3 = Eagle3.load(saved.eagle3_folder)
+    if saved.dflash_folder.is_dir():
+        saved.dflash = DFlash.load(saved.dflash_folder)
     return saved
 
 

@@ -32,6 +32,9 @@ from blockdecode.decoding.output import BlockwiseOutput
 from blockdecode.decoding.plan import DecodePlan
 from blockdecode.decoding.sampling import check_generator
 from blockdecode.drafters.base import Drafter
+from blockdecode.drafters.dflash.config import check_dflash
+from blockdecode.drafters.dflash.drafting import DFlashDrafter
+from blockdecode.drafters.dflash.model import DFlash
 from blockdecode.drafters.eagle3.config import check_eagle3
 from blockdecode.drafters.eagle3.drafting import Eagle3Drafter
 from blockdecode.drafters.eagle3.model import Eagle3
@@ -39,6 +42,7 @@ from blockdecode.drafters.heads import HEAD_TYPES, HeadsConfig, HeadsDrafter, bu
 from blockdecode.drafters.sources import Memory, SuffixArray, corpus_index
 from blockdecode.drafters.suffix import SuffixDrafter
 from blockdecode.loading import (
+    DFLASH_FOLDER,
     EAGLE3_FOLDER,
     HEADS_CONFIG,
     HEADS_WEIGHTS,
@@ -117,6 +121,7 @@ class BlockwiseLM(nn.Module):
             )
         self.heads = build_heads(config).to(device=projection.weight.device, dtype=projection.weight.dtype)
         self.eagle3: Eagle3 | None = None  # an EAGLE-3 drafter on this base (`attach_eagle3`)
+        self.dflash: DFlash | None = None  # a DFlash block drafter on this base (`attach_dflash`)
 
     @classmethod
     def from_base(
@@ -203,6 +208,25 @@ class BlockwiseLM(nn.Module):
                 "attach a saved one (attach_eagle3, --eagle3)"
             )
         return Eagle3Drafter(self.eagle3, self.base.get_input_embeddings())
+
+    def attach_dflash(self, dflash: DFlash | str | os.PathLike, where: object = None) -> None:
+        """Give this model a DFlash block drafter (`drafter="dflash"`): a module (read from `where`, if it was), or a
+        folder holding one in z-lab's layout or the speculators format; refused in one line if it was built for
+        another base."""
+        if not isinstance(dflash, DFlash):
+            where, dflash = dflash, DFlash.load(dflash)
+        check_dflash(dflash.config, self.base, where)
+        projection = output_projection(self.base)
+        self.dflash = dflash.to(device=projection.weight.device, dtype=projection.weight.dtype).eval()
+
+    def dflash_drafter(self) -> DFlashDrafter:
+        """drafter="dflash": proposals from this model's DFlash drafter, a whole block a pass."""
+        if self.dflash is None:
+            raise ValueError(
+                "this model has no DFlash drafter: train one with `blockdecode train --head-type dflash`, or "
+                "attach a saved one (attach_dflash)"
+            )
+        return DFlashDrafter(self.dflash, self.base)
 
     @property
     def token_map(self) -> torch.LongTensor | None:
@@ -403,6 +427,8 @@ class BlockwiseLM(nn.Module):
         save_file(tensors, str(folder / HEADS_WEIGHTS), metadata={"format": "pt"})
         if self.eagle3 is not None:
             self.eagle3.save(folder / EAGLE3_FOLDER)
+        if self.dflash is not None:
+            self.dflash.save(folder / DFLASH_FOLDER)
         write_text(folder / HEADS_CONFIG, json.dumps(meta, indent=2) + "\n")
 
     @classmethod
@@ -437,6 +463,8 @@ class BlockwiseLM(nn.Module):
             model.load_heads(saved.heads_state, saved.heads_file)
         if saved.eagle3 is not None:
             model.attach_eagle3(saved.eagle3, saved.eagle3_folder)
+        if saved.dflash is not None:
+            model.attach_dflash(saved.dflash, saved.dflash_folder)
         model.tokenizer, model.prompts = saved.tokenizer, saved.prompts
         return model
 

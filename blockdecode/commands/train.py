@@ -1,4 +1,4 @@
-"""`blockdecode train`: proposal heads or an EAGLE-3 drafter, trained on a base (frozen, fine-tuned or distilled)."""
+"""`blockdecode train`: proposal heads, an EAGLE-3 or a DFlash drafter, trained on a base (frozen, tuned, distilled)."""
 
 from __future__ import annotations
 
@@ -25,6 +25,10 @@ def run(args: argparse.Namespace) -> None:
         if cfg.head_type == "eagle3":
             layers = list(model.eagle3.config.aux_layers)
             print(f"saved an EAGLE-3 drafter (layers {layers}) with its model to {cfg.out}", file=sys.stderr)
+        elif cfg.head_type == "dflash":
+            shape = model.dflash.config
+            print(f"saved a DFlash drafter (block {shape.block_size}, {shape.num_hidden_layers} layer(s), reading "
+                  f"layers {list(shape.target_layer_ids)}) with its model to {cfg.out}", file=sys.stderr)  # fmt: skip
         else:
             print(f"saved {model.config.head_type} heads (k={model.k}) to {cfg.out}", file=sys.stderr)
         print(training_summary(cfg.out), file=sys.stderr)
@@ -59,15 +63,21 @@ def add_parser(sub) -> None:
         "--head-type",
         choices=TRAIN_HEAD_TYPES,
         default=d.head_type,
-        help="eagle3: an EAGLE-3 drafter (one layer reading three of the base's), for the serving engines too",
+        help="eagle3: an EAGLE-3 drafter (one layer reading three of the base's); dflash: a block drafter guessing "
+        "the whole block (--k) in one pass; both for the serving engines too",
     )
     p.add_argument(
         "--aux-layers",
         type=int,
-        nargs=3,
+        nargs="+",
         default=None,
-        help="eagle3: the layers whose inputs it reads, vLLM's ids (0: the embeddings; default 2, N/2, N-3, or "
-        "three distinct layers of a shallow base)",
+        help="eagle3 (three), dflash: the layers whose inputs it reads, vLLM's ids (0: the embeddings; default 2, "
+        "N/2, N-3, or distinct layers of a shallow base)",
+    )
+    p.add_argument("--dflash-layers", type=int, default=d.dflash_layers, help="dflash: its decoder layers")
+    p.add_argument("--anchors", type=int, default=d.anchors, help="dflash: blocks a training row holds")
+    p.add_argument(
+        "--gamma", type=float, default=d.gamma, help="dflash: block position i's loss weighs exp(-(i - 1) / gamma)"
     )
     p.add_argument("--head-hidden-size", type=int, default=d.head_hidden_size, help="0: the base's hidden size")
     p.add_argument(

@@ -60,7 +60,7 @@ def choose_plan(
     one chain a call, and so does each row of a batch (`rows` > 1): there "auto" is the drafter whose chain the
     calibration predicts fastest (it measures greedy's acceptance, which a draw at a low temperature mostly
     follows). Every setting is checked before anything is measured."""
-    if drafter in ("auto", None) and not lm.heads_trained and lm.eagle3 is None:
+    if drafter in ("auto", None) and not lm.heads_trained and lm.eagle3 is None and lm.dflash is None:
         drafter = LOOKUP_DEFAULT
     if k is None:  # the heads' block, or the depth the EAGLE-3 drafter was trained to draft when it drafts alone
         k = lm.eagle3.config.speculative_tokens + 1 if drafter == "eagle3" and lm.eagle3 is not None else lm.k

@@ -16,6 +16,7 @@ DRAFTERS: dict[str, Callable[[object], BaseDrafter]] = {
     "ngram": lambda lm: NgramDrafter(),
     "suffix": for_model,
     "eagle3": lambda lm: lm.eagle3_drafter(),
+    "dflash": lambda lm: lm.dflash_drafter(),
 }
 """The drafters known by name. "a+b" names several sharing one tree."""
 CHOICES = ("heads", "ngram", "heads+ngram")

@@ -23,8 +23,12 @@ from blockdecode.drafters.heads import HeadsConfig
 from blockdecode.loading import HEADS_CONFIG, has_heads
 from blockdecode.model import BlockwiseLM
 
-EXPORT_FORMATS = ("vllm-medusa", "speculators", "eagle3")
-EAGLE3_FORMATS = ("speculators", "eagle3")  # an EAGLE-3 drafter's: vLLM's speculators format, the original layout
+EXPORT_FORMATS = ("vllm-medusa", "speculators", "eagle3", "dflash")
+DRAFTER_FORMATS = {  # the formats of a drafter of its own: vLLM's speculators format, and each one's original layout
+    "eagle3": ("speculators", "eagle3"),
+    "dflash": ("speculators", "dflash"),
+}
+EAGLE3_FORMATS = DRAFTER_FORMATS["eagle3"]
 ENGINE_CONFIG = "config.json"  # written last: the file that marks an export whole
 ENGINE_WEIGHTS = "model.safetensors"
 BASE_FOLDER = "base"  # the base, written here when it has no folder of its own
@@ -35,7 +39,7 @@ def check_heads(heads: HeadsConfig, format: str) -> None:
     model's are refused before any weight loads."""
     if format not in EXPORT_FORMATS:
         raise ValueError(f"unknown export format {format!r}: choose one of {', '.join(EXPORT_FORMATS)}")
-    if format in EAGLE3_FORMATS:
+    if format != "vllm-medusa":
         return
     if heads.head_type != "medusa":
         raise ValueError(
@@ -46,17 +50,41 @@ def check_heads(heads: HeadsConfig, format: str) -> None:
         raise ValueError("k=1: these heads propose nothing, so there is nothing to export")
 
 
-def check_exportable(model: BlockwiseLM, format: str) -> None:
-    """Refuse, in one line, what the format cannot hold, before anything is written."""
+def exported_drafter(format: str, held: dict[str, bool], asked: str | None = None) -> str | None:
+    """Which drafter of its own `format` writes ("eagle3", "dflash"; None: the heads), of those the model holds
+    (`held`) and the one `asked` for; refused in one line where the model holds none, or two and none was asked."""
+    kinds = [kind for kind, formats in DRAFTER_FORMATS.items() if format in formats]
+    if asked is not None:
+        if asked not in kinds:
+            raise ValueError(
+                f"{format} does not hold a {asked} drafter: choose --format {' or '.join(DRAFTER_FORMATS[asked])}"
+            )
+        kinds = [asked]
+    if not kinds:
+        return None
+    found = [kind for kind in kinds if held.get(kind)]
+    if not found:
+        names = {"eagle3": "an EAGLE-3", "dflash": "a DFlash"}
+        wanted = " or ".join(names[k] for k in kinds)
+        raise ValueError(f"{format} holds {wanted} drafter, and this model has none: train one with "
+                         f"--head-type {' or '.join(kinds)}")  # fmt: skip
+    if len(found) > 1:
+        raise ValueError(f"this model holds both an EAGLE-3 and a DFlash drafter: say which {format} writes "
+                         "(--drafter eagle3 or dflash)")  # fmt: skip
+    return found[0]
+
+
+def check_exportable(model: BlockwiseLM, format: str, drafter: str | None = None) -> str | None:
+    """Refuse, in one line, what the format cannot hold, before anything is written; the drafter it writes."""
     check_heads(model.config, format)
-    if format in EAGLE3_FORMATS and model.eagle3 is None:
-        raise ValueError(
-            f"{format} holds an EAGLE-3 drafter, and this model has none: train one with --head-type eagle3"
-        )
+    kind = exported_drafter(format, {"eagle3": model.eagle3 is not None, "dflash": model.dflash is not None}, drafter)
+    if kind == "dflash" and format == "dflash":
+        model.dflash.config.zlab()  # refused here if it has its own output layer
     if is_seq2seq(model.base):
         raise ValueError(f"{format} serves decoder-only models, and this base is an encoder-decoder")
     if getattr(model.base.get_output_embeddings(), "bias", None) is not None:
         raise ValueError(f"the base's output layer has a bias, which {format}'s loader does not read")
+    return kind
 
 
 def saved_heads(folder: str | Path) -> tuple[HeadsConfig, dict]:
@@ -117,24 +145,28 @@ def export_heads(
     dtype: torch.dtype | None = None,
     tokenizer: object | None = None,
     provenance: dict | None = None,
+    drafter: str | None = None,
 ) -> Path:
     """Write `model`'s heads to `out` in `format` (default dtype: the heads' own), whole or not at
     all, replacing an earlier export as a whole, with blockdecode.json saying what they are and
     where they came from (`provenance`: e.g. the source's training record). A base saved in one
     folder with its heads is also written, unchanged and with `tokenizer`, to out/base: engines load
     the base from a folder of its own. Returns the folder the engine should load as its target model."""
-    check_exportable(model, format)
+    kind = check_exportable(model, format, drafter)
     out = Path(out)
     check_destination(out)
     location = model.base_location
     base_apart = location is not None and Path(location).is_dir() and not has_heads(location)
     target = str(Path(location).resolve()) if base_apart else str((out / BASE_FOLDER).resolve())
-    if format in EAGLE3_FORMATS:
-        dtype = dtype or model.eagle3.fc.weight.dtype
-        drafter = copy.copy(model.eagle3)  # the export names its base as the verifier, the model keeps its own
-        drafter.config = replace(drafter.config, verifier={**drafter.config.verifier, "name_or_path": target})
-        tensors, config = drafter.files(format, dtype)
-        described = {"eagle3": asdict(drafter.config)}
+    if kind is not None:
+        module = model.eagle3 if kind == "eagle3" else model.dflash
+        dtype = dtype or module.fc.weight.dtype
+        module = copy.copy(module)  # the export names its base as the verifier, the model keeps its own
+        module.config = replace(module.config, verifier={**module.config.verifier, "name_or_path": target})
+        tensors, config = module.files(format, dtype)
+        if kind == "dflash" and format == "speculators" and module.config.shared_head:  # its output layer written
+            tensors["lm_head.weight"] = model.base.get_output_embeddings().weight.detach().to(dtype).contiguous().cpu()
+        described = {kind: asdict(module.config)}
     else:
         dtype = dtype or next(model.heads.parameters()).dtype
         tensors, config = vllm_medusa(model, dtype)
@@ -164,13 +196,17 @@ def is_export(folder: str | Path) -> bool:
         return False
 
 
-def serve_command(base: str | Path, out: str | Path, k: int, format: str = "vllm-medusa") -> str:
+def serve_command(base: str | Path, out: str | Path, k: int, drafter: str | None = None) -> str:
     """The command lines that serve `base` with the export proposing k-1 tokens a step: vLLM's for every format,
-    and SGLang's and llama.cpp's for an EAGLE-3 drafter."""
-    method = "eagle3" if format in EAGLE3_FORMATS else "medusa"
+    SGLang's for a drafter of its own (`drafter`: "eagle3", "dflash"; None: medusa heads), and llama.cpp's for
+    an EAGLE-3 drafter."""
+    method = drafter or "medusa"
     spec = json.dumps({"method": method, "model": str(out), "num_speculative_tokens": k - 1})
     lines = [f"vllm serve {base} --speculative-config '{spec}'"]
-    if format in EAGLE3_FORMATS:
+    if drafter == "dflash":
+        lines.append(f"python -m sglang.launch_server --model-path {base} --speculative-algorithm DFLASH "
+                     f"--speculative-draft-model-path {out} --speculative-num-draft-tokens {k}")  # fmt: skip
+    if drafter == "eagle3":
         lines += [
             f"python -m sglang.launch_server --model-path {base} --speculative-algorithm EAGLE3 "
             f"--speculative-draft-model-path {out} --speculative-num-steps {k - 1} --speculative-eagle-topk 1 "

@@ -45,7 +45,8 @@ POSITIVE_FIELDS = (
 NON_NEGATIVE_FIELDS = ("patience", "min_delta", "doubling_gain")
 
 
-TRAIN_HEAD_TYPES = (*HEAD_TYPES, "eagle3")  # what `blockdecode train` trains
+TRAIN_HEAD_TYPES = (*HEAD_TYPES, "eagle3", "dflash")  # what `blockdecode train` trains
+DRAFTER_TYPES = ("eagle3", "dflash")  # drafters of their own that read the frozen base's layers
 
 
 @dataclass
@@ -58,7 +59,12 @@ class TrainConfig:
     k: int = 8
     mode: str = "frozen"
     head_type: str = "paper"  # or "eagle3": an EAGLE-3 drafter (`blockdecode.drafters.eagle3.model`) on the frozen base
-    aux_layers: list[int] | None = None  # eagle3: the three layers whose inputs it reads (default: vLLM's rule)
+    aux_layers: list[int] | None = (
+        None  # eagle3 (three), dflash: the layers whose inputs it reads (default: vLLM's rule)
+    )
+    dflash_layers: int = 1  # dflash: its decoder layers
+    anchors: int = 16  # dflash: blocks a training row holds, after random positions
+    gamma: float = 4.0  # dflash: block position i's loss weighs exp(-(i - 1) / gamma)
     head_hidden_size: int = 0
     draft_vocab: int = 0  # > 0: the heads score only the N tokens most frequent in their targets
     steps: int = 1000
@@ -111,12 +117,17 @@ class TrainConfig:
             raise ValueError(f"unknown targets {self.targets!r}: choose one of {', '.join(TARGETS)}")
         if self.head_type not in TRAIN_HEAD_TYPES:
             raise ValueError(f"unknown head_type {self.head_type!r}: choose one of {', '.join(TRAIN_HEAD_TYPES)}")
-        if self.head_type == "eagle3" and self.finetune:
+        if self.head_type in DRAFTER_TYPES and self.finetune:
             raise ValueError(
-                f"--head-type eagle3 trains on a frozen base: choose --mode frozen or distill, not {self.mode}"
+                f"--head-type {self.head_type} trains on a frozen base: choose --mode frozen or distill, "
+                f"not {self.mode}"
             )
-        if self.aux_layers is not None and (self.head_type != "eagle3" or len(self.aux_layers) != 3):
+        if self.aux_layers is not None and self.head_type == "eagle3" and len(self.aux_layers) != 3:
             raise ValueError("--aux-layers takes three layer ids, for --head-type eagle3")
+        if self.aux_layers is not None and (self.head_type not in DRAFTER_TYPES or not self.aux_layers):
+            raise ValueError("--aux-layers takes layer ids, for --head-type eagle3 or dflash")
+        if self.head_type == "dflash" and (self.dflash_layers < 1 or self.anchors < 1 or not self.gamma > 0):
+            raise ValueError("--dflash-layers and --anchors must be >= 1, and --gamma > 0")
         if self.head_loss not in HEAD_LOSSES:
             raise ValueError(f"unknown head loss {self.head_loss!r}: choose one of {', '.join(HEAD_LOSSES)}")
         if not isinstance(self.k, int) or self.k < 2:

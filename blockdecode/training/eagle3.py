@@ -34,6 +34,8 @@ class Eagle3Objective(torch.nn.Module):
     """An EAGLE-3 drafter and the frozen base it reads, as one module for accelerate: its forward is the
     training-time test's loss on a batch (`Eagle3.loss`), the base's features read from the cache or computed."""
 
+    layers_attribute = "aux_layers"  # the drafter config's field naming the base's layers it reads
+
     def __init__(self, drafter: Eagle3, base: PreTrainedModel):
         super().__init__()
         self.drafter = drafter
@@ -43,7 +45,7 @@ class Eagle3Objective(torch.nn.Module):
     def features(self, tokens: torch.LongTensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The base's features at the drafter's layers, and its argmax, on rows `tokens` (-1 as padding)."""
         base = self.base[0]
-        with torch.no_grad(), layer_inputs(base, self.drafter.config.aux_layers) as aux:
+        with torch.no_grad(), layer_inputs(base, getattr(self.drafter.config, self.layers_attribute)) as aux:
             logits = base(input_ids=tokens.clamp(min=0)).logits
         return aux[0].float(), logits.argmax(-1)
 

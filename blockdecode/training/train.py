@@ -28,7 +28,7 @@ from blockdecode.drafters.heads import most_frequent
 from blockdecode.loading import HEADS_CONFIG, has_heads, load_base, load_tokenizer, read_model
 from blockdecode.model import BlockwiseLM
 from blockdecode.training import loop as training
-from blockdecode.training.config import TrainConfig
+from blockdecode.training.config import DRAFTER_TYPES, TrainConfig
 from blockdecode.training.data import (
     Pairs,
     batch_indices,
@@ -40,6 +40,7 @@ from blockdecode.training.data import (
     padded,
     split,
 )
+from blockdecode.training.dflash import train_dflash
 from blockdecode.training.distill import distill_pairs, distill_sequences, sources_record
 from blockdecode.training.eagle3 import train_eagle3
 from blockdecode.training.features import Features, cached_features
@@ -211,10 +212,10 @@ def train(cfg: TrainConfig, callback: Callable[[int, dict], None] | None = None)
     limit = context_length(base)
     if limit is not None and cfg.seq_len > limit:
         raise ValueError(f"seq_len {cfg.seq_len} exceeds the base model's context of {limit} positions")
-    if cfg.head_type == "eagle3" and is_seq2seq(base):
+    if cfg.head_type in DRAFTER_TYPES and is_seq2seq(base):
         raise ValueError(
-            f"--head-type eagle3 reads a decoder-only base's layers, as the serving engines run it; {cfg.base} is an "
-            "encoder-decoder: train paper, medusa or hydra heads for it"
+            f"--head-type {cfg.head_type} reads a decoder-only base's layers, as the serving engines run it; "
+            f"{cfg.base} is an encoder-decoder: train paper, medusa or hydra heads for it"
         )
     eos = sorted(resolve_eos(base, None))
     greedy_rules(base, 1, 1, set(eos))  # a generation config blockwise decoding cannot follow fails now, not later
@@ -246,6 +247,8 @@ def train(cfg: TrainConfig, callback: Callable[[int, dict], None] | None = None)
     torch.manual_seed(cfg.seed)
     if cfg.head_type == "eagle3":
         return train_eagle3(cfg, loop, base, tokenizer, train_seqs, held_out, data_digest, state, callback)
+    if cfg.head_type == "dflash":
+        return train_dflash(cfg, loop, base, tokenizer, train_seqs, held_out, data_digest, state, callback)
     model = BlockwiseLM.from_base(
         base, k=cfg.k, head_type=cfg.head_type, head_hidden_size=cfg.head_hidden_size, draft_vocab=cfg.draft_vocab
     )
@@ -387,6 +390,7 @@ RESUME_MUST_MATCH = (
     "head_hidden_size",
     "draft_vocab",
     "aux_layers",
+    *("dflash_layers", "anchors", "gamma"),
     "targets",
     "base_loss_on",
     "seed",

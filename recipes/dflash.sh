@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# The built-in model's DFlash block drafter (issue 56), from nothing but the standard library's source and the
+# shipped model, on the rows the EAGLE-3 recipe distils (recipes/eagle3.sh shares them: the base's own greedy
+# continuations of 4,096 stdlib windows, 32 + 160 tokens, and the inputs of its layers 1, 2 and 3, cached once).
+# Blocks of 16 (one pass drafts 15 tokens), 2 Qwen3-style layers sharing the base's output layer (z-lab's layout
+# holds it), 16 anchored blocks a row, 3,000 steps of 8 rows. Resumable: run it again after an interruption.
+# SHIP=1 copies the drafter into the package in bf16 (blockdecode/builtin/default_model/dflash) with its record.
+#
+#   SHIP=1 bash recipes/dflash.sh     # RUNS=runs by default
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export HF_HUB_OFFLINE=1
+RUNS=${RUNS:-runs}
+BD=".venv/bin/blockdecode --threads ${THREADS:-1}"
+
+[ -f "$RUNS/e3/corpus/train.npy" ] || .venv/bin/python -c "
+from blockdecode import DEFAULT_MODEL
+from blockdecode.pretraining.pretrain import CorpusConfig, prepare_corpus
+prepare_corpus(CorpusConfig(out='$RUNS/e3/corpus', tokenizer=DEFAULT_MODEL, packages=()))"
+[ -f "$RUNS/dflash/blockdecode.json" ] || $BD train --base blockdecode/builtin/default_model \
+  --data "$RUNS/e3/corpus/train.npy" --out "$RUNS/dflash" --head-type dflash --mode distill --k 16 \
+  --dflash-layers 2 --anchors 16 --gamma 4 --steps 3000 --batch-size 8 --seq-len 192 --lr 2e-3 --warmup-steps 50 \
+  --eval-every 250 --checkpoint-every 50 --feature-cache "$RUNS/e3/features" --distill-prompts 4096 \
+  --distill-new-tokens 160 --distill-batch-size 64 --distill-cache "$RUNS/e3/distill-cache" --eval-prompts 8 \
+  --eval-new-tokens 96 --resume
+if [ "${SHIP:-0}" = 1 ]; then
+  .venv/bin/python benchmarks/ship.py --dflash "$RUNS/dflash" blockdecode/builtin/default_model
+fi
