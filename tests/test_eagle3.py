@@ -261,6 +261,7 @@ def test_a_saved_model_keeps_its_drafter(exported) -> None:
         (lambda t: t.pop("layers.0.mlp.up_proj.weight"), "lacks the tensor layers.0.mlp.up_proj.weight"),
         (lambda t: t.update({"fc.weight": t["fc.weight"][:, :-1].contiguous()}), "fc.weight has shape"),
         (lambda t: t.update({"d2t": t["d2t"] + 10_000}), "d2t maps draft ids outside"),
+        (lambda t: t["norm.weight"].fill_(float("nan")), "not finite"),  # refused on loading, not mid-decode
     ],
 )
 def test_a_damaged_export_is_refused_in_one_line(exported, tmp_path, damage, match) -> None:

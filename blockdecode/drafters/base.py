@@ -85,6 +85,30 @@ class BaseDrafter:
         `layers`: called after each forward, before the row's tokens are observed."""
 
 
+class RowChains(BaseDrafter):
+    """A drafter whose proposals are each row's own chain, scored node by node (`_chain`): one row or a batch."""
+
+    def _chain(self, row: int, tokens: torch.LongTensor, n: int) -> Scored:
+        raise NotImplementedError
+
+    def chain_scored(self, tokens: torch.LongTensor, hidden: torch.Tensor, n: int) -> Scored:
+        return self._chain(0, tokens, n)
+
+    def propose(self, tokens: torch.LongTensor, hidden: torch.Tensor, n: int) -> torch.LongTensor:
+        return torch.tensor([self._chain(0, tokens, n).tokens], dtype=torch.long, device=tokens.device)
+
+    def rows_scored(
+        self, tokens: list[torch.LongTensor], hidden: torch.Tensor, n: int, rows: list[int]
+    ) -> list[Scored]:
+        return [self._chain(row, t, n) for t, row in zip(tokens, rows)]
+
+    def propose_rows(
+        self, tokens: list[torch.LongTensor], hidden: torch.Tensor, n: int, rows: list[int]
+    ) -> torch.LongTensor:
+        chains = [self._chain(row, t, n).tokens for t, row in zip(tokens, rows)]
+        return torch.tensor(chains, dtype=torch.long, device=tokens[0].device).view(len(rows), n)
+
+
 class ChainDrafter(BaseDrafter):
     """Any object with `propose(tokens, hidden, n)`, decoded as it is: its one chain, its ids checked."""
 

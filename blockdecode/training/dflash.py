@@ -5,14 +5,12 @@ computed each step."""
 from __future__ import annotations
 
 import math
-from dataclasses import asdict
 from pathlib import Path
 
 import torch
 
 from blockdecode.core import plots
 from blockdecode.core.hf import context_length, vocab_size
-from blockdecode.core.io import write_json
 from blockdecode.decoding.loop import decode_prompts
 from blockdecode.decoding.plan import make_plan
 from blockdecode.drafters.dflash.config import config_for
@@ -24,8 +22,7 @@ from blockdecode.model import BlockwiseLM
 from blockdecode.training.config import TrainConfig
 from blockdecode.training.data import batch_indices
 from blockdecode.training.distill import distill_sequences
-from blockdecode.training.eagle3 import Eagle3Objective, Eagle3Training
-from blockdecode.training.features import cached_features
+from blockdecode.training.eagle3 import Eagle3Objective, Eagle3Training, fit_drafter
 
 
 class DFlashObjective(Eagle3Objective):
@@ -145,13 +142,5 @@ def train_dflash(cfg: TrainConfig, loop, base, tokenizer, train_seqs, held_out, 
     base.requires_grad_(False)
     objective = DFlashObjective(drafter.to(acc.device), base.to(acc.device)).train()
     task = DFlashTraining(cfg, lm, objective, train_seqs, held_out, digest, tokenizer, acc)
-    task.coverage = coverage if cfg.draft_vocab else None
-    if cfg.feature_cache:
-        if acc.num_processes > 1:
-            raise ValueError("--feature-cache serves one process; several train with the base computed each step")
-        layers = shape.target_layer_ids
-        task.features = cached_features(base, train_seqs, cfg.feature_cache, show=loop.main, layers=layers)
-    if loop.main:
-        write_json(Path(cfg.out) / "train_config.json", asdict(cfg))
-    loop.fit(task, state, callback)
+    fit_drafter(task, loop, coverage, shape.target_layer_ids, state, callback)
     return lm

@@ -173,13 +173,20 @@ def train_eagle3(cfg: TrainConfig, loop, base, tokenizer, train_seqs, held_out, 
     base.requires_grad_(False)
     objective = Eagle3Objective(drafter.to(acc.device), base.to(acc.device)).train()
     task = Eagle3Training(cfg, lm, objective, train_seqs, held_out, digest, tokenizer, acc)
+    fit_drafter(task, loop, coverage, drafter.config.aux_layers, state, callback)
+    return lm
+
+
+def fit_drafter(task: Eagle3Training, loop, coverage: float, layers: tuple[int, ...], state, callback) -> None:
+    """A drafter's run (EAGLE-3's or DFlash's): its draft vocabulary's coverage kept, the features of `layers`
+    cached where asked (one process), its config written, then the loop."""
+    cfg = task.config
     task.coverage = coverage if cfg.draft_vocab else None
     if cfg.feature_cache:
-        if acc.num_processes > 1:
+        if loop.accelerator.num_processes > 1:
             raise ValueError("--feature-cache serves one process; several train with the base computed each step")
-        layers = drafter.config.aux_layers
-        task.features = cached_features(base, train_seqs, cfg.feature_cache, show=loop.main, layers=layers)
+        base = task.lm.base
+        task.features = cached_features(base, task.sequences, cfg.feature_cache, show=loop.main, layers=layers)
     if loop.main:
         write_json(Path(cfg.out) / "train_config.json", asdict(cfg))
     loop.fit(task, state, callback)
-    return lm

@@ -9,6 +9,7 @@ from pathlib import Path
 from blockdecode.core.io import CheckpointError
 from blockdecode.drafters.eagle3.config import SPECULATORS_VERSION, default_aux_layers
 from blockdecode.drafters.eagle3.config import config_for as eagle3_config_for
+from blockdecode.drafters.layered import check_base, layer_fields
 
 CONFIG = "config.json"  # written last: what marks a saved drafter whole
 WEIGHTS = "model.safetensors"
@@ -60,23 +61,7 @@ class DFlashConfig:
 
     def layer_config(self) -> dict:
         """The decoder layers' config, as a Qwen3 config (what both layouts describe the layers with)."""
-        return {
-            "model_type": "qwen3",
-            "hidden_size": self.hidden_size,
-            "intermediate_size": self.intermediate_size,
-            "num_attention_heads": self.num_attention_heads,
-            "num_key_value_heads": self.num_key_value_heads,
-            "head_dim": self.head_dim,
-            "num_hidden_layers": self.num_hidden_layers,
-            "hidden_act": "silu",
-            "rms_norm_eps": self.rms_norm_eps,
-            "rope_theta": self.rope_theta,
-            "rope_parameters": {"rope_type": "default", "rope_theta": self.rope_theta},
-            "max_position_embeddings": self.max_position_embeddings,
-            "vocab_size": self.vocab_size,
-            "attention_bias": False,
-            "tie_word_embeddings": False,
-        }
+        return {"model_type": "qwen3", **layer_fields(self, self.num_hidden_layers)}
 
     def speculators(self) -> dict:
         """The speculators format's config.json (`speculators_model_type: dflash`; vLLM reads it)."""
@@ -203,21 +188,5 @@ SHAPE = ("intermediate_size", "num_attention_heads", "num_key_value_heads", "hea
 
 
 def check_dflash(cfg: DFlashConfig, base, where: object = None) -> None:
-    """Refuse, in one line naming `where`, a drafter built for another base: its vocabulary, the width of the
-    features it reads or of the embedding it shares, or layers the base does not have."""
-    text = base.config.get_text_config(decoder=True)
-    name = f"{where}: " if where is not None else ""
-    width = base.get_input_embeddings().weight.shape[1]
-    layers = getattr(text, "num_hidden_layers", 0)
-    found = [
-        ("a vocabulary", cfg.vocab_size, base.get_output_embeddings().weight.shape[0]),
-        ("an embedding width", cfg.hidden_size, width),
-        ("a hidden size", cfg.target_hidden_size, getattr(text, "hidden_size", width)),
-    ]
-    for what, built, has in found:
-        if built != has:
-            raise CheckpointError(f"{name}the DFlash drafter was built for {what} of {built}, the base's is {has}")
-    if max(cfg.target_layer_ids) >= layers:
-        raise CheckpointError(
-            f"{name}the DFlash drafter reads layers {list(cfg.target_layer_ids)}, and the base has {layers}"
-        )
+    """Refuse, in one line naming `where`, a drafter built for another base (`layered.check_base`)."""
+    check_base("the DFlash drafter", cfg, cfg.target_layer_ids, base, where)

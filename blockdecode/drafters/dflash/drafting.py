@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from blockdecode.core.tree import lattice_paths
-from blockdecode.drafters.base import BaseDrafter
+from blockdecode.drafters.base import RowChains
 from blockdecode.drafters.dflash.model import DFlash
 from blockdecode.drafters.eagle3.model import Entries
 from blockdecode.drafters.proposals import CONFIDENCE_BINS, Lattice, Scored, Source, confidence_source
@@ -21,7 +21,7 @@ class _Row:
         self.pending: list[torch.Tensor] = []
 
 
-class DFlashDrafter(BaseDrafter):
+class DFlashDrafter(RowChains):
     """Proposals from a DFlash drafter: it reads the base's features at the positions each call keeps (`see`),
     then guesses every depth of the block in one pass. A depth's guesses do not hang on the path before them (the
     masks are guessed together), so its proposals are a lattice, as the heads' are: its argmax chain, or its
@@ -79,23 +79,6 @@ class DFlashDrafter(BaseDrafter):
         sources = [confidence_source(self.name, p) for p in best.exp().tolist()]
         pad = n - len(guess)
         return Scored(guess + guess[-1:] * pad, sources + [Source(self.name, ("padding",), 0.05)] * pad)
-
-    def chain_scored(self, tokens: torch.LongTensor, hidden: torch.Tensor, n: int) -> Scored:
-        return self._chain(0, tokens, n)
-
-    def propose(self, tokens: torch.LongTensor, hidden: torch.Tensor, n: int) -> torch.LongTensor:
-        return torch.tensor([self._chain(0, tokens, n).tokens], dtype=torch.long, device=tokens.device)
-
-    def rows_scored(
-        self, tokens: list[torch.LongTensor], hidden: torch.Tensor, n: int, rows: list[int]
-    ) -> list[Scored]:
-        return [self._chain(row, t, n) for t, row in zip(tokens, rows)]
-
-    def propose_rows(
-        self, tokens: list[torch.LongTensor], hidden: torch.Tensor, n: int, rows: list[int]
-    ) -> torch.LongTensor:
-        chains = [self._chain(row, t, n).tokens for t, row in zip(tokens, rows)]
-        return torch.tensor(chains, dtype=torch.long, device=tokens[0].device).view(len(rows), n)
 
     def propose_scored(self, tokens: torch.LongTensor, hidden: torch.Tensor, depth: int, budget: int) -> list:
         """The block's lattice: the `width` likeliest tokens at each depth, each with its probability (its prior,

@@ -25,6 +25,7 @@ from torch import nn
 from blockdecode.core.io import CheckpointError, read_tensors, saving_folder, write_text
 from blockdecode.drafters.dflash.config import CONFIG, WEIGHTS, DFlashConfig
 from blockdecode.drafters.eagle3.model import MLP, RMSNorm, rotary, rotate
+from blockdecode.drafters.layered import DraftVocabulary
 
 
 class Attention(nn.Module):
@@ -76,7 +77,7 @@ class Layer(nn.Module):
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
-class DFlash(nn.Module):
+class DFlash(DraftVocabulary):
     """The drafter's weights, named as z-lab's and the speculators layouts name them, and its one pass."""
 
     def __init__(self, cfg: DFlashConfig):
@@ -88,23 +89,7 @@ class DFlash(nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         if not cfg.shared_head:
             self.lm_head = nn.Linear(cfg.hidden_size, cfg.draft_vocab_size, bias=False)
-        ids = torch.arange(cfg.draft_vocab_size)
-        self.register_buffer("d2t", torch.zeros(cfg.draft_vocab_size, dtype=torch.long))
-        self.register_buffer("t2d", torch.zeros(cfg.vocab_size, dtype=torch.bool).index_fill_(0, ids, True))
-
-    def set_vocabulary(self, token_map: torch.LongTensor) -> None:
-        """The draft vocabulary: the base's ids `token_map` (draft id i is the i-th smallest)."""
-        token_map = token_map.sort().values.to(self.d2t.device)
-        self.d2t.copy_(token_map - torch.arange(len(token_map), device=token_map.device))
-        self.t2d.zero_()[token_map] = True
-
-    def target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
-        return draft_ids + self.d2t[draft_ids]
-
-    def draft_ids(self, target_ids: torch.Tensor) -> torch.Tensor:
-        """Each base id's draft id, -1 for ids outside the draft vocabulary."""
-        index = self.t2d.long().cumsum(0) - 1
-        return torch.where(self.t2d[target_ids], index[target_ids], -1)
+        self.init_vocabulary(cfg.vocab_size, cfg.draft_vocab_size)
 
     def context(self, features: torch.Tensor, positions: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Each layer's keys and values [B, kv, n, d] of the base's features [B, n, len(ids) * T] at `positions`."""
@@ -219,22 +204,5 @@ class DFlash(nn.Module):
         if drafter.config.shared_head:  # z-lab's layout: the base's ids throughout
             state = {**state, "d2t": drafter.d2t, "t2d": drafter.t2d}
         state.pop("embed_tokens.weight", None)  # speculators' copy of the base's own, which is shared here
-        expected = drafter.state_dict()
-        for name, t in expected.items():
-            if name not in state:
-                raise CheckpointError(f"{weights} lacks the tensor {name}")
-            if state[name].shape != t.shape:
-                raise CheckpointError(
-                    f"{weights}: {name} has shape {list(state[name].shape)}, its config says {list(t.shape)}"
-                )
-        extra = sorted(set(state) - set(expected))
-        if extra:
-            raise CheckpointError(f"{weights} holds tensors a DFlash drafter does not: {', '.join(extra[:3])}")
-        if not all(t.isfinite().all() for t in state.values() if t.is_floating_point()):
-            raise CheckpointError(f"{weights} holds weights that are not finite (NaN or inf)")
-        d2t = state["d2t"].long()
-        targets = torch.arange(len(d2t)) + d2t
-        if targets.min() < 0 or targets.max() >= drafter.config.vocab_size:
-            raise CheckpointError(f"{weights}: d2t maps draft ids outside the base's vocabulary")
-        drafter.load_state_dict({**state, "d2t": d2t, "t2d": state["t2d"].bool()})
+        drafter.load_checked(state, weights, "a DFlash drafter")
         return drafter.to(dtype) if dtype is not None else drafter

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from blockdecode.core.io import CheckpointError
+from blockdecode.drafters.layered import check_base, layer_fields
 
 SPECULATORS_VERSION = "0.3.0"
 
@@ -87,21 +88,8 @@ class Eagle3Config:
         return {
             "model_type": "llama",
             "architectures": ["LlamaForCausalLM"],
-            "hidden_size": self.hidden_size,
-            "intermediate_size": self.intermediate_size,
-            "num_attention_heads": self.num_attention_heads,
-            "num_key_value_heads": self.num_key_value_heads,
-            "head_dim": self.head_dim,
-            "num_hidden_layers": 1,
-            "hidden_act": "silu",
-            "rms_norm_eps": self.rms_norm_eps,
-            "rope_theta": self.rope_theta,
-            "rope_parameters": {"rope_type": "default", "rope_theta": self.rope_theta},
-            "max_position_embeddings": self.max_position_embeddings,
-            "vocab_size": self.vocab_size,
-            "attention_bias": False,
+            **layer_fields(self, 1),
             "mlp_bias": False,
-            "tie_word_embeddings": False,
         }
 
     def speculators(self) -> dict:
@@ -224,22 +212,5 @@ def config_for(base, draft_vocab: int, aux_layers: tuple[int, ...] | None = None
 
 
 def check_eagle3(cfg: Eagle3Config, base, where: object = None) -> None:
-    """Refuse, in one line naming `where`, a drafter built for another base: its vocabulary, the width of the
-    features it reads or of the embedding it shares, or layers the base does not have."""
-    text = base.config.get_text_config(decoder=True)
-    name = f"{where}: " if where is not None else ""
-    vocab = base.get_output_embeddings().weight.shape[0]
-    width = base.get_input_embeddings().weight.shape[1]
-    layers = getattr(text, "num_hidden_layers", 0)
-    found = [
-        ("vocabulary", cfg.vocab_size, vocab),
-        ("embedding width", cfg.hidden_size, width),
-        ("hidden size", cfg.target_hidden_size, getattr(text, "hidden_size", width)),
-    ]
-    for what, built, has in found:
-        if built != has:
-            raise CheckpointError(f"{name}the EAGLE-3 drafter was built for a {what} of {built}, the base's is {has}")
-    if max(cfg.aux_layers) >= layers:
-        raise CheckpointError(
-            f"{name}the EAGLE-3 drafter reads layers {list(cfg.aux_layers)}, and the base has {layers}"
-        )
+    """Refuse, in one line naming `where`, a drafter built for another base (`layered.check_base`)."""
+    check_base("the EAGLE-3 drafter", cfg, cfg.aux_layers, base, where)

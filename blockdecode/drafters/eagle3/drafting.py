@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from blockdecode.core.hf import weights_key
-from blockdecode.drafters.base import BaseDrafter
+from blockdecode.drafters.base import RowChains
 from blockdecode.drafters.eagle3.model import Eagle3, Entries
 from blockdecode.drafters.proposals import Scored, Source, confidence_source
 
@@ -66,7 +66,7 @@ MIN_PROB = 0.3
 built-in model, chains stopping at 0.3 ran 1.15x those stopping at 0.02, and 1.03x those at 0.5; docs/results.md)."""
 
 
-class Eagle3Drafter(BaseDrafter):
+class Eagle3Drafter(RowChains):
     """Proposals from an EAGLE-3 drafter: it reads the base's features at the positions each call keeps
     (`see`), extends its own cache over them, then guesses autoregressively: a chain of its argmax, or a beam
     of its `width` best paths for a tree, each node's source the drafter's probability for it given its
@@ -151,9 +151,6 @@ class Eagle3Drafter(BaseDrafter):
         state.entries.length = context
         return nodes
 
-    def chain_scored(self, tokens: torch.LongTensor, hidden: torch.Tensor, n: int) -> Scored:
-        return self._chain(0, tokens, n)
-
     def _chain(self, row: int, tokens: torch.LongTensor, n: int) -> Scored:
         """The drafter's argmax chain, padded (by its last guess) past where its probability fell below
         `min_prob`."""
@@ -163,20 +160,6 @@ class Eagle3Drafter(BaseDrafter):
         sources = [confidence_source(self.name, c) for c in chances]
         pad = n - len(guess)
         return Scored(guess + guess[-1:] * pad, sources + [Source(self.name, ("padding",), 0.05)] * pad)
-
-    def propose(self, tokens: torch.LongTensor, hidden: torch.Tensor, n: int) -> torch.LongTensor:
-        return torch.tensor([self._chain(0, tokens, n).tokens], dtype=torch.long, device=tokens.device)
-
-    def rows_scored(
-        self, tokens: list[torch.LongTensor], hidden: torch.Tensor, n: int, rows: list[int]
-    ) -> list[Scored]:
-        return [self._chain(row, t, n) for t, row in zip(tokens, rows)]
-
-    def propose_rows(
-        self, tokens: list[torch.LongTensor], hidden: torch.Tensor, n: int, rows: list[int]
-    ) -> torch.LongTensor:
-        chains = [self._chain(row, t, n).tokens for t, row in zip(tokens, rows)]
-        return torch.tensor(chains, dtype=torch.long, device=tokens[0].device).view(len(rows), n)
 
     def propose_scored(self, tokens: torch.LongTensor, hidden: torch.Tensor, depth: int, budget: int) -> list[Scored]:
         """The `budget` most probable nodes of the beam (a child never more than its parent, so they form a

@@ -32,6 +32,7 @@ from blockdecode.drafters.eagle3.config import (
     WEIGHTS,
     Eagle3Config,
 )
+from blockdecode.drafters.layered import DraftVocabulary
 
 
 def ttt_loss(sums: torch.Tensor, counts: torch.Tensor, decay: float = 0.8) -> torch.Tensor:
@@ -144,7 +145,7 @@ class Layer(nn.Module):
         return self.mlp(self.post_attention_layernorm(h)) + h
 
 
-class Eagle3(nn.Module):
+class Eagle3(DraftVocabulary):
     """The drafter's weights, named as the speculators format names them, and the two passes it runs."""
 
     def __init__(self, cfg: Eagle3Config):
@@ -156,23 +157,7 @@ class Eagle3(nn.Module):
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.draft_vocab_size, bias=False)
         if cfg.own_embedding:
             self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        ids = torch.arange(cfg.draft_vocab_size)
-        self.register_buffer("d2t", torch.zeros(cfg.draft_vocab_size, dtype=torch.long))
-        self.register_buffer("t2d", torch.zeros(cfg.vocab_size, dtype=torch.bool).index_fill_(0, ids, True))
-
-    def set_vocabulary(self, token_map: torch.LongTensor) -> None:
-        """The draft vocabulary: the base's ids `token_map`, ascending (draft id i is token_map[i])."""
-        token_map = token_map.sort().values.to(self.d2t.device)
-        self.d2t.copy_(token_map - torch.arange(len(token_map), device=token_map.device))
-        self.t2d.zero_()[token_map] = True
-
-    def target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
-        return draft_ids + self.d2t[draft_ids]
-
-    def draft_ids(self, target_ids: torch.Tensor) -> torch.Tensor:
-        """Each base id's draft id, -1 for ids outside the draft vocabulary."""
-        index = self.t2d.long().cumsum(0) - 1
-        return torch.where(self.t2d[target_ids], index[target_ids], -1)
+        self.init_vocabulary(cfg.vocab_size, cfg.draft_vocab_size)
 
     def logits(self, out: torch.Tensor) -> torch.Tensor:
         return self.lm_head(self.norm(out))
@@ -325,22 +310,7 @@ class Eagle3(nn.Module):
         state = {name.replace("midlayer.", "layers.0."): t for name, t in read_tensors(weights).items()}
         cfg = replace(Eagle3Config.from_json(raw, config_path), own_embedding="embed_tokens.weight" in state)
         drafter = cls(cfg)
-        expected = drafter.state_dict()
-        for name, t in expected.items():
-            if name not in state:
-                raise CheckpointError(f"{weights} lacks the tensor {name}")
-            if state[name].shape != t.shape:
-                raise CheckpointError(
-                    f"{weights}: {name} has shape {list(state[name].shape)}, its config says {list(t.shape)}"
-                )
-        extra = sorted(set(state) - set(expected))
-        if extra:
-            raise CheckpointError(f"{weights} holds tensors an EAGLE-3 drafter does not: {', '.join(extra[:3])}")
-        d2t = state["d2t"].long()
-        targets = torch.arange(len(d2t)) + d2t
-        if targets.min() < 0 or targets.max() >= drafter.config.vocab_size:
-            raise CheckpointError(f"{weights}: d2t maps draft ids outside the base's vocabulary")
-        drafter.load_state_dict({**state, "d2t": d2t, "t2d": state["t2d"].bool()})
+        drafter.load_checked(state, weights, "an EAGLE-3 drafter")
         return drafter.to(dtype) if dtype is not None else drafter
 
 
