@@ -409,3 +409,11 @@ def test_a_drafter_trains_beside_heads_saved_apart_from_their_base(tiny_base, tm
     assert model.eagle3 is not None and Path(model.base_location) == Path(tiny_base.dir).resolve()
     again = BlockwiseLM.from_pretrained(tmp_path / "e3")
     assert again.eagle3 is not None and again.k == 4
+
+
+def test_a_file_given_as_a_drafter_is_refused_in_one_line(exported, tmp_path) -> None:
+    lm, _ = exported
+    given = tmp_path / "drafter.safetensors"
+    given.write_bytes(b"not a folder")
+    with pytest.raises(CheckpointError, match="is a file: an EAGLE-3 drafter is saved as a folder of config.json"):
+        lm.attach_eagle3(given)

@@ -22,10 +22,10 @@ import torch.nn.functional as F
 from safetensors.torch import save_file
 from torch import nn
 
-from blockdecode.core.io import CheckpointError, read_tensors, saving_folder, write_text
+from blockdecode.core.io import read_tensors, saving_folder, write_text
 from blockdecode.drafters.dflash.config import CONFIG, WEIGHTS, DFlashConfig
 from blockdecode.drafters.eagle3.model import MLP, RMSNorm, rotary, rotate
-from blockdecode.drafters.layered import DraftVocabulary
+from blockdecode.drafters.layered import DraftVocabulary, read_config
 
 
 class Attention(nn.Module):
@@ -193,12 +193,7 @@ class DFlash(DraftVocabulary):
         file, a missing tensor or a wrong shape refused in one line naming the file."""
         folder = Path(folder)
         config_path, weights = folder / CONFIG, folder / WEIGHTS
-        try:
-            raw = json.loads(config_path.read_text())
-        except FileNotFoundError as err:
-            raise CheckpointError(f"{config_path} is missing: not a saved DFlash drafter") from err
-        except (json.JSONDecodeError, UnicodeDecodeError) as err:
-            raise CheckpointError(f"{config_path} is corrupt: {err}") from err
+        raw = read_config(folder, CONFIG, "a DFlash drafter")
         drafter = cls(DFlashConfig.from_json(raw, config_path))
         state = read_tensors(weights)
         if drafter.config.shared_head:  # z-lab's layout: the base's ids throughout

@@ -25,14 +25,14 @@ from safetensors.torch import save_file
 from torch import nn
 
 from blockdecode.core.hf import weights_key
-from blockdecode.core.io import CheckpointError, read_tensors, saving_folder, write_text
+from blockdecode.core.io import read_tensors, saving_folder, write_text
 from blockdecode.drafters.eagle3.config import (
     CONFIG,
     LAYOUTS,
     WEIGHTS,
     Eagle3Config,
 )
-from blockdecode.drafters.layered import DraftVocabulary
+from blockdecode.drafters.layered import DraftVocabulary, read_config
 
 
 def ttt_loss(sums: torch.Tensor, counts: torch.Tensor, decay: float = 0.8) -> torch.Tensor:
@@ -301,12 +301,7 @@ class Eagle3(DraftVocabulary):
         damaged file, a missing tensor or a wrong shape refused in one line naming the file."""
         folder = Path(folder)
         config_path, weights = folder / CONFIG, folder / WEIGHTS
-        try:
-            raw = json.loads(config_path.read_text())
-        except FileNotFoundError as err:
-            raise CheckpointError(f"{config_path} is missing: not a saved EAGLE-3 drafter") from err
-        except (json.JSONDecodeError, UnicodeDecodeError) as err:
-            raise CheckpointError(f"{config_path} is corrupt: {err}") from err
+        raw = read_config(folder, CONFIG, "an EAGLE-3 drafter")
         state = {name.replace("midlayer.", "layers.0."): t for name, t in read_tensors(weights).items()}
         cfg = replace(Eagle3Config.from_json(raw, config_path), own_embedding="embed_tokens.weight" in state)
         drafter = cls(cfg)
