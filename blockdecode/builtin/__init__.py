@@ -11,5 +11,6 @@ DEFAULT_DRAFT_MODEL = str(Path(__file__).parent / "draft_model")
 DEFAULT_TRANSLATION_MODEL = str(Path(__file__).parent / "translation_model")
 """The built-in English-Spanish Marian (`recipes/translation.sh`), with trained heads, once shipped."""
 SHIPPED_DRAFTERS = Path(__file__).parent / "drafters"
-"""Drafters trained for bases that users install themselves (a GGUF from the package registry): one heads-only
-folder each, attached by `load()` to a base whose weights match its `base_signature`. The bases are never here."""
+"""Drafters trained for bases that users install themselves (a GGUF from the package registry): one folder each of
+heads and the drafters beside them (eagle3/, dflash/), saved without their base and attached by `load()` to a base
+whose weights match its `base_signature`. The bases are never here."""
