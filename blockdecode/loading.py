@@ -52,6 +52,7 @@ from blockdecode.core.io import (
 from blockdecode.drafters.dflash.model import DFlash
 from blockdecode.drafters.eagle3.model import Eagle3
 from blockdecode.drafters.heads import HeadsConfig
+from blockdecode.drafters.registry import drafter_names
 
 # What transformers raises for config values it refuses, or that cannot build a model from the weights given.
 CONFIG_FAULTS = (StrictDataclassError, ValueError, TypeError, KeyError, IndexError, ZeroDivisionError, RuntimeError)
@@ -347,6 +348,7 @@ class Saved:
     heads_state: dict[str, torch.Tensor] | None = None
     eagle3: Eagle3 | None = None
     dflash: DFlash | None = None
+    default_drafters: str | None = None  # what drafter="auto" ranks for this model, where it was measured and saved
     tokenizer: object | None = None
     prompts: list[torch.LongTensor] = field(default_factory=list)
 
@@ -427,6 +429,12 @@ def _read_saved(folder: Path, base: PreTrainedModel | None, **base_kwargs) -> Sa
             f"pass the right base with base="
         )
     saved = Saved(folder, base, location, cfg, read_tensors(folder / HEADS_WEIGHTS))
+    saved.default_drafters = meta.get("default_drafters")
+    if saved.default_drafters is not None:
+        try:
+            drafter_names(saved.default_drafters)
+        except ValueError as err:
+            raise CheckpointError(f"{config_path}: default_drafters: {err}") from err
     if saved.eagle3_folder.is_dir():
         saved.eagle3 = Eagle3.load(saved.eagle3_folder)
     if saved.dflash_folder.is_dir():

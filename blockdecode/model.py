@@ -102,6 +102,7 @@ class BlockwiseLM(nn.Module):
         self.tokenizer = None  # what a corpus given to generate is tokenized with: load() sets it
         self.memory = Memory()  # this process's outputs, for suffix lookup (generate's remember)
         self.heads_trained = True  # False for from_base's fresh heads: the default then drafts by lookup alone
+        self.default_drafters: str | None = None  # what drafter="auto" ranks, where measured for this model and saved
         projection = output_projection(base)
         base_hidden = projection.weight.shape[1]
         base_vocab = projection.weight.shape[0]
@@ -420,6 +421,8 @@ class BlockwiseLM(nn.Module):
             meta["base_signature"] = weights_signature(self.base)
         if training is not None:
             meta["training"] = training
+        if self.default_drafters is not None:
+            meta["default_drafters"] = self.default_drafters
         if save_base:
             self.base.save_pretrained(folder)
         if tokenizer is not None:
@@ -461,6 +464,7 @@ class BlockwiseLM(nn.Module):
                 )
             model = cls(saved.base, saved.heads, base_location=saved.base_location)
             model.load_heads(saved.heads_state, saved.heads_file)
+        model.default_drafters = saved.default_drafters
         if saved.eagle3 is not None:
             model.attach_eagle3(saved.eagle3, saved.eagle3_folder)
         if saved.dflash is not None:

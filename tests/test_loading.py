@@ -153,3 +153,20 @@ def test_drafters_shipped_for_a_base_are_attached_by_its_weights(tmp_path: Path,
     out = model.generate(ids, 24, eos_token_id=NO_EOS)
     assert_greedy_equal(model.base, ids, out.sequences, hf_greedy(model.base, ids, 24, eos_token_id=NO_EOS))
     assert not load(other)[0].heads_trained
+
+
+def test_the_drafters_a_model_names_for_its_default_are_what_auto_ranks(tmp_path: Path) -> None:
+    base = toy_model("llama", layers=2)
+    lm = BlockwiseLM.from_base(base, k=4)
+    perturb_heads(lm)
+    lm.default_drafters = "suffix+heads"  # as measured for a model, and saved with its drafters
+    lm.save_pretrained(tmp_path / "m")
+    again = BlockwiseLM.from_pretrained(tmp_path / "m")
+    prompt = torch.randint(3, 500, (1, 12))
+    assert again.plan("auto", prompts=[prompt]).drafter_name == "suffix+heads"
+    assert BlockwiseLM.from_base(base, k=4).default_drafters is None
+    meta = json.loads((tmp_path / "m" / HEADS_CONFIG).read_text())
+    meta["default_drafters"] = "heads+oracle"
+    (tmp_path / "m" / HEADS_CONFIG).write_text(json.dumps(meta))
+    with pytest.raises(CheckpointError, match="default_drafters: unknown drafter 'heads\\+oracle'"):
+        BlockwiseLM.from_pretrained(tmp_path / "m")

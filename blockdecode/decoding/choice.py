@@ -18,7 +18,8 @@ from blockdecode.decoding.sampling import sampling_settings
 from blockdecode.drafters.base import Drafter
 
 DEFAULT_DRAFTERS = "heads+ngram"
-"""What drafter="auto" decodes with in ranked trees and chains (tree="expected", the default)."""
+"""What drafter="auto" decodes with in ranked trees and chains (tree="expected", the default), unless the model
+names its own (`BlockwiseLM.default_drafters`, saved with drafters measured on it: benchmarks/real.py)."""
 
 LOOKUP_DEFAULT = "suffix"
 """drafter="auto" where the heads are untrained (a plain transformers model, a GGUF) and no EAGLE-3 drafter is
@@ -105,7 +106,7 @@ def ranked_plan(lm, drafter, k, acceptance, eos_token_id, cache_implementation, 
     likeliest drafter, all of one length chosen so (`ranking.batch_width`)."""
     if not prompts:
         raise _no_prompts("expected")
-    drafter = DEFAULT_DRAFTERS if drafter == "auto" else drafter
+    drafter = (lm.default_drafters or DEFAULT_DRAFTERS) if drafter == "auto" else drafter
     check_settings(lm.base, k, None, acceptance, eos_token_id, cache_implementation)  # before anything is timed
     check_loaded(lm, "the BlockwiseLM")
     ranked = ranking.model_ranking(lm, prompts[0], cache_implementation)
