@@ -11,7 +11,7 @@
 # blockdecode/builtin/drafters/gemma3-270m, where `load()` of that GGUF finds them by the base's weights.
 # Resumable: run it again after an interruption; finished stages are skipped, a stopped one continues.
 #
-#   SHIP=1 bash recipes/gemma3_270m.sh     # RUNS=runs/gemma3-270m by default
+#   SHIP=1 DEFAULT_DRAFTERS=heads+suffix bash recipes/gemma3_270m.sh     # RUNS=runs/gemma3-270m by default
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export HF_HUB_OFFLINE=1
@@ -44,6 +44,7 @@ prepare_corpus(CorpusConfig(out='$RUNS/corpus', tokenizer=str(model_folder('$GGU
 # 4. Shipped: the heads and the EAGLE-3 drafter in bf16 (never the base), with Gemma's terms named beside them.
 if [ "${SHIP:-0}" = 1 ]; then
   .venv/bin/python - "$RUNS/eagle3" blockdecode/builtin/drafters/gemma3-270m <<'PY'
+import os
 import sys
 from pathlib import Path
 import torch
@@ -52,9 +53,11 @@ lm = BlockwiseLM.from_pretrained(sys.argv[1], dtype=torch.bfloat16)
 lm.heads.to(torch.bfloat16)
 lm.eagle3.to(torch.bfloat16)
 lm.base_location = None  # the user's own copy of the GGUF is what they attach to
+lm.default_drafters = os.environ.get("DEFAULT_DRAFTERS") or None  # as benchmarks/real.py --ranked measured them
 lm.save_pretrained(sys.argv[2], save_base=False)
 Path(sys.argv[2], "NOTICE").write_text(
-    "These heads were trained on the outputs of Gemma 3 270M and are a Model Derivative of Gemma.\n"
+    "These drafters (the heads and the EAGLE-3 drafter) were trained on the outputs of Gemma 3 270M and are a "
+    "Model Derivative of Gemma.\n"
     "Gemma is provided under and subject to the Gemma Terms of Use found at ai.google.dev/gemma/terms\n"
 )
 PY

@@ -170,3 +170,13 @@ def test_the_drafters_a_model_names_for_its_default_are_what_auto_ranks(tmp_path
     (tmp_path / "m" / HEADS_CONFIG).write_text(json.dumps(meta))
     with pytest.raises(CheckpointError, match="default_drafters: unknown drafter 'heads\\+oracle'"):
         BlockwiseLM.from_pretrained(tmp_path / "m")
+
+
+def test_the_drafters_shipped_for_installed_bases_keep_their_budget_and_terms() -> None:
+    folders = [p for p in builtin.SHIPPED_DRAFTERS.glob("*") if p.is_dir()]
+    assert sum(f.stat().st_size for p in folders for f in p.rglob("*") if f.is_file()) <= 40 * 2**20
+    for folder in folders:
+        meta = json.loads((folder / HEADS_CONFIG).read_text())
+        assert meta["base_model"] is None and len(meta["base_signature"]) == 4  # the base is never shipped
+        assert "Gemma Terms of Use" in (folder / "NOTICE").read_text() if "gemma" in folder.name else True
+        assert not list(folder.rglob("*.gguf")) and not (folder / "model.safetensors").exists()
