@@ -417,3 +417,11 @@ def test_a_file_given_as_a_drafter_is_refused_in_one_line(exported, tmp_path) ->
     given.write_bytes(b"not a folder")
     with pytest.raises(CheckpointError, match="is a file: an EAGLE-3 drafter is saved as a folder of config.json"):
         lm.attach_eagle3(given)
+
+
+def test_export_takes_the_built_in_model_by_default(tmp_path, capsys) -> None:
+    from blockdecode.cli import main as cli
+
+    cli(["export", "--format", "speculators", "--out", str(tmp_path / "e3")])  # as usage.md says: no --model
+    assert "exported an EAGLE-3 drafter (speculators)" in capsys.readouterr().out
+    assert json.loads((tmp_path / "e3" / "config.json").read_text())["speculators_model_type"] == "eagle3"

@@ -260,3 +260,12 @@ def test_a_corpus_given_to_generate_is_drafted_from_exactly(texts: Path) -> None
     for out in (alone, read):
         assert_greedy_equal(model, ids, out.sequences, ref)
     assert read.stats.calls < alone.stats.calls
+
+
+def test_an_empty_string_is_no_corpus_not_the_current_folder(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "secret.txt").write_text("never drafted from")
+    with pytest.raises(ValueError, match="corpus: an empty string names nothing"):
+        src.corpus_texts("")
+    with pytest.raises(ValueError, match="corpus: an empty string names nothing"):
+        src.corpus_texts(["a text with spaces", " "])

@@ -29,6 +29,10 @@ from conftest import make_cfg
         (dict(mode="finetune+distill", feature_cache="f"), "--feature-cache is for the frozen-base modes"),
         (dict(draft_vocab=1), "--draft-vocab must be 0 .* or at least 2, got 1: heads that score one token"),
         (dict(draft_vocab=-4), "--draft-vocab must be 0 .* or at least 2, got -4"),
+        (dict(head_type="eagle3", aux_layers=[3, 2, 1]), "ascending order .*, got 3 2 1"),  # not sorted silently
+        (dict(head_type="dflash", mode="finetune"), "--head-type dflash trains on a frozen base"),
+        (dict(head_type="dflash", anchors=0), "--anchors must be >= 1"),
+        (dict(head_type="paper", aux_layers=[1]), "--aux-layers takes layer ids, for --head-type eagle3 or dflash"),
     ],
 )
 def test_config_rejects(tiny_base, tmp_path, overrides, match):

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import torch
 
+from blockdecode.builtin import DEFAULT_MODEL
 from blockdecode.core.hf import DTYPES
 from blockdecode.loading import load_tokenizer
 from blockdecode.serving.export import DRAFTER_FORMATS, EXPORT_FORMATS
@@ -63,7 +64,11 @@ def add_parser(sub) -> None:
         "not at all, and the commands that serve it are printed. A base saved together with its heads is written to "
         "OUT/base as well.",
     )
-    p.add_argument("--model", required=True, help="a saved BlockwiseLM with medusa heads, or an EAGLE-3 drafter")
+    p.add_argument(
+        "--model",
+        default=DEFAULT_MODEL,
+        help="a saved BlockwiseLM with medusa heads, or an EAGLE-3 or DFlash drafter (default: the built-in model)",
+    )
     p.add_argument("--format", choices=EXPORT_FORMATS, default="vllm-medusa")
     p.add_argument(
         "--drafter",

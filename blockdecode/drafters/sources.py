@@ -285,6 +285,8 @@ def corpus_texts(items: str | os.PathLike | Sequence[str | os.PathLike]) -> Corp
     for item in items:
         if not isinstance(item, str | os.PathLike):
             raise TypeError(f"corpus takes paths and strings, got {type(item).__name__}")
+        if isinstance(item, str) and not item.strip():  # Path("") is the current folder, read whole: never meant
+            raise ValueError("corpus: an empty string names nothing: give files, folders or texts")
         path = Path(item)
         if _is_text(item):
             texts.append(item)
@@ -366,6 +368,8 @@ def corpus_stamp(items: str | os.PathLike | Sequence[str | os.PathLike]) -> tupl
     items = [items] if isinstance(items, str | os.PathLike) else list(items)
     stamp = []
     for item in items:
+        if isinstance(item, str) and not item.strip():  # Path("") is the current folder, read whole: never meant
+            raise ValueError("corpus: an empty string names nothing: give files, folders or texts")
         path = Path(item)
         if _is_text(item):
             stamp.append(_digest(item))

@@ -126,6 +126,11 @@ class TrainConfig:
             raise ValueError("--aux-layers takes three layer ids, for --head-type eagle3")
         if self.aux_layers is not None and (self.head_type not in DRAFTER_TYPES or not self.aux_layers):
             raise ValueError("--aux-layers takes layer ids, for --head-type eagle3 or dflash")
+        if self.aux_layers is not None and list(self.aux_layers) != sorted(self.aux_layers):
+            raise ValueError(
+                f"--aux-layers takes layer ids in ascending order (the order their features are concatenated in), "
+                f"got {' '.join(map(str, self.aux_layers))}"
+            )
         if self.head_type == "dflash" and (self.dflash_layers < 1 or self.anchors < 1 or not self.gamma > 0):
             raise ValueError("--dflash-layers and --anchors must be >= 1, and --gamma > 0")
         if self.head_loss not in HEAD_LOSSES:
