@@ -9,7 +9,6 @@ from pathlib import Path
 
 import torch
 
-from blockdecode.core import plots
 from blockdecode.core.hf import context_length, vocab_size
 from blockdecode.decoding.loop import decode_prompts
 from blockdecode.decoding.plan import make_plan
@@ -20,7 +19,6 @@ from blockdecode.drafters.heads import most_frequent
 from blockdecode.loading import has_heads
 from blockdecode.model import BlockwiseLM
 from blockdecode.training.config import TrainConfig
-from blockdecode.training.data import batch_indices
 from blockdecode.training.distill import distill_sequences
 from blockdecode.training.eagle3 import Eagle3Objective, Eagle3Training, fit_drafter
 
@@ -44,17 +42,12 @@ class DFlashTraining(Eagle3Training):
     cached (`--feature-cache`) or computed each step (several processes)."""
 
     name = "dflash"
-    curves = plots.Curves(heldout={"eval_loss": "held-out loss"}, ylabel=None, side=plots.head_accuracy)
 
     def loss(self, model, step: int) -> tuple[torch.Tensor, int]:
         cfg, acc = self.config, self.accelerator
-        world = acc.num_processes
-        idx = batch_indices(step, len(self.sequences), cfg.batch_size, cfg.seed)[acc.process_index :: world]
-        tokens = self.sequences[idx].to(acc.device)
-        aux = argmax = None
-        if self.features is not None:
-            aux, argmax = self.features.rows(idx, tokens.shape[1], acc.device, ("aux", "argmax"))
-        generator = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step * world + acc.process_index)
+        tokens, aux, argmax = self.batch(step)
+        seed = cfg.seed * 1_000_003 + step * acc.num_processes + acc.process_index
+        generator = torch.Generator().manual_seed(seed)
         loss, tallies = model(tokens, aux, argmax, cfg.anchors, cfg.gamma, generator)
         self.tallies += acc.reduce(tallies.to(acc.device), reduction="sum").cpu()
         return loss, tokens.numel()

@@ -76,14 +76,20 @@ class Eagle3Training(training.Task):
         self.scheduler = training.scheduler(self.optimizer, cfg.warmup_steps, cfg.steps, floor=0.1)
         self.tallies = torch.zeros(cfg.k - 1, 2)
 
+    def batch(self, step: int) -> tuple[torch.LongTensor, torch.Tensor | None, torch.Tensor | None]:
+        """This process's rows at `step`, with the base's cached features and argmax on them (None: computed)."""
+        cfg, acc = self.config, self.accelerator
+        idx = batch_indices(step, len(self.sequences), cfg.batch_size, cfg.seed)[acc.process_index :: acc.num_processes]
+        tokens = self.sequences[idx].to(acc.device)
+        if self.features is None:
+            return tokens, None, None
+        aux, argmax = self.features.rows(idx, tokens.shape[1], acc.device, ("aux", "argmax"))
+        return tokens, aux, argmax
+
     def loss(self, model, step: int) -> tuple[torch.Tensor, int]:
         cfg, acc = self.config, self.accelerator
         world = acc.num_processes
-        idx = batch_indices(step, len(self.sequences), cfg.batch_size, cfg.seed)[acc.process_index :: world]
-        tokens = self.sequences[idx].to(acc.device)
-        aux = argmax = None
-        if self.features is not None:
-            aux, argmax = self.features.rows(idx, tokens.shape[1], acc.device, ("aux", "argmax"))
+        tokens, aux, argmax = self.batch(step)
         sums, tallies = model(tokens, aux, argmax, cfg.k - 1)
         tallies = acc.reduce(tallies.to(acc.device), reduction="sum").cpu()
         self.tallies += tallies
