@@ -173,6 +173,22 @@ def test_rows_end_at_different_calls(arch: str) -> None:
     assert out.row_stats[2].calls == 1  # finished on the prefill's token: never verified
 
 
+def test_a_ranked_batch_asks_for_each_rows_own_chain_after_the_others_end() -> None:
+    """Once all rows but one have ended, the drafter is still asked for that row's chain by its number (a
+    drafter that keeps each row's state, as EAGLE-3 and DFlash do, crashed when handed row 0's)."""
+    model, prompts, ids, mask, free = causal_batch("llama")
+    rows = [row_tokens(model, free, mask, r, set()) for r in range(len(prompts))]
+    eos = [rows[r][-24:][1] for r in (0, 2, 3)]  # three rows end early; row 1 (always wrong) goes on alone
+    eos = [t for t in eos if t not in rows[1][-24:]]
+    ref = hf_batch(model, ids, mask, 24, eos=eos)
+    drafter = RowsScripted(rows)
+    plan = make_plan(model, [drafter, NgramDrafter()], 4, eos_token_id=eos, ranking=RANKED)
+    out = decode(model, ids, 24, plan, attention_mask=mask)
+    check_rows(model, prompts, mask, out.sequences, ref, eos, what="ranked, rows ending")
+    assert out.row_stats[1].new_tokens == 24 and min(s.new_tokens for s in out.row_stats) < 24
+    assert all(rows[row][: len(seen)] == seen for row, seen in drafter.shown), "a row was asked for with another's"
+
+
 @pytest.mark.parametrize("arch", TOY_SEQ2SEQ)
 def test_encoder_decoder_batch(arch: str) -> None:
     """Right-padded sources of different lengths, each row its own decoder sequence."""

@@ -125,7 +125,7 @@ def predict(plan: DecodePlan, run: Run, hidden: torch.Tensor, depth: int) -> lis
     trees = [Tree() for _ in tokens]
     if depth == 0:
         return trees
-    if run.rankers and len(tokens) > 1:  # a batch: each row's likeliest chain, one width for all by cost
+    if run.rankers and len(run.tokens) > 1:  # a batch, even down to one row: each row's likeliest chain, one width
         rankers = [run.rankers[row] for row in run.active]
         offered = [drafter.rows_scored(tokens, hidden, depth, run.active) for drafter in plan.drafters]
         chains = [
