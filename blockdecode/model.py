@@ -25,7 +25,7 @@ from blockdecode.core.hf import (
 from blockdecode.core.io import CheckpointError, saving_folder, write_text
 from blockdecode.decoding.acceptance import Acceptance
 from blockdecode.decoding.adapter import check_attention_mask, check_prompt, row_tokens
-from blockdecode.decoding.choice import LOOKUP_DEPTH, choose_plan
+from blockdecode.decoding.choice import LOOKUP_DEPTH, choose_plan, reading_corpus
 from blockdecode.decoding.healing import check_healing, heal_prompts
 from blockdecode.decoding.loop import decode
 from blockdecode.decoding.output import BlockwiseOutput
@@ -195,14 +195,24 @@ class BlockwiseLM(nn.Module):
         """Give this model an EAGLE-3 drafter (`drafter="eagle3"`): a module (read from `where`, if it was), or a
         folder holding one in the speculators or the original layout; refused in one line if it was built for
         another base."""
+        self._check_decoder_only("EAGLE-3")
         if not isinstance(eagle3, Eagle3):
             where, eagle3 = eagle3, Eagle3.load(eagle3)
         check_eagle3(eagle3.config, self.base, where)
         projection = output_projection(self.base)
         self.eagle3 = eagle3.to(device=projection.weight.device, dtype=projection.weight.dtype).eval()
 
+    def _check_decoder_only(self, kind: str) -> None:
+        """EAGLE-3 and DFlash read a decoder-only base's layers; an encoder-decoder drafts with the heads and lookups."""
+        if is_seq2seq(self.base):
+            raise ValueError(
+                f"{kind} drafters read a decoder-only base's layers; {type(self.base).__name__} is an encoder-decoder: "
+                "draft with heads, ngram or suffix lookup"
+            )
+
     def eagle3_drafter(self) -> Eagle3Drafter:
         """drafter="eagle3": proposals from this model's EAGLE-3 drafter."""
+        self._check_decoder_only("EAGLE-3")
         if self.eagle3 is None:
             raise ValueError(
                 "this model has no EAGLE-3 drafter: train one with `blockdecode train --head-type eagle3`, or "
@@ -214,6 +224,7 @@ class BlockwiseLM(nn.Module):
         """Give this model a DFlash block drafter (`drafter="dflash"`): a module (read from `where`, if it was), or a
         folder holding one in z-lab's layout or the speculators format; refused in one line if it was built for
         another base."""
+        self._check_decoder_only("DFlash")
         if not isinstance(dflash, DFlash):
             where, dflash = dflash, DFlash.load(dflash)
         check_dflash(dflash.config, self.base, where)
@@ -222,6 +233,7 @@ class BlockwiseLM(nn.Module):
 
     def dflash_drafter(self) -> DFlashDrafter:
         """drafter="dflash": proposals from this model's DFlash drafter, a whole block a pass."""
+        self._check_decoder_only("DFlash")
         if self.dflash is None:
             raise ValueError(
                 "this model has no DFlash drafter: train one with `blockdecode train --head-type dflash`, or "
@@ -307,7 +319,8 @@ class BlockwiseLM(nn.Module):
         read recursively, files that are not UTF-8 text skipped), texts (any other str) or indexes from
         `sources.corpus_index`, tokenized by `model.tokenizer` (set by `load`), indexed once and cached
         (`sources.cache_dir()`). `remember=False`: the decode neither reads nor adds to the memory. A corpus
-        given where no drafter is a SuffixDrafter is refused."""
+        given to the default (`drafter="auto"`) adds suffix lookup to its drafters, as `stats.note` says; given
+        where named drafters hold no SuffixDrafter, it is refused (it would be ignored)."""
         input_ids = check_prompt(self.base, input_ids, max_new_tokens, attention_mask)  # before any planning
         mask = check_attention_mask(self.base, input_ids, attention_mask)
         check_generator(generator, self.base.device)
@@ -337,8 +350,12 @@ class BlockwiseLM(nn.Module):
             check_healing(self.base, healing, input_ids, mask)  # an encoder-decoder fails before any planning
         with eval_mode(self):  # the heads too, while they are planned with and propose
             if plan is None:
+                note = ""
+                if corpus is not None and drafter in ("auto", None):  # the corpus is read: suffix lookup joins
+                    settings["drafter"], note = reading_corpus(self)
                 rows = [input_ids.new_tensor([tokens]) for tokens in row_tokens(input_ids, mask)]
                 plan = self.plan(**settings, prompts=rows, rows=len(rows))
+                plan = dataclasses.replace(plan, note="; ".join(filter(None, [plan.note, note])))
             plan = self.with_sources(plan, remember, corpus, heal)
             out = decode(self.base, input_ids, max_new_tokens, plan, on_block, generator, mask, healing)
         if remember and any(isinstance(d, SuffixDrafter) for d in plan.drafters):

@@ -167,3 +167,12 @@ def test_draft_model_shares_the_tokenizer_and_is_small() -> None:
     assert draft.get_output_embeddings().weight.shape[0] == shipped().config.vocab_size
     assert sum(p.numel() for p in draft.parameters()) < sum(p.numel() for p in shipped().base.parameters()) / 3
     assert AutoTokenizer.from_pretrained(DEFAULT_DRAFT_MODEL).get_vocab() == tokenizer().get_vocab()
+
+
+def test_from_pretrained_sets_the_tokenizer_that_a_corpus_is_read_with(tmp_path: Path) -> None:
+    """As `load` does: `corpus=` needs it, so a model from `from_pretrained` reads a corpus as one from `load` does."""
+    lm = BlockwiseLM.from_pretrained(DEFAULT_MODEL)
+    assert lm.tokenizer is not None and lm.tokenizer.get_vocab() == tokenizer().get_vocab()
+    ids = lm.tokenizer("def add(a, b):", return_tensors="pt").input_ids
+    out = lm.generate(ids, 8, corpus=["def add(a, b):\n    return a + b\n"], remember=False)
+    assert out.stats.new_tokens == 8

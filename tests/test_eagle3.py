@@ -17,6 +17,7 @@ from test_sampling import BUDGET, PROMPT, SETTINGS, SHOWN, homogeneity, referenc
 from test_train import TWO_PROCESS_SCRIPT, Killed, kill_at, launch_two
 
 from blockdecode import BlockwiseLM, NgramDrafter, decode, make_plan
+from blockdecode.cli import main
 from blockdecode.core.hf import layer_inputs
 from blockdecode.core.io import CheckpointError
 from blockdecode.core.toy import TOY_ARCHITECTURES, toy_model
@@ -326,6 +327,21 @@ def test_an_encoder_decoder_base_is_refused_before_training(tiny_marian, tmp_pat
 
     with pytest.raises(ValueError, match="eagle3 reads a decoder-only base's layers"):
         train(pairs_cfg(tiny_marian, tmp_path / "out", head_type="eagle3", mode="distill"))
+
+
+def test_an_encoder_decoder_refuses_a_drafter_it_cannot_read_in_one_line(tiny_marian) -> None:
+    lm = BlockwiseLM.from_pretrained(tiny_marian.dir, k=4)
+    ids = tiny_marian.tokenizer("In the beginning", return_tensors="pt").input_ids
+    for attach, drafter in ((lm.attach_eagle3, "eagle3"), (lm.attach_dflash, "dflash")):
+        with pytest.raises(ValueError, match="read a decoder-only base's layers; MarianMTModel is an encoder-decoder"):
+            attach("any-folder")  # before anything is read
+        with pytest.raises(ValueError, match="MarianMTModel is an encoder-decoder: draft with heads, ngram or suffix"):
+            lm.generate(ids, 4, drafter=drafter)
+
+
+def test_a_drafter_given_on_the_command_line_is_refused_unless_it_drafts(tmp_path) -> None:
+    with pytest.raises(SystemExit, match="--eagle3 drafts only where --drafter names it .*, not auto"):
+        main(["generate", "--prompt", "x", "--eagle3", str(tmp_path)])
 
 
 @pytest.mark.slow

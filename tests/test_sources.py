@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import NO_EOS, assert_greedy_equal, hf_greedy, make_prompt, tiny
+from conftest import NO_EOS, assert_greedy_equal, hf_greedy, make_prompt, perturb_heads, tiny
 from test_batch import causal_batch, check_rows
 from test_sampling import BUDGET, PROMPT, RUNS, SETTINGS, SHOWN, homogeneity, reference, small
 
@@ -260,6 +260,22 @@ def test_a_corpus_given_to_generate_is_drafted_from_exactly(texts: Path) -> None
     for out in (alone, read):
         assert_greedy_equal(model, ids, out.sequences, ref)
     assert read.stats.calls < alone.stats.calls
+
+
+def test_a_corpus_given_to_the_default_adds_suffix_lookup_and_says_so(texts: Path) -> None:
+    tok = tokenizer()
+    model = toy_model("llama", vocab=len(tok), context=256)
+    lm = perturb_heads(BlockwiseLM.from_base(model, k=4))  # trained heads: the default ranks heads+ngram
+    lm.tokenizer = tok
+    ids = tok("alpha beta", return_tensors="pt").input_ids
+    ref = hf_greedy(model, ids, 30, eos_token_id=NO_EOS)
+    (texts / "output.txt").write_text(tok.decode(ref[0]))
+    out = lm.generate(ids, 30, eos_token_id=NO_EOS, corpus=[texts], remember=False)
+    assert_greedy_equal(model, ids, out.sequences, ref)
+    assert "drafting with heads+ngram+suffix" in out.stats.note
+    assert out.stats.supplied.get("suffix", 0) > 0, out.stats.supplied  # the corpus's long matches stood
+    lm.default_drafters = "heads+suffix"  # a default that holds suffix lookup already: read as it is
+    assert lm.generate(ids, 30, eos_token_id=NO_EOS, corpus=[texts], remember=False).stats.note == ""
 
 
 def test_an_empty_string_is_no_corpus_not_the_current_folder(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -117,8 +117,9 @@ def check_drafter(drafter: str, tree: int | str | None) -> None:
 
 
 def check_corpus(drafter: str, corpus: list[str] | None) -> None:
-    """--corpus is read by suffix lookup alone: with other drafters it is refused here, before loading."""
-    if corpus and "suffix" not in drafter.split("+"):
+    """--corpus is read by suffix lookup alone, which the default adds: with other drafters it is refused here, before
+    loading."""
+    if corpus and drafter != "auto" and "suffix" not in drafter.split("+"):
         raise ValueError(f"--corpus is read by suffix lookup, and --drafter {drafter} has none: add --drafter suffix "
                          "or heads+suffix")  # fmt: skip
 

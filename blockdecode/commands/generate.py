@@ -50,6 +50,8 @@ def run(args: argparse.Namespace) -> None:
         raise ValueError(f"--acceptance {args.acceptance} is approximate, which has no exact meaning with --sample")
     check_drafter(args.drafter, args.tree)
     check_corpus(args.drafter, args.corpus)
+    if args.eagle3 and "eagle3" not in args.drafter.split("+"):
+        raise ValueError(f"--eagle3 drafts only where --drafter names it (eagle3, eagle3+suffix, ...), not {args.drafter}")
 
     dtype = dtype_for(args.dtype)
     model, tokenizer = load(args.model, dtype, args.k, args.head_type)

@@ -31,6 +31,23 @@ LOOKUP_DEPTH = 16
 does on a 270M model with a 262k vocabulary in bf16, and long lookup matches are common (benchmarks/real.py)."""
 
 
+def default_drafters(lm) -> str:
+    """The drafters drafter="auto" ranks on `lm`: suffix lookup alone where nothing trained drafts, else the model's
+    own measured choice or `DEFAULT_DRAFTERS`."""
+    if not lm.heads_trained and lm.eagle3 is None and lm.dflash is None:
+        return LOOKUP_DEFAULT
+    return lm.default_drafters or DEFAULT_DRAFTERS
+
+
+def reading_corpus(lm) -> tuple[str, str]:
+    """The default's drafters when a corpus is given, which suffix lookup alone reads: with suffix lookup added where
+    they hold none; and the note that says so ("" where nothing was added)."""
+    names = default_drafters(lm)
+    if "suffix" in names.split("+"):
+        return names, ""
+    return f"{names}+suffix", f"corpus= is read by suffix lookup: drafting with {names}+suffix, the default's and it"
+
+
 def choose_plan(
     lm,
     drafter: str | Drafter | Sequence[Drafter] | None = "auto",
@@ -61,7 +78,7 @@ def choose_plan(
     one chain a call, and so does each row of a batch (`rows` > 1): there "auto" is the drafter whose chain the
     calibration predicts fastest (it measures greedy's acceptance, which a draw at a low temperature mostly
     follows). Every setting is checked before anything is measured."""
-    if drafter in ("auto", None) and not lm.heads_trained and lm.eagle3 is None and lm.dflash is None:
+    if drafter in ("auto", None) and default_drafters(lm) == LOOKUP_DEFAULT:
         drafter = LOOKUP_DEFAULT
     if k is None:  # the heads' block, or the depth the EAGLE-3 drafter was trained to draft when it drafts alone
         k = lm.eagle3.config.speculative_tokens + 1 if drafter == "eagle3" and lm.eagle3 is not None else lm.k
@@ -106,7 +123,7 @@ def ranked_plan(lm, drafter, k, acceptance, eos_token_id, cache_implementation, 
     likeliest drafter, all of one length chosen so (`ranking.batch_width`)."""
     if not prompts:
         raise _no_prompts("expected")
-    drafter = (lm.default_drafters or DEFAULT_DRAFTERS) if drafter == "auto" else drafter
+    drafter = default_drafters(lm) if drafter == "auto" else drafter
     check_settings(lm.base, k, None, acceptance, eos_token_id, cache_implementation)  # before anything is timed
     check_loaded(lm, "the BlockwiseLM")
     ranked = ranking.model_ranking(lm, prompts[0], cache_implementation)
