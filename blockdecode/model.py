@@ -203,7 +203,7 @@ class BlockwiseLM(nn.Module):
         self.eagle3 = eagle3.to(device=projection.weight.device, dtype=projection.weight.dtype).eval()
 
     def _check_decoder_only(self, kind: str) -> None:
-        """EAGLE-3 and DFlash read a decoder-only base's layers; an encoder-decoder drafts with the heads and lookups."""
+        """EAGLE-3 and DFlash read a decoder-only base's layers: an encoder-decoder drafts with heads and lookups."""
         if is_seq2seq(self.base):
             raise ValueError(
                 f"{kind} drafters read a decoder-only base's layers; {type(self.base).__name__} is an encoder-decoder: "

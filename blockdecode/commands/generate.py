@@ -51,7 +51,8 @@ def run(args: argparse.Namespace) -> None:
     check_drafter(args.drafter, args.tree)
     check_corpus(args.drafter, args.corpus)
     if args.eagle3 and "eagle3" not in args.drafter.split("+"):
-        raise ValueError(f"--eagle3 drafts only where --drafter names it (eagle3, eagle3+suffix, ...), not {args.drafter}")
+        raise ValueError(f"--eagle3 drafts only where --drafter names it (eagle3, eagle3+suffix, ...), not "
+                         f"{args.drafter}")  # fmt: skip
 
     dtype = dtype_for(args.dtype)
     model, tokenizer = load(args.model, dtype, args.k, args.head_type)
