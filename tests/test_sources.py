@@ -4,6 +4,7 @@ damaged, binary files skipped, bad paths named)."""
 
 from __future__ import annotations
 
+import os
 import random
 import threading
 from collections import Counter
@@ -228,6 +229,41 @@ def test_a_corpus_is_indexed_once_and_rebuilt_when_a_file_changes_or_the_cache_i
     assert np.array_equal(corpus_index(tok, [texts, "epsilon zeta"]).order, changed.order) and len(built) == 3
     err = capfd.readouterr().err
     assert err.count("the cached index in") == 1 and "is damaged" in err
+
+
+def test_a_file_rewritten_at_its_size_and_time_is_indexed_again_and_a_generator_is_read(texts: Path) -> None:
+    tok = tokenizer()
+    file = texts / "a.txt"
+    first = corpus_index(tok, (p for p in [file]))  # a generator: read once, not spent by the stamp
+    assert first.size == len(tok(file.read_text(), add_special_tokens=False).input_ids)
+    info = file.stat()
+    file.write_text("zeta ".ljust(info.st_size, "z"))  # same size, then the modification time put back
+    os.utime(file, ns=(info.st_atime_ns, info.st_mtime_ns))
+    assert file.stat().st_size == info.st_size and file.stat().st_mtime_ns == info.st_mtime_ns
+    again = corpus_index(tok, [file])
+    assert again is not first and again.size != first.size
+
+
+@pytest.mark.parametrize("bad, match", [(5, "got int .token ids go to SuffixDrafter"), (b"x y", "got bytes"),
+                                        ([1, 2, 3], "got list .token ids go to SuffixDrafter")])  # fmt: skip
+def test_a_corpus_item_that_is_no_path_or_text_is_refused_in_one_line(bad, match) -> None:
+    lm, ids, _ = lm_and_prompt()
+    lm.tokenizer = tokenizer()
+    with pytest.raises(TypeError, match=f"corpus takes paths and strings, {match}"):
+        lm.generate(ids, 4, drafter="suffix", corpus=[bad])
+
+
+def test_a_cache_that_cannot_be_written_loses_nothing(tmp_path, monkeypatch, capfd) -> None:
+    blocker = tmp_path / "cache-is-a-file"
+    blocker.write_text("")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(blocker))
+    monkeypatch.setattr(src, "_LOADED", {})
+    tok = tokenizer()
+    array = corpus_index(tok, ["alpha beta gamma delta"])
+    assert (
+        array.size == len(tok("alpha beta gamma delta", add_special_tokens=False).input_ids)
+        and "its index cannot be cached in" in capfd.readouterr().err
+    )
 
 
 def make(cls, docs) -> SuffixArray:

@@ -275,18 +275,26 @@ class CorpusTexts:
     content: str
 
 
+def corpus_items(items: str | os.PathLike | Sequence[str | os.PathLike]) -> list[str | os.PathLike]:
+    """A corpus's items as a list, read once (a generator too), each a path or a str: anything else is refused in
+    one line, as is an empty str (Path("") is the current folder, read whole: never meant)."""
+    items = [items] if isinstance(items, str | os.PathLike) else list(items)
+    for item in items:
+        if not isinstance(item, str | os.PathLike):
+            ids = " (token ids go to SuffixDrafter(corpus=...))" if isinstance(item, list | tuple | int) else ""
+            raise TypeError(f"corpus takes paths and strings, got {type(item).__name__}{ids}")
+        if isinstance(item, str) and not item.strip():
+            raise ValueError("corpus: an empty string names nothing: give files, folders or texts")
+    return items
+
+
 def corpus_texts(items: str | os.PathLike | Sequence[str | os.PathLike]) -> CorpusTexts:
     """The texts a corpus names: a Path, or a str naming an existing file or folder, is read (folders
     recursively, in name order); any other str with a space or a line break in it is text. One word that
     names nothing is taken for a mistyped path, not a text to draft from: one ValueError naming it, as for
     a path that cannot be read. Files that are not UTF-8 text (or hold NUL bytes) are skipped with one note."""
-    items = [items] if isinstance(items, str | os.PathLike) else list(items)
     texts, names, skipped = [], [], []
-    for item in items:
-        if not isinstance(item, str | os.PathLike):
-            raise TypeError(f"corpus takes paths and strings, got {type(item).__name__}")
-        if isinstance(item, str) and not item.strip():  # Path("") is the current folder, read whole: never meant
-            raise ValueError("corpus: an empty string names nothing: give files, folders or texts")
+    for item in corpus_items(items):
         path = Path(item)
         if _is_text(item):
             texts.append(item)
@@ -355,6 +363,7 @@ def corpus_index(
     it while no file's size or time changed; else read from the cache when this tokenizer indexed these
     names with this content before; else built, with a progress bar, and cached in place of any older
     index of the same names (a changed file, or a damaged cache, is said in one line)."""
+    items = corpus_items(items)  # once: a generator is read here, not spent by the stamp
     stamp = corpus_stamp(items)
     with _LOADING:
         known = _LOADED.get(stamp)
@@ -364,12 +373,10 @@ def corpus_index(
 
 
 def corpus_stamp(items: str | os.PathLike | Sequence[str | os.PathLike]) -> tuple:
-    """What a corpus names as it stands: each file's path, size and time, each text's hash."""
-    items = [items] if isinstance(items, str | os.PathLike) else list(items)
+    """What a corpus names as it stands: each file's path, inode, size and times (a write that restores the
+    modification time still moves the change time), each text's hash."""
     stamp = []
-    for item in items:
-        if isinstance(item, str) and not item.strip():  # Path("") is the current folder, read whole: never meant
-            raise ValueError("corpus: an empty string names nothing: give files, folders or texts")
+    for item in corpus_items(items):
         path = Path(item)
         if _is_text(item):
             stamp.append(_digest(item))
@@ -380,7 +387,7 @@ def corpus_stamp(items: str | os.PathLike | Sequence[str | os.PathLike]) -> tupl
             except OSError:  # reading it says why
                 stamp.append(str(file))
                 continue
-            stamp.append((str(file), info.st_size, info.st_mtime_ns))
+            stamp.append((str(file), info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns))  # ctime: any write
     return tuple(stamp)
 
 
@@ -394,10 +401,14 @@ def _index(tokenizer, items: str | os.PathLike | Sequence[str | os.PathLike], pr
     for start in _progress(range(0, len(corpus.texts), BATCH), len(corpus.texts), progress):
         documents += tokenizer(corpus.texts[start : start + BATCH], add_special_tokens=False).input_ids
     array = SuffixArray.of(documents)
-    atomic_write(folder / "tokens.npy", lambda p: save_npy(p, array.tokens))
-    atomic_write(folder / "order.npy", lambda p: save_npy(p, array.order))
-    sums = {"content": corpus.content, "tokens": _sum(array.tokens), "order": _sum(array.order)}
-    write_json(folder / "index.json", sums)  # last: it marks the index whole
+    try:
+        atomic_write(folder / "tokens.npy", lambda p: save_npy(p, array.tokens))
+        atomic_write(folder / "order.npy", lambda p: save_npy(p, array.order))
+        sums = {"content": corpus.content, "tokens": _sum(array.tokens), "order": _sum(array.order)}
+        write_json(folder / "index.json", sums)  # last: it marks the index whole
+    except OSError as err:  # the index is still good for this process
+        print(f"note: corpus: its index cannot be cached in {folder} ({err.strerror or err}); drafting from it "
+              "uncached", file=sys.stderr)  # fmt: skip
     return array
 
 
