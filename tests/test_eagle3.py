@@ -15,6 +15,7 @@ from safetensors.torch import load_file, save_file
 from test_batch import RANKED, causal_batch, check_rows
 from test_sampling import BUDGET, PROMPT, SETTINGS, SHOWN, homogeneity, reference, small
 from test_train import TWO_PROCESS_SCRIPT, Killed, kill_at, launch_two
+from transformers import AutoConfig
 
 from blockdecode import BlockwiseLM, NgramDrafter, decode, make_plan
 from blockdecode.cli import main
@@ -303,14 +304,20 @@ def test_without_features_the_drafter_says_where_it_proposes() -> None:
 # ------------------------------------------------------------------------------------------- training
 
 
-def test_training_resumes_exactly_and_saves_a_model_that_decodes(tiny_base, tmp_path) -> None:
+def test_training_resumes_exactly_and_saves_a_model_that_decodes(tiny_base, tmp_path, monkeypatch) -> None:
+    """Resumed with the same settings spelt otherwise: the base as a relative path, the default layers named."""
     kw = dict(head_type="eagle3", mode="distill", draft_vocab=64, steps=8, checkpoint_every=4, log_every=1)
     kw |= dict(eval_every=100, feature_cache=str(tmp_path / "features"))
     a, b = tmp_path / "a", tmp_path / "b"
     train(make_cfg(tiny_base, a, **kw))
     with pytest.raises(Killed):
         train(make_cfg(tiny_base, b, **kw), callback=kill_at(6))
-    train(make_cfg(tiny_base, b, resume=True, **kw))
+    monkeypatch.chdir(Path(tiny_base.dir).parent)
+    layers = list(default_aux_layers(AutoConfig.from_pretrained(tiny_base.dir).num_hidden_layers))
+    spelt = dict(base=Path(tiny_base.dir).name, aux_layers=layers)
+    with pytest.raises(ValueError, match="has aux_layers=None, this run asks for \\[0, 0, 0\\]"):
+        train(make_cfg(tiny_base, b, resume=True, **kw | spelt | dict(aux_layers=[0, 0, 0])))
+    train(make_cfg(tiny_base, b, resume=True, **kw | spelt))
     first, resumed = (load_file(str(out / "eagle3" / "model.safetensors")) for out in (a, b))
     for name, t in first.items():
         torch.testing.assert_close(resumed[name], t, atol=1e-6, rtol=0, msg=name)

@@ -334,19 +334,27 @@ def save_checkpoint(path: Path, state: dict) -> None:
     atomic_write(path, lambda p: torch.save(state, p))
 
 
-def load_checkpoint(path: Path, cfg: object, must_match: Sequence[str], data_digest: str | None = None) -> dict:
+def load_checkpoint(
+    path: Path,
+    cfg: object,
+    must_match: Sequence[str],
+    data_digest: str | None = None,
+    meaning: Callable[[str, object], object] | None = None,
+) -> dict:
     """A training checkpoint, refused with a clear error if damaged, saved by a run whose
     `must_match` settings differ from cfg's, or trained on data whose content (`data_digest`, a
     fingerprint of the tokens, so a moved folder still resumes and an edited one does not) differs.
     A setting the saved config lacks (a checkpoint older than the setting, or than its check) is
-    not a difference: such checkpoints stay resumable."""
+    not a difference: such checkpoints stay resumable. `meaning(name, value)`, where given, is what a
+    setting means (a path resolved, a default filled in): settings spelt differently that mean the same match."""
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
         saved = state["config"]
     except Exception as err:  # torch raises many types for a damaged file
         raise ValueError(f"--resume: the checkpoint {path} is corrupt: {err}") from err
+    same = (lambda n, a, b: a == b) if meaning is None else (lambda n, a, b: a == b or meaning(n, a) == meaning(n, b))
     for name in must_match:
-        if name in saved and saved[name] != getattr(cfg, name):
+        if name in saved and not same(name, saved[name], getattr(cfg, name)):
             raise ValueError(
                 f"--resume: the checkpoint in {Path(path).parent} has {name}={saved.get(name)!r}, this run asks "
                 f"for {getattr(cfg, name)!r}"

@@ -284,15 +284,17 @@ class Loop:
     def device(self) -> torch.device:
         return self.accelerator.device
 
-    def resume(self, cfg: object, must_match: Iterable[str], data_digest: str) -> dict | None:
-        """The checkpoint a resumed run continues from, refused if its `must_match` settings or its
-        data differ from this run's; None for a fresh run."""
+    def resume(
+        self, cfg: object, must_match: Iterable[str], data_digest: str, meaning: Callable | None = None
+    ) -> dict | None:
+        """The checkpoint a resumed run continues from, refused if its `must_match` settings (by `meaning`, where
+        given: `io.load_checkpoint`) or its data differ from this run's; None for a fresh run."""
         if not self.cfg.resume:
             return None
         if not self.checkpoint.is_file():
             warnings.warn(f"--resume: no checkpoint at {self.checkpoint}; starting from step 0", stacklevel=3)
             return None
-        return load_checkpoint(self.checkpoint, cfg, tuple(must_match), data_digest)
+        return load_checkpoint(self.checkpoint, cfg, tuple(must_match), data_digest, meaning)
 
     def fit(
         self, task: Task, state: dict | None = None, callback: Callable[[int, dict], None] | None = None

@@ -11,6 +11,7 @@ import math
 import random
 from collections.abc import Callable
 from dataclasses import asdict
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -24,6 +25,8 @@ from blockdecode.decoding.adapter import decoder_prompt
 from blockdecode.decoding.loop import decode_prompts
 from blockdecode.decoding.plan import make_plan
 from blockdecode.decoding.rules import greedy_rules
+from blockdecode.drafters.dflash.config import config_for as dflash_config_for
+from blockdecode.drafters.eagle3.config import config_for as eagle3_config_for
 from blockdecode.drafters.heads import most_frequent
 from blockdecode.loading import HEADS_CONFIG, has_heads, load_base, load_tokenizer, read_model
 from blockdecode.model import BlockwiseLM
@@ -243,7 +246,7 @@ def train(cfg: TrainConfig, callback: Callable[[int, dict], None] | None = None)
     if extra_rows:  # the sources' content too, so a run resumed on edited sources is refused
         content = torch.cat([content, torch.tensor([-3]), padded(extra_rows).flatten()])
     data_digest = fingerprint(content)
-    state = loop.resume(cfg, RESUME_MUST_MATCH, data_digest)
+    state = loop.resume(cfg, RESUME_MUST_MATCH, data_digest, partial(setting_meaning, cfg, base))
     torch.manual_seed(cfg.seed)
     if cfg.head_type == "eagle3":
         return train_eagle3(cfg, loop, base, tokenizer, train_seqs, held_out, data_digest, state, callback)
@@ -380,6 +383,19 @@ def training_summary(out: str | Path) -> str:
         f"mean accepted block size {first['eval_mean_block_size']:.2f} -> {last['eval_mean_block_size']:.2f} "
         f"(steps {first['step']} -> {last['step']})"
     )
+
+
+def setting_meaning(cfg: TrainConfig, base, name: str, value: object) -> object:
+    """What a saved or given setting means, so that a resume spelt otherwise matches: the base's path resolved, and
+    the base's layers a drafter reads with the default filled in."""
+    if name == "base" and isinstance(value, str) and Path(value).exists():
+        return str(Path(value).resolve())
+    if name == "aux_layers" and cfg.head_type in DRAFTER_TYPES:
+        vocab = vocab_size(base)
+        if cfg.head_type == "eagle3":
+            return list(eagle3_config_for(base, vocab, value and tuple(value)).aux_layers)
+        return list(dflash_config_for(base, vocab, 0, target_layer_ids=value and tuple(value)).target_layer_ids)
+    return value
 
 
 RESUME_MUST_MATCH = (
