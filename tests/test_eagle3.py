@@ -382,6 +382,9 @@ def test_the_command_line_trains_on_chosen_layers_and_exports_with_the_serving_c
     assert '"method": "eagle3"' in printed and "--speculative-algorithm EAGLE3" in printed
     assert "--spec-type draft-eagle3" in printed
     assert Eagle3.load(out).config.speculative_tokens == 3
+    for folder in (run / "eagle3", out):  # the drafter a model holds, and its export: neither is a model
+        with pytest.raises(SystemExit, match=f"{folder} is an EAGLE-3 drafter's folder, not a model's: --model takes"):
+            main(["export", "--model", str(folder), "--format", "speculators", "--out", str(tmp_path / "again")])
     with pytest.raises(SystemExit, match="three layer ids in \\[0, 1\\]"):
         main([*common[:-1], str(tmp_path / "other"), "--head-type", "eagle3", "--aux-layers", "0", "1", "2"])
 

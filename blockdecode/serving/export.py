@@ -93,6 +93,10 @@ def saved_heads(folder: str | Path) -> tuple[HeadsConfig, dict]:
     folder = Path(folder)
     if not folder.is_dir():
         raise CheckpointError(f"no such folder: {folder}")
+    drafter = drafter_kind(folder)  # a drafter's own folder, or its export (whose record names where it came from)
+    if drafter and not (has_heads(folder) and "heads" in read_json(folder / HEADS_CONFIG, CheckpointError)):
+        raise CheckpointError(f"{folder} is {drafter} drafter's folder, not a model's: --model takes the folder "
+                              "that holds it, as `blockdecode train` saved it")  # fmt: skip
     if not has_heads(folder):
         raise CheckpointError(f"{folder} holds no trained heads ({HEADS_CONFIG}): train them with `blockdecode train`")
     path = folder / HEADS_CONFIG
@@ -101,6 +105,18 @@ def saved_heads(folder: str | Path) -> tuple[HeadsConfig, dict]:
         return HeadsConfig(**record["heads"]), record
     except (KeyError, TypeError, ValueError) as err:
         raise CheckpointError(f"{path} is corrupt: {err}") from err
+
+
+def drafter_kind(folder: Path) -> str | None:
+    """ "an EAGLE-3" or "a DFlash" where `folder` holds such a drafter by itself (its config.json in any layout)."""
+    try:
+        config = json.loads((folder / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(config, dict):
+        return None
+    named = " ".join([str(config.get("speculators_model_type", "")), *map(str, config.get("architectures") or [])])
+    return "an EAGLE-3" if "eagle3" in named.lower() else "a DFlash" if "dflash" in named.lower() else None
 
 
 def check_destination(out: Path) -> None:
