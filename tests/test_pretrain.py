@@ -9,6 +9,7 @@ import json
 import re
 import shutil
 import sysconfig
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -183,6 +184,17 @@ def test_bad_pretrain_configs_fail_clearly(change: dict, message: str) -> None:
     """Refused when the config is made, so the CLI can make it before it prepares any corpus."""
     with pytest.raises(ValueError, match=message):
         PretrainConfig(corpus="c", out="o", **{**TINY, **change})
+
+
+def test_a_prepared_corpus_is_reused_only_with_the_settings_it_was_prepared_with(corpus: Path) -> None:
+    files = json.loads((corpus / "files.json").read_text())
+    same = CorpusConfig(**{**files["prepared_with"], "out": str(corpus), "packages": ()})
+    assert len(prepare_corpus(same, show=False)) == 320  # reused as it is
+    for change, flag in (({"vocab_size": 512}, "--vocab-size 320, this run asks for 512"),
+                         ({"max_files": 3}, "--max-files None, this run asks for 3")):  # fmt: skip
+        with pytest.raises(ValueError, match=f"--corpus {corpus} was prepared with {flag}: give another --corpus"):
+            prepare_corpus(replace(same, **change), show=False)
+    assert json.loads((corpus / "files.json").read_text()) == files  # nothing rewritten
 
 
 def test_a_vocab_size_below_the_byte_alphabet_is_refused_naming_the_least() -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import math
 import sysconfig
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -65,6 +65,24 @@ class CorpusConfig:
             raise ValueError(f"--max-files must be positive, got {self.max_files}")
 
 
+def prepared_with(cfg: CorpusConfig) -> dict:
+    """The settings that decide a corpus's files, split and tokens (its folder aside)."""
+    return {k: v for k, v in asdict(cfg).items() if k != "out"} | {"packages": list(cfg.packages)}
+
+
+def check_prepared_with(cfg: CorpusConfig, manifest: dict, out: Path) -> None:
+    """A prepared corpus is reused only for the settings it was prepared with (one saved before they were recorded
+    is taken as it is): another --vocab-size or --max-files over it is refused, not trained on the old corpus."""
+    saved = manifest.get("prepared_with") if isinstance(manifest, dict) else None
+    if not isinstance(saved, dict):
+        return
+    for name, value in prepared_with(cfg).items():
+        if name in saved and saved[name] != value:
+            flag = "--" + name.replace("_", "-")
+            raise ValueError(f"--corpus {out} was prepared with {flag} {saved[name]}, this run asks for {value}: give "
+                             "another --corpus folder, or the settings it was prepared with")  # fmt: skip
+
+
 def split_of(f: SourceFile, fraction: float) -> str:
     if not is_heldout(f.name, fraction):
         return "train"
@@ -83,6 +101,7 @@ def prepare_corpus(cfg: CorpusConfig, show: bool = True) -> PreTrainedTokenizerF
     is worth. Files already there are reused, so a resumed recipe does not redo this."""
     out = Path(cfg.out)
     if (out / "tokenizer.json").is_file() and (out / "files.json").is_file():
+        check_prepared_with(cfg, read_json(out / "files.json"), out)
         return load_tokenizer(out, PreTrainedTokenizerFast)
     check_writable(out, "--corpus")
     root = Path(cfg.root or sysconfig.get_paths()["stdlib"])
@@ -123,6 +142,7 @@ def prepare_corpus(cfg: CorpusConfig, show: bool = True) -> PreTrainedTokenizerF
             "bytes_per_token": size / max(1, len(ids) - len(chosen)),
         }
     tokenizer.save_pretrained(out)
+    manifest["prepared_with"] = prepared_with(cfg)
     write_json(out / "files.json", manifest)  # last: its presence says the corpus is whole
     return tokenizer
 
