@@ -25,7 +25,7 @@ from blockdecode.core.hf import (
 from blockdecode.core.io import CheckpointError, saving_folder, write_text
 from blockdecode.decoding.acceptance import Acceptance
 from blockdecode.decoding.adapter import check_attention_mask, check_prompt, row_tokens
-from blockdecode.decoding.choice import LOOKUP_DEPTH, choose_plan, reading_corpus
+from blockdecode.decoding.choice import LOOKUP_DEPTH, choose_plan
 from blockdecode.decoding.healing import check_healing, heal_prompts
 from blockdecode.decoding.loop import decode
 from blockdecode.decoding.output import BlockwiseOutput
@@ -350,12 +350,8 @@ class BlockwiseLM(nn.Module):
             check_healing(self.base, healing, input_ids, mask)  # an encoder-decoder fails before any planning
         with eval_mode(self):  # the heads too, while they are planned with and propose
             if plan is None:
-                note = ""
-                if corpus is not None and drafter in ("auto", None):  # the corpus is read: suffix lookup joins
-                    settings["drafter"], note = reading_corpus(self)
                 rows = [input_ids.new_tensor([tokens]) for tokens in row_tokens(input_ids, mask)]
-                plan = self.plan(**settings, prompts=rows, rows=len(rows))
-                plan = dataclasses.replace(plan, note="; ".join(filter(None, [plan.note, note])))
+                plan = self.plan(**settings, prompts=rows, rows=len(rows), corpus=corpus is not None)
             plan = self.with_sources(plan, remember, corpus, heal)
             out = decode(self.base, input_ids, max_new_tokens, plan, on_block, generator, mask, healing)
         if remember and any(isinstance(d, SuffixDrafter) for d in plan.drafters):

@@ -76,6 +76,10 @@ def test_the_layers_read_are_vllms_where_distinct() -> None:
     assert default_aux_layers(4) == (1, 2, 3)  # vLLM's rule gives (2, 2, 1) here
     assert default_aux_layers(3) == (0, 1, 2)
     assert default_aux_layers(1) == (0, 0, 0)
+    base = toy_model("llama", layers=4)
+    with pytest.raises(ValueError, match="three distinct layers where the base has 4, got \\[2, 2, 2\\]"):
+        config_for(base, 64, (2, 2, 2))
+    assert config_for(toy_model("llama", layers=2), 64, (0, 1, 1)).aux_layers == (0, 1, 1)  # a shallow base repeats
 
 
 @pytest.mark.parametrize("arch", TOY_ARCHITECTURES)

@@ -18,6 +18,7 @@ from test_batch import causal_batch, check_rows
 from test_sampling import BUDGET, PROMPT, RUNS, SETTINGS, SHOWN, homogeneity, reference, small
 
 from blockdecode import BlockwiseLM, decode, make_plan
+from blockdecode.cli import main
 from blockdecode.core.toy import toy_model
 from blockdecode.decoding.sampling import sampling_settings
 from blockdecode.drafters import sources as src
@@ -298,7 +299,7 @@ def test_a_corpus_given_to_generate_is_drafted_from_exactly(texts: Path) -> None
     assert read.stats.calls < alone.stats.calls
 
 
-def test_a_corpus_given_to_the_default_adds_suffix_lookup_and_says_so(texts: Path) -> None:
+def test_a_corpus_given_to_the_default_adds_suffix_lookup_and_says_so(texts: Path, capsys) -> None:
     tok = tokenizer()
     model = toy_model("llama", vocab=len(tok), context=256)
     lm = perturb_heads(BlockwiseLM.from_base(model, k=4))  # trained heads: the default ranks heads+ngram
@@ -308,10 +309,12 @@ def test_a_corpus_given_to_the_default_adds_suffix_lookup_and_says_so(texts: Pat
     (texts / "output.txt").write_text(tok.decode(ref[0]))
     out = lm.generate(ids, 30, eos_token_id=NO_EOS, corpus=[texts], remember=False)
     assert_greedy_equal(model, ids, out.sequences, ref)
-    assert "drafting with heads+ngram+suffix" in out.stats.note
+    assert "corpus= is read by suffix lookup, which joins the default's drafters: heads+ngram+suffix" in out.stats.note
     assert out.stats.supplied.get("suffix", 0) > 0, out.stats.supplied  # the corpus's long matches stood
     lm.default_drafters = "heads+suffix"  # a default that holds suffix lookup already: read as it is
     assert lm.generate(ids, 30, eos_token_id=NO_EOS, corpus=[texts], remember=False).stats.note == ""
+    main(["generate", "--prompt", "def add(a, b):", "--max-new-tokens", "8", "--corpus", str(texts)])  # built-in
+    assert "which joins the default's drafters: heads+ngram+suffix" in capsys.readouterr().err
 
 
 def test_an_empty_string_is_no_corpus_not_the_current_folder(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:

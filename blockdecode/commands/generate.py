@@ -71,9 +71,8 @@ def run(args: argparse.Namespace) -> None:
     prompts = model.prompts or [ids]  # "auto" times on the model's own prompts
     with warnings.catch_warnings():  # a tree the plan cannot use is said once, as its note below
         warnings.simplefilter("ignore")
-        plan = model.plan(
-            args.drafter, args.k, args.tree, acceptance, prompts=prompts, do_sample=args.sample, **warpers
-        )
+        plan = model.plan(args.drafter, args.k, args.tree, acceptance, prompts=prompts, do_sample=args.sample,
+                          corpus=bool(args.corpus), **warpers)  # fmt: skip
     generator = torch.Generator(device=model.base.device)
     seed = generator.seed() if args.seed is None else args.seed  # a fresh one unless given, shown to repeat the run
     generator.manual_seed(seed)

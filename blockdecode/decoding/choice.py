@@ -5,6 +5,7 @@ resolved for one model into a `DecodePlan`."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 import torch
 
@@ -45,7 +46,7 @@ def reading_corpus(lm) -> tuple[str, str]:
     names = default_drafters(lm)
     if "suffix" in names.split("+"):
         return names, ""
-    return f"{names}+suffix", f"corpus= is read by suffix lookup: drafting with {names}+suffix, the default's and it"
+    return f"{names}+suffix", f"corpus= is read by suffix lookup, which joins the default's drafters: {names}+suffix"
 
 
 def choose_plan(
@@ -62,9 +63,22 @@ def choose_plan(
     top_k: int | None = None,
     top_p: float | None = None,
     rows: int = 1,
+    corpus: bool = False,
 ) -> DecodePlan:
     """`BlockwiseLM.plan`: every setting of a decode on `lm`, resolved and checked once (see
-    `BlockwiseLM.generate` for their meaning).
+    `BlockwiseLM.generate` for their meaning). `corpus`: the decode is given one, which suffix lookup alone
+    reads: the default's drafters take it in (`reading_corpus`), as the plan's note says."""
+    note = ""
+    if corpus and drafter in ("auto", None):
+        drafter, note = reading_corpus(lm)
+    settings = (acceptance, eos_token_id, cache_implementation, prompts, do_sample, temperature, top_k, top_p, rows)
+    plan = _resolved(lm, drafter, k, tree, *settings)
+    return replace(plan, note="; ".join(filter(None, [plan.note, note])))
+
+
+def _resolved(lm, drafter, k, tree, acceptance, eos_token_id, cache_implementation, prompts, do_sample, temperature,
+              top_k, top_p, rows) -> DecodePlan:  # fmt: skip
+    """choose_plan's settings resolved into a plan.
 
     `drafter="auto"` with `tree="auto"` takes the drafters and budget predicted fastest for this
     model, dtype and machine (`blockdecode.decoding.calibrate`: about a second the first time, then cached;

@@ -185,6 +185,8 @@ def config_for(base, draft_vocab: int, aux_layers: tuple[int, ...] | None = None
     ids = tuple(sorted(aux_layers)) if aux_layers else default_aux_layers(layers)
     if len(ids) != 3 or min(ids) < 0 or max(ids) >= layers:
         raise ValueError(f"--aux-layers needs three layer ids in [0, {layers - 1}] (the base has {layers}), got {ids}")
+    if layers >= 3 and len(set(ids)) < 3:  # a repeat reads the same features twice: only a shallower base needs one
+        raise ValueError(f"--aux-layers needs three distinct layers where the base has {layers}, got {list(ids)}")
     width = base.get_input_embeddings().weight.shape[1]
     heads = getattr(text, "num_attention_heads", None)
     defaults = {
