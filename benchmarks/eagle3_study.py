@@ -61,15 +61,18 @@ def depth_rates(blocks: list[int], k: int) -> list[float]:
     return rates
 
 
-def blocks(model: BlockwiseLM, prompt_sets: dict, ks: list[int], new_tokens: int) -> dict:
-    """Each drafter's chain on each prompt set at each k (fp32, exact)."""
+def blocks(
+    model: BlockwiseLM, prompt_sets: dict, ks: list[int], new_tokens: int, drafters: tuple[str, ...] = DRAFTERS
+) -> dict:
+    """Each drafter's chain on each prompt set at each k (fp32, exact); the heads' no deeper than they were
+    trained (`model.k`)."""
     found = {}
     for name, prompts in prompt_sets.items():
         refs = [greedy_generate(model.base, ids, new_tokens, []) for ids in prompts]
-        looping = [loops(r[0].tolist(), ids[0].tolist()) > LOOPS for r, ids in zip(refs, prompts)]
+        looping = [loops(r[0, ids.shape[1] :].tolist(), ids[0].tolist()) > LOOPS for r, ids in zip(refs, prompts)]
         entry = found[name] = {"windows": len(prompts), "looping": sum(looping), "drafters": {}}
-        for drafter in DRAFTERS:
-            for k in ks:
+        for drafter in drafters:
+            for k in [k for k in ks if drafter != "heads" or k <= model.k]:
                 outs, stats = decode_prompts(
                     model.base, prompts, new_tokens, model.plan(drafter, k, tree=None, eos_token_id=[])
                 )
@@ -82,7 +85,7 @@ def blocks(model: BlockwiseLM, prompt_sets: dict, ks: list[int], new_tokens: int
                     ),
                     "depth_rates": depth_rates(stats.block_sizes, k),
                 }
-                if k == max(ks):
+                if k == max(ks) or (drafter == "heads" and k == min(model.k, max(ks))):
                     row["identical_to_greedy"] = all(
                         first_divergence(model.base, r, o.sequences) is None for r, o in zip(refs, outs)
                     )

@@ -91,7 +91,11 @@ def decode(
             accepted = [accept(plan, c, s, generator) for c, s in zip(candidates, scores)]
             if run.rankers:  # what stood teaches each row's ranking
                 for row, a in zip(run.active, accepted):
-                    run.rankers[row].observe(a.path, None if a.chances is None else a.chances.tolist(), a.stood)
+                    ranker, chances = run.rankers[row], None if a.chances is None else a.chances.tolist()
+                    ranker.observe(a.path, chances, a.stood, a.gained)
+                    if ranker.fallen_to and ranker.fell_at == ranker.judged:  # just now: said once
+                        run.say(row, f"decoded with one part's chain alone ({ranker.fallen_to}) from call "
+                                     f"{ranker.fell_at}, faster for this sequence than the tree")  # fmt: skip
             run.feed(base, [a.path for a in accepted])
             base.keep_paths([a.path for a in accepted])  # each row: the newest token and its accepted path
             for row, c, a in zip(run.active, candidates, accepted):
@@ -137,7 +141,12 @@ def predict(plan: DecodePlan, run: Run, hidden: torch.Tensor, depth: int) -> lis
     if run.rankers:  # one row: every candidate ranked by its chance to stand, the size chosen by cost
         ranker = run.rankers[run.active[0]]
         chain, cap = plan.tree is None, plan.tree or depth  # a chain: the drafter's expected to gain the most
+        if ranker.fallen_to is not None:  # this sequence gained more a second from one part's chain alone
+            part = next(d for d in plan.drafters if d.name == ranker.fallen_to)
+            return [ranker.take(clip(part.chain_scored(tokens[0], hidden, depth), depth, run.vocab), depth)]
         found: list[Scored | Lattice] = []
+        offered: dict[str, list[Scored | Lattice]] = {}
+        spent: dict[str, float] = {}
         for drafter in plan.drafters:  # cheapest first; a costly one only where its guesses pay for its time
             have = [ranker.best_chain(found, cap)] if chain and found else found
             if found and not ranker.worth_asking(drafter.name, have, depth, cap):
@@ -148,9 +157,14 @@ def predict(plan: DecodePlan, run: Run, hidden: torch.Tensor, depth: int) -> lis
             else:
                 reach = ranker.reach(drafter.name, depth)  # no deeper than its trees lately went, and one more
                 made = drafter.propose_scored(tokens[0], hidden, reach, min(plan.tree, OFFERED))
-            ranker.timed(drafter.name, time.perf_counter() - start)
-            found += [clip(s, depth, run.vocab) for s in made]
-        return [ranker.tree([ranker.best_chain(found, cap)] if chain else found, cap)]
+            spent[drafter.name] = time.perf_counter() - start
+            ranker.timed(drafter.name, spent[drafter.name])
+            offered[drafter.name] = [clip(s, depth, run.vocab) for s in made]
+            found += offered[drafter.name]
+        tree = ranker.tree([ranker.best_chain(found, cap)] if chain else found, cap)
+        if not chain and len(plan.drafters) > 1:  # a tree of several drafters is judged against each alone
+            ranker.compare_parts(offered, spent, len(tree))
+        return [tree]
     if plan.tree is None:
         chains = check_proposal(plan.drafters[0].propose_rows(tokens, hidden, depth, run.active), depth, len(tokens))
         for tree, chain in zip(trees, chains):
@@ -285,6 +299,10 @@ class Run:
             features = base.features[i, path]
             for drafter in self.readers:
                 drafter.see(row, features)
+
+    def say(self, row: int, note: str) -> None:
+        """Add `note` to row `row`'s stats: where its decode went otherwise than planned."""
+        self.stats[row].note = "; ".join(filter(None, [self.stats[row].note, note]))
 
     def length(self, row: int) -> int:  # the row's tokens decoded so far; the cache holds all but the newest
         return len(self.tokens[row])

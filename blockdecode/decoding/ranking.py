@@ -50,6 +50,7 @@ PRIOR_WEIGHT = 4.0  # trials a prior counts for: a few dozen calls of outcomes o
 _LEARN = 0.2  # how fast a drafter's measured time and yield follow the sequence
 _RETRY = 0.995  # each call a drafter is not asked, its yield keeps this much of its distance from 1
 _REACH_DECAY = 0.8  # each call, how much of a drafter's deepest kept node it is still asked past
+FALLBACK_CALLS = 8  # calls a sequence's tree is judged against its parts before it may fall back to one
 
 
 @dataclass(frozen=True)
@@ -198,6 +199,11 @@ class Ranker:
         self._reach: dict[str, float] = {}  # the deepest each drafter's nodes were kept, lately
         self._deepest: dict[str, int] = {}  # the last tree's deepest node of each drafter
         self._last: tuple[tuple, int, tuple] | None = None  # this call's last ranking: its candidates, cap, result
+        self.measured: dict[str, list[float]] = {}  # tokens and seconds so far: the trees', and each part's alone
+        self._parts: tuple[dict[str, list[int]], dict[str, float], float] | None = None  # this call's, to judge
+        self.fallen_to: str | None = None  # the part whose chain alone this sequence decodes with, once faster
+        self.fell_at = 0  # the call it fell back at
+        self.judged = 0  # calls judged so far
 
     def seconds(self, q: int) -> float:
         """t(q), linear between the measured points: the first point's below them, proportional to q past them."""
@@ -300,6 +306,37 @@ class Ranker:
     def timed(self, drafter: str, seconds: float) -> None:
         """How long `drafter` took to propose this call: its cost in `worth_asking`."""
         self.seconds_of[drafter] = (1 - _LEARN) * self.seconds_of.get(drafter, seconds) + _LEARN * seconds
+
+    def compare_parts(self, offered: Mapping[str, Sequence[Scored | Lattice]], spent: Mapping[str, float], size: int):
+        """This call's tree (of `size` nodes) against each of its parts alone: `offered`, each drafter's candidates
+        this call, its chain their best (a path's tokens, a lattice's first guess at each depth); `spent`, each
+        drafter's seconds this call. `observe` counts what each would have gained."""
+        chains = {name: chain_of(found) for name, found in offered.items() if found}
+        self._parts = (chains, dict(spent), self.seconds(size + 1) + sum(spent.values()))
+
+    def _judge_parts(self, gained: Sequence[int]) -> None:
+        """What the tree gained for its time, against what each part's chain alone would have: its prefix that
+        greedy's tokens confirm (where all of them do, no more than they: a lower bound), plus the model's token,
+        for a call of its length and its drafter's time. Once a part alone has gained more a second over enough
+        calls, this sequence decodes with its chain alone (`fallen_to`): the default never loses to its parts."""
+        if self._parts is None:
+            return
+        chains, spent, tree_seconds = self._parts
+        self._parts = None
+        calls = self.measured.setdefault("", [0.0, 0.0])
+        calls[0], calls[1] = calls[0] + len(gained), calls[1] + tree_seconds
+        for name, chain in chains.items():
+            stood = next((i for i, (a, b) in enumerate(zip(chain, gained)) if a != b), min(len(chain), len(gained)))
+            tokens = stood + 1 if stood < len(gained) else len(gained)
+            part = self.measured.setdefault(name, [0.0, 0.0])
+            part[0], part[1] = part[0] + tokens, part[1] + self.seconds(len(chain) + 1) + spent.get(name, 0.0)
+        self.judged += 1
+        if self.judged < FALLBACK_CALLS:
+            return
+        rate = calls[0] / calls[1]
+        faster = [(t / s, name) for name, (t, s) in self.measured.items() if name and s > 0 and t / s > rate]
+        if faster:
+            self.fallen_to, self.fell_at = max(faster)[1], self.judged
 
     def _rank(self, candidates: Sequence[Scored | Lattice], cap: int) -> tuple[list, int, float, dict]:
         """The candidate nodes best first, as (parent in the tree, token, sources, path probability); how
@@ -413,15 +450,22 @@ class Ranker:
         return order, best, rate / rates[best + 1], memo
 
     def observe(
-        self, path: Sequence[int], chances: Sequence[float] | None = None, stood: Iterable[int] | None = None
+        self,
+        path: Sequence[int],
+        chances: Sequence[float] | None = None,
+        stood: Iterable[int] | None = None,
+        gained: Sequence[int] | None = None,
     ) -> None:
         """The last tree's outcome: `path`, the accepted node indices from the root (0); `stood`, every node
         that stands with its whole path under the rule decoded with (default: the path's own; under topk:2 a
         sibling of the path may stand too, a hit for its source). `chances`, where known (under sampling:
         each node's p(x) at its parent, `decode.accept`), is what every node whose parent stood learns
-        instead of whether it stood: its expected outcome, not one draw."""
+        instead of whether it stood: its expected outcome, not one draw. `gained`: the tokens the call gained,
+        greedy's own, against which each part of the tree is judged alone (`compare_parts`)."""
         stood = set(path if stood is None else stood)
         self._last = None  # estimates change: no ranking made before holds
+        if gained is not None:
+            self._judge_parts(gained)
         if self._asked is not None:  # what the drafter last asked added, of what the others left: its yield
             drafter, before, most = self._asked
             added = sum(self._kept[i - 1][1].drafter == drafter for i in path[1:]) / max(most - before, 1e-9)
@@ -438,6 +482,12 @@ class Ranker:
                 outcome = chances[i - 1] if chances is not None else i in stood  # a sure match does not
                 self.estimates.update(source, outcome)  # learn the match's rate
         self._kept = []  # a call that verifies no tree teaches nothing
+
+
+def chain_of(found: Sequence[Scored | Lattice]) -> list[int]:
+    """A drafter's chain among its candidates: its best path, or its lattice's best guess at each depth."""
+    first = found[0]
+    return [row[0] for row in first.tokens if row] if isinstance(first, Lattice) else list(first.tokens)
 
 
 def batch_width(rankers: Sequence[Ranker], chains: Sequence[Scored], most: int) -> int:
