@@ -168,7 +168,8 @@ def plot(report: dict, png: Path) -> None:
     for name, points in report.get("variant_curves", {}).items():
         ax.plot([r["step"] for r in points], [r["block"] for r in points], "o--", label=name)
     ax.set(xlabel="training step", ylabel="held-out mean accepted block", title="DFlash training")
-    ax.legend(fontsize="x-small")
+    if curve or report.get("variant_curves"):
+        ax.legend(fontsize="x-small")
     ax = axes[3]
     speed = report["speed"]
     names = list(speed["median_against_greedy"])
