@@ -12,6 +12,7 @@ from conftest import NO_EOS, assert_greedy_equal, hf_greedy, make_prompt, pertur
 from blockdecode import BaseDrafter, BlockwiseLM, NgramDrafter, ScriptedDrafter
 from blockdecode.core.hf import weights_signature
 from blockdecode.core.toy import TOY_ARCHITECTURES, toy_model
+from blockdecode.decoding import choice
 from blockdecode.decoding import ranking as expected
 from blockdecode.decoding.calibrate import explain_ranking, record_rates
 from blockdecode.decoding.plan import make_plan
@@ -112,7 +113,7 @@ def test_the_default_under_topk_ranks_the_heads_and_accepts_at_least_what_exact_
     lm = BlockwiseLM.from_base(model, k=6)
     lm.heads_trained = True  # the heads below stand for trained ones: the default asks them
     monkeypatch.setattr(BlockwiseLM, "drafter", lambda self, rescore=0.0: RunnerUp(self.base))
-    monkeypatch.setattr(expected, "model_ranking", lambda lm, context, cache="dynamic": Ranking(tuple(FLAT.items())))
+    monkeypatch.setattr(choice, "model_ranking", lambda lm, context, cache="dynamic": Ranking(tuple(FLAT.items())))
     prompts = [make_prompt(10, vocab_size(model), seed=s) for s in range(3)]
     blocks = {}
     for rule in ("exact", "topk:2"):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import os
 from collections import Counter
 
 import numpy as np
@@ -348,3 +349,17 @@ def test_a_generator_on_another_device_than_the_models_is_refused() -> None:
         ValueError, match=r"generator is on cpu, the model on cuda:0: .*torch.Generator\(device='cuda:0'\)"
     ):
         check_generator(torch.Generator(), torch.device("cuda", 0))
+
+
+def test_a_seed_repeats_the_default_ranked_chain_in_another_process(tmp_path) -> None:
+    """Sampling by default ranks a chain from the cost curve cached with the calibration, asking every drafter: no
+    timing of its own process decides what it verifies, so a seed gives the same tokens in a second process."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path), "HF_HUB_OFFLINE": "1"}
+    command = [sys.executable, "-m", "blockdecode.cli", "--threads", "1", "generate", "--prompt", "def add(a, b):",
+               "--sample", "--seed", "3", "--max-new-tokens", "32"]  # fmt: skip
+    runs = [subprocess.run(command, env=env, capture_output=True, text=True, check=True) for _ in range(2)]
+    assert "ranked chain" in runs[0].stderr and "--seed 3" in runs[0].stderr
+    assert runs[0].stdout == runs[1].stdout

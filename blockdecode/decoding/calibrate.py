@@ -52,7 +52,16 @@ from blockdecode.decoding.acceptance import EXACT, Acceptance
 from blockdecode.decoding.adapter import takes_tree_masks
 from blockdecode.decoding.loop import decode
 from blockdecode.decoding.plan import block_size, make_plan, max_tree
-from blockdecode.decoding.ranking import CAP, PRIORS, Estimates, Ranker, Ranking, own_prior, source_name
+from blockdecode.decoding.ranking import (
+    CAP,
+    PRIORS,
+    Estimates,
+    Ranker,
+    Ranking,
+    own_prior,
+    shipped_rates,
+    source_name,
+)
 from blockdecode.decoding.timing import forward_cost
 from blockdecode.drafters.proposals import Source
 from blockdecode.drafters.registry import CHOICES, drafter_names
@@ -136,13 +145,18 @@ def _store(result: Calibration) -> str:
     """Add `result` to the cache file, merged under its folder's lock with what other processes stored
     meanwhile; "" once stored, else why not. Kept in memory either way, so it is not measured again
     in this process."""
-    path, entry = cache_file(), {**result.entry(), "stored": time.time()}
-    _entries()[result.key] = entry
+    return _store_entry(result.key, result.entry())
+
+
+def _store_entry(key: str, entry: dict) -> str:
+    """`_store` of any entry under `key`: a calibration's choice, or a cost curve."""
+    path, entry = cache_file(), {**entry, "stored": time.time()}
+    _entries()[key] = entry
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         with locked(path.parent):
-            entries = {k: v for k, v in read_cache(path, quiet=True).items() if k != result.key}
-            entries[result.key] = entry
+            entries = {k: v for k, v in read_cache(path, quiet=True).items() if k != key}
+            entries[key] = entry
             for old in sorted(entries, key=lambda k: _stored_at(entries[k]))[: max(0, len(entries) - CACHE_ENTRIES)]:
                 del entries[old]
             write_json(path, entries)
@@ -204,12 +218,59 @@ def fingerprint(model: torch.nn.Module) -> str:
     return known[1]
 
 
-def calibration_key(lm, drafter: str, k: int, acceptance: Acceptance = EXACT) -> str:
+def machine_key(lm) -> list[str]:
+    """What a measurement of `lm` here hangs on: its weights, dtype, device, threads and CPU (or GPU)."""
     device = next(lm.parameters()).device
     machine = torch.backends.cpu.get_cpu_capability() if device.type == "cpu" else torch.cuda.get_device_name(device)
+    return [fingerprint(lm.measured), dtype_name(lm.base.dtype), str(device), f"{torch.get_num_threads()} threads",
+            machine]  # fmt: skip
+
+
+def calibration_key(lm, drafter: str, k: int, acceptance: Acceptance = EXACT) -> str:
     chosen_among = "auto:" + ",".join(CHOICES) if drafter == "auto" else drafter  # a new source is measured anew
-    parts = [fingerprint(lm.measured), dtype_name(lm.base.dtype), str(device), f"{torch.get_num_threads()} threads"]
-    return "|".join([*parts, machine, chosen_among, f"acceptance={acceptance.key}", f"k={k}"])
+    return "|".join([*machine_key(lm), chosen_among, f"acceptance={acceptance.key}", f"k={k}"])
+
+
+def cost_curve(lm, context: torch.LongTensor, cache_implementation: str = "dynamic") -> dict[int, float]:
+    """t(q) of `lm`'s base here, one forward of q tokens over a cached context: from the calibration cache where
+    this model, dtype, device, thread count, CPU and cache kind were measured before, else measured over `context`
+    (under a second) and stored. Read, not timed afresh, it decides the same in every process: a ranked sampled
+    chain's seed repeats its tokens. A damaged entry is one line, then measured again."""
+    room = context_length(lm.base)  # a short context holds fewer tokens a call: t(q) is extrapolated past them
+    points = [q for q in COST_POINTS if room is None or context.shape[1] + q <= room] or [1]
+    key = "|".join(["cost", *machine_key(lm), cache_implementation])
+    entry = _entries().get(key)
+    if entry is not None:
+        cost = entry.get("cost") if isinstance(entry, dict) else None
+        if (
+            isinstance(cost, dict)
+            and sorted(cost) == sorted(map(str, points))
+            and all(is_number(t) and t > 0 for t in cost.values())
+        ):
+            return {int(q): float(t) for q, t in cost.items()}
+        note(f"{cache_file()} entry for the cost curve is not positive seconds at {points}")
+    cost = forward_cost(lm.base, context[:1], points, reps=5, cache_implementation=cache_implementation)
+    why = _store_entry(key, {"key": key, "cost": {str(q): t for q, t in cost.items()}})
+    if why and str(cache_file()) not in _UNWRITABLE:
+        _UNWRITABLE.add(str(cache_file()))
+        print(f"blockdecode: {why}; ranking with it anyway", file=sys.stderr)
+    return cost
+
+
+_RANKINGS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # BlockwiseLM -> (key, Ranking)
+
+
+def model_ranking(lm, context: torch.LongTensor, cache_implementation: str = "dynamic") -> Ranking:
+    """The ranking for BlockwiseLM `lm` on this machine: its base's cost curve (`cost_curve`) and the rates shipped
+    beside it (`shipped_rates`), found once per set of weights, thread count and cache kind in a process, not at
+    every `generate`."""
+    key = (weights_key(lm.parameters()), torch.get_num_threads(), cache_implementation)
+    known = _RANKINGS.get(lm)
+    if known is None or known[0] != key:
+        cost = cost_curve(lm, context, cache_implementation)
+        rates = shipped_rates(lm.base_location, weights_signature(lm.measured))
+        _RANKINGS[lm] = known = (key, Ranking(tuple(sorted(cost.items())), tuple(sorted(rates.items()))))
+    return known[1]
 
 
 def t_at(t: dict[int, float], q: int) -> float:

@@ -13,10 +13,11 @@ from blockdecode.core.hf import check_loaded
 from blockdecode.decoding import ranking
 from blockdecode.decoding.acceptance import Acceptance, parse_acceptance
 from blockdecode.decoding.adapter import takes_tree_masks
-from blockdecode.decoding.calibrate import calibrate
+from blockdecode.decoding.calibrate import calibrate, model_ranking
 from blockdecode.decoding.plan import DecodePlan, block_size, check_settings, make_plan, max_tree
 from blockdecode.decoding.sampling import sampling_settings
 from blockdecode.drafters.base import Drafter
+from blockdecode.drafters.registry import drafter_names
 
 DEFAULT_DRAFTERS = "heads+ngram"
 """What drafter="auto" decodes with in ranked trees and chains (tree="expected", the default), unless the model
@@ -84,14 +85,14 @@ def _resolved(lm, drafter, k, tree, acceptance, eos_token_id, cache_implementati
     model, dtype and machine (`blockdecode.decoding.calibrate`: about a second the first time, then cached;
     `prompts` are what it times on, by default the model's own: `lm.prompts`); "auto" with any other
     tree is the heads. `tree="default"` is "expected" for named drafters (each call's candidates ranked
-    by their chance to stand under the acceptance rule decoded with: `decoding.choice`), but "auto" under
-    min-block:L, which forces a chain's first proposals (there: the heads' chain), and under sampling,
-    whose seed repeats a run only if its proposals do: a ranking's choices follow timings measured
-    in each process, so a seed would not repeat across runs; it is the drafter's own chain for a drafter
-    object. `tree="auto"` calibrates under the acceptance rule decoded with. With `tree="auto"`, sampling verifies
-    one chain a call, and so does each row of a batch (`rows` > 1): there "auto" is the drafter whose chain the
-    calibration predicts fastest (it measures greedy's acceptance, which a draw at a low temperature mostly
-    follows). Every setting is checked before anything is measured."""
+    by their chance to stand under the acceptance rule decoded with: `decoding.choice`; under sampling, a chain
+    ranked so, sized by the cost curve cached with the calibration and asking every drafter, so that a seed
+    repeats its run in another process), but "auto" under min-block:L, which forces a chain's first proposals
+    (there: the heads' chain); it is the drafter's own chain for a drafter object. `tree="auto"` calibrates
+    under the acceptance rule decoded with. With `tree="auto"`, sampling verifies one chain a call, and so does
+    each row of a batch (`rows` > 1): there "auto" is the drafter whose chain the calibration predicts fastest
+    (it measures greedy's acceptance, which a draw at a low temperature mostly follows). Every setting is checked
+    before anything is measured."""
     if drafter in ("auto", None) and default_drafters(lm) == LOOKUP_DEFAULT:
         drafter = LOOKUP_DEFAULT
     if k is None:  # the heads' block, or the depth the EAGLE-3 drafter was trained to draft when it drafts alone
@@ -99,9 +100,8 @@ def _resolved(lm, drafter, k, tree, acceptance, eos_token_id, cache_implementati
     drafter = "auto" if drafter is None else drafter
     prompts = list(prompts) or [ids.to(lm.base.device) for ids in lm.prompts]  # the folder's prompts.json
     sampling = sampling_settings(lm.base, do_sample, temperature, top_k, top_p)
-    if tree == "default":  # ranked each call, greedy only: its choices follow the machine's timings, so a
-        # sampled run would not repeat with its seed; a ranking learns what stands under any rule but min-block
-        ranked = parse_acceptance(acceptance).rule != "min-block" and sampling is None
+    if tree == "default":  # ranked each call: a ranking learns what stands under any rule but min-block
+        ranked = parse_acceptance(acceptance).rule != "min-block"
         tree = ("expected" if ranked else "auto") if isinstance(drafter, str) else None
     if tree == "expected":  # every drafter's candidates ranked by their chance to stand, the size chosen each call
         settings = (acceptance, eos_token_id, cache_implementation)
@@ -139,8 +139,10 @@ def ranked_plan(lm, drafter, k, acceptance, eos_token_id, cache_implementation, 
         raise _no_prompts("expected")
     drafter = default_drafters(lm) if drafter == "auto" else drafter
     check_settings(lm.base, k, None, acceptance, eos_token_id, cache_implementation)  # before anything is timed
+    if isinstance(drafter, str) and any(n.startswith("heads") for n in drafter_names(drafter)):  # unknown: refused
+        block_size(k, lm.k)  # no deeper than the heads
     check_loaded(lm, "the BlockwiseLM")
-    ranked = ranking.model_ranking(lm, prompts[0], cache_implementation)
+    ranked = model_ranking(lm, prompts[0], cache_implementation)
     chains = sampling is not None or rows > 1 or not takes_tree_masks(lm.base)  # no warning: a chain ranks too
     tree = None if chains else min(ranking.CAP, max_tree(lm.base))
     return make_plan(lm.base, drafter, k, tree, acceptance, eos_token_id, cache_implementation, lm=lm,

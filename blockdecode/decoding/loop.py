@@ -149,7 +149,8 @@ def predict(plan: DecodePlan, run: Run, hidden: torch.Tensor, depth: int) -> lis
         spent: dict[str, float] = {}
         for drafter in plan.drafters:  # cheapest first; a costly one only where its guesses pay for its time
             have = [ranker.best_chain(found, cap)] if chain and found else found
-            if found and not ranker.worth_asking(drafter.name, have, depth, cap):
+            # sampling asks every drafter: a choice by timings measured in this process would not repeat with a seed
+            if found and plan.sampling is None and not ranker.worth_asking(drafter.name, have, depth, cap):
                 continue
             start = time.perf_counter()
             if chain:

@@ -23,17 +23,13 @@ from __future__ import annotations
 import heapq
 import itertools
 import sys
-import weakref
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import torch
-
-from blockdecode.core.hf import context_length, same_weights, weights_key, weights_signature
+from blockdecode.core.hf import same_weights
 from blockdecode.core.io import read_json
 from blockdecode.core.tree import Tree
-from blockdecode.decoding.timing import forward_cost
 from blockdecode.drafters.proposals import (
     Lattice,
     Scored,
@@ -44,7 +40,6 @@ from blockdecode.drafters.proposals import (
 
 CAP = 64  # the most candidates a ranked tree holds unless told fewer
 OFFERED = 24  # paths a drafter offers a ranked tree: more than a call keeps of one drafter, for less work
-COST_POINTS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 65)  # t(q) is measured here and interpolated between
 DECAY = 0.93  # every call, past outcomes count this much less: a drafter dropped for a while is tried again
 PRIOR_WEIGHT = 4.0  # trials a prior counts for: a few dozen calls of outcomes outweigh it
 _LEARN = 0.2  # how fast a drafter's measured time and yield follow the sequence
@@ -111,24 +106,6 @@ def own_prior(drafter: str, key: tuple) -> float:
     if key[0] == "confidence":
         return _confidence_source(drafter, key[1], len(key) > 2).prior
     return 0.1 if key[0] == "padding" else 0.5
-
-
-_MEASURED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # BlockwiseLM -> (key, Ranking)
-
-
-def model_ranking(lm, context: torch.LongTensor, cache_implementation: str = "dynamic") -> Ranking:
-    """The ranking for BlockwiseLM `lm` on this machine: its base's cost curve over `context` (the prompt)
-    and the rates shipped beside it (`shipped_rates`), found once per set of weights, thread count and
-    cache kind in a process (under a second), not at every `generate`."""
-    key = (weights_key(lm.parameters()), torch.get_num_threads(), cache_implementation)
-    known = _MEASURED.get(lm)
-    if known is None or known[0] != key:
-        room = context_length(lm.base)  # a short context holds fewer tokens a call: t(q) is extrapolated past them
-        points = [q for q in COST_POINTS if room is None or context.shape[1] + q <= room] or [1]
-        cost = forward_cost(lm.base, context[:1], points, reps=5, cache_implementation=cache_implementation)
-        rates = shipped_rates(lm.base_location, weights_signature(lm.measured))
-        _MEASURED[lm] = known = (key, Ranking(tuple(sorted(cost.items())), tuple(sorted(rates.items()))))
-    return known[1]
 
 
 class Estimates:
