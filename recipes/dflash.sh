@@ -7,22 +7,25 @@
 # SHIP=1 copies the drafter into the package in bf16 (blockdecode/builtin/default_model/dflash) with its record.
 #
 #   SHIP=1 bash recipes/dflash.sh     # RUNS=runs by default
+#   PROMPTS=12288 RUN=runs/dflash-12k bash recipes/dflash.sh   # more distilled rows: the shipped run overfits 4,096
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export HF_HUB_OFFLINE=1
 RUNS=${RUNS:-runs}
 BD=".venv/bin/blockdecode --threads ${THREADS:-1}"
+RUN=${RUN:-$RUNS/dflash}
+PROMPTS=${PROMPTS:-4096}
 
 [ -f "$RUNS/e3/corpus/train.npy" ] || .venv/bin/python -c "
 from blockdecode import DEFAULT_MODEL
 from blockdecode.pretraining.pretrain import CorpusConfig, prepare_corpus
 prepare_corpus(CorpusConfig(out='$RUNS/e3/corpus', tokenizer=DEFAULT_MODEL, packages=()))"
-[ -f "$RUNS/dflash/blockdecode.json" ] || $BD train --base blockdecode/builtin/default_model \
-  --data "$RUNS/e3/corpus/train.npy" --out "$RUNS/dflash" --head-type dflash --mode distill --k 16 \
+[ -f "$RUN/blockdecode.json" ] || $BD train --base blockdecode/builtin/default_model \
+  --data "$RUNS/e3/corpus/train.npy" --out "$RUN" --head-type dflash --mode distill --k 16 \
   --dflash-layers 2 --anchors 16 --gamma 4 --steps 3000 --batch-size 8 --seq-len 192 --lr 2e-3 --warmup-steps 50 \
-  --eval-every 250 --checkpoint-every 50 --feature-cache "$RUNS/e3/features" --distill-prompts 4096 \
+  --eval-every 250 --checkpoint-every 50 --feature-cache "$RUNS/e3/features" --distill-prompts "$PROMPTS" \
   --distill-new-tokens 160 --distill-batch-size 64 --distill-cache "$RUNS/e3/distill-cache" --eval-prompts 8 \
   --eval-new-tokens 96 --resume
 if [ "${SHIP:-0}" = 1 ]; then
-  .venv/bin/python benchmarks/ship.py --dflash "$RUNS/dflash" blockdecode/builtin/default_model
+  .venv/bin/python benchmarks/ship.py --dflash "$RUN" blockdecode/builtin/default_model
 fi
