@@ -38,13 +38,16 @@ def tokenizer():
 
 def test_shipped_model_is_a_small_bf16_llama_within_budget() -> None:
     size = sum(p.stat().st_size for p in SHIPPED.rglob("*") if p.is_file())
-    assert size <= 40 * 2**20, f"the built-in model takes {size / 2**20:.1f} MiB, over its 40 MiB budget"
+    assert size <= 48 * 2**20, f"the built-in model takes {size / 2**20:.1f} MiB, over its 48 MiB budget"
     assert_bf16_weights(SHIPPED)
-    drafter = sum(p.stat().st_size for p in (SHIPPED / "eagle3").iterdir())
-    assert drafter <= 10 * 10**6, f"the EAGLE-3 drafter takes {drafter / 10**6:.1f} MB, over its 10 MB budget"
-    with safe_open(SHIPPED / "eagle3" / "model.safetensors", "pt") as f:
-        dtypes = {name: f.get_slice(name).get_dtype() for name in f.keys()}
-    assert dtypes.pop("d2t") == "I64" and dtypes.pop("t2d") == "BOOL" and set(dtypes.values()) == {"BF16"}
+    for kind, name, budget in (("eagle3", "EAGLE-3", 10), ("dflash", "DFlash", 12)):
+        drafter = sum(p.stat().st_size for p in (SHIPPED / kind).iterdir())
+        assert drafter <= budget * 10**6, f"the {name} drafter takes {drafter / 10**6:.1f} MB, over its {budget} MB"
+        with safe_open(SHIPPED / kind / "model.safetensors", "pt") as f:
+            dtypes = {name: f.get_slice(name).get_dtype() for name in f.keys()}
+        if kind == "eagle3":  # DFlash shares the base's output layer: no vocabulary map (z-lab's layout)
+            assert dtypes.pop("d2t") == "I64" and dtypes.pop("t2d") == "BOOL"
+        assert set(dtypes.values()) == {"BF16"}, kind
     lm = shipped()
     assert isinstance(lm.base, LlamaForCausalLM)
     assert sum(p.numel() for p in lm.base.parameters()) <= 20_000_000
@@ -124,6 +127,23 @@ def test_the_shipped_eagle3_drafter_decodes_held_out_code_exactly_in_longer_bloc
             found += out.stats.block_sizes
     mean = {name: sum(b) / len(b) for name, b in blocks.items()}
     assert mean["eagle3"] > 1.5 * mean["heads"], mean
+
+
+def test_the_shipped_dflash_drafter_decodes_held_out_code_exactly_a_block_a_pass() -> None:
+    """Blocks of 16, fp32, the shipped held-out prompts (docs/results.md: 2.84 against the heads' 1.89 at 8 on the
+    paper table's held-out windows)."""
+    lm = shipped()
+    assert lm.dflash.config.block_size == 16 and lm.dflash.config.shared_head
+    blocks = {"dflash": [], "heads": []}
+    for ids in prompts(3):
+        ref = hf_greedy(lm.base, ids, 64, eos_token_id=None)
+        for drafter, found in blocks.items():
+            k = 16 if drafter == "dflash" else lm.k
+            out = lm.generate(ids, 64, drafter=drafter, k=k, eos_token_id=NO_EOS, tree=None)
+            assert_greedy_equal(lm.base, ids, out.sequences, ref, what=drafter)
+            found += out.stats.block_sizes
+    mean = {name: sum(b) / len(b) for name, b in blocks.items()}
+    assert mean["dflash"] > 1.2 * mean["heads"], mean
 
 
 def test_demo_runs_on_the_shipped_model_and_states_any_difference(capsys: pytest.CaptureFixture) -> None:
