@@ -18,6 +18,7 @@ from blockdecode.decoding.calibrate import explain_ranking, record_rates
 from blockdecode.decoding.plan import make_plan
 from blockdecode.decoding.ranking import PRIOR_WEIGHT, PRIORS, Estimates, Ranker, Ranking, batch_width, shipped_rates
 from blockdecode.decoding.sampling import sampling_settings
+from blockdecode.drafters.heads import HeadsDrafter
 from blockdecode.drafters.proposals import Lattice, Scored, Source
 
 FLAT = {1: 1.0, 8: 1.0, 16: 2.0, 64: 8.0}  # a call of up to 8 tokens costs what one does, then more
@@ -374,29 +375,44 @@ def test_a_ranked_chain_of_two_drafters_takes_each_call_the_one_expected_to_stan
     assert out.stats.supplied.get("ScriptedDrafter", 0) > 0.8 * sum(out.stats.supplied.values())
 
 
-def test_a_sequence_falls_back_to_a_part_whose_chain_alone_gains_more_a_second():
-    """The tree spends a slow drafter's time each call for nothing n-gram lookup's chain does not give: once its
-    parts have been judged over enough calls, the sequence decodes with the n-gram chain alone."""
+def test_a_sequence_falls_back_to_its_cheapest_part_where_its_chain_alone_gains_more_a_second_and_returns():
+    """The tree spends a slow drafter's time each call for nothing n-gram lookup's chain does not give: once judged
+    over enough calls, the sequence decodes with the n-gram chain alone; once that chain stops paying (a loop
+    ends), the tree decodes again."""
     ranker = Ranker(FLAT)
     ngram, heads = [scored([1, 2, 3], "ngram", 0.9)], [Lattice([[7], [8]], [[Source("heads", ("any",), 0.5)]] * 2,
                                                                [[Source("heads", ("any",), 0.5)]] * 2)]  # fmt: skip
     for _ in range(expected.FALLBACK_CALLS):
         assert ranker.fallen_to is None
         tree = ranker.tree([*ngram, *heads], cap=64)
-        ranker.compare_parts({"ngram": ngram, "heads": heads}, {"ngram": 0.01, "heads": 2.0}, len(tree))
+        ranker.compare_parts({"ngram": ngram, "heads": heads}, {"ngram": 0.01, "heads": 2.0}, len(tree), "ngram")
         ranker.observe([0, 1, 2, 3], gained=[1, 2, 3, 4])  # the n-gram chain stood whole, then the model's token
     assert ranker.fallen_to == "ngram" and ranker.fell_at == expected.FALLBACK_CALLS
-    tokens, _ = ranker.measured["ngram"]
-    assert tokens == 4 * expected.FALLBACK_CALLS  # its chain of 3 stood whole, then the model's token
-    ranker.compare_parts({"ngram": [scored([1, 2, 3, 5], "ngram", 0.9)]}, {}, 4)
-    ranker.observe([0, 1], gained=[1, 2])  # greedy's tokens confirm 2 of its 4: no more than 2 counted, not 3
-    assert ranker.measured["ngram"][0] == tokens + 2
-    both = Ranker(FLAT)  # the heads' second guess follows n-gram lookup's first: the tree gains more than either
+    assert ranker.news == [f"decoded with one part's chain alone (ngram) from call {expected.FALLBACK_CALLS}, faster "
+                           "for this sequence than the tree"]  # fmt: skip
+    assert ranker.measured["ngram"][0] == 4 * expected.FALLBACK_CALLS  # its chain of 3 stood whole, and the model's
+    assert "heads" not in ranker.measured  # a costly part, asked only where it pays, is never judged alone
+    ranker.news.clear()
+    for _ in range(expected.FALLBACK_CALLS):  # the chain alone still pays
+        ranker.chain_alone(3, 0.01)
+        ranker.observe([0, 1, 2, 3], gained=[1, 2, 3, 4])
+    assert ranker.fallen_to == "ngram" and not ranker.news
+    for _ in range(2 * expected.FALLBACK_CALLS):  # the loop ended: one token a call
+        ranker.chain_alone(3, 0.01)
+        ranker.observe([0], gained=[5])
+    assert ranker.fallen_to is None and ranker.news[0].startswith("back to the tree from call")
+    assert ranker.judged < expected.FALLBACK_CALLS  # judged afresh since
+
+
+def test_a_tree_that_gains_more_than_its_cheapest_part_keeps_deciding():
+    ngram, heads = [scored([1, 2, 3], "ngram", 0.9)], [Lattice([[7], [8]], [[Source("heads", ("any",), 0.5)]] * 2,
+                                                               [[Source("heads", ("any",), 0.5)]] * 2)]  # fmt: skip
+    ranker = Ranker(FLAT)  # the heads' second guess follows n-gram lookup's first: the tree gains more
     for _ in range(2 * expected.FALLBACK_CALLS):
-        tree = both.tree([*ngram, *heads], cap=64)
-        both.compare_parts({"ngram": ngram, "heads": heads}, {"ngram": 0.01, "heads": 0.01}, len(tree))
-        both.observe([0, 1, tree.tokens.index(8) + 1], gained=[1, 8, 9])
-    assert both.fallen_to is None and both.measured["ngram"][0] == both.measured["heads"][0] * 2
+        tree = ranker.tree([*ngram, *heads], cap=64)
+        ranker.compare_parts({"ngram": ngram, "heads": heads}, {"ngram": 0.01, "heads": 0.01}, len(tree), "ngram")
+        ranker.observe([0, 1, tree.tokens.index(8) + 1], gained=[1, 8, 9])
+    assert ranker.fallen_to is None and ranker.measured["ngram"][0] == 2 * 2 * expected.FALLBACK_CALLS
 
 
 def test_a_sequence_fallen_back_to_a_part_is_still_greedy_and_says_so(monkeypatch):
@@ -406,16 +422,17 @@ def test_a_sequence_fallen_back_to_a_part_is_still_greedy_and_says_so(monkeypatc
     ref = hf_greedy(model, ids, 60, eos_token_id=NO_EOS)
     judge = Ranker._judge_parts
 
-    def early(self, gained):  # the heads' chain judged faster after three calls
+    def early(self, gained):  # the n-gram chain judged faster after three calls, and never found to stop paying
         judge(self, gained)
-        if self.judged == 3:
-            self.fallen_to, self.fell_at = "heads", 3
+        if self.judged == 3 and self.fallen_to is None:
+            self.fallen_to, self.fell_at, self._tree_rate = "ngram", 3, 0.0
+            self.news.append("decoded with one part's chain alone (ngram) from call 3")
 
     monkeypatch.setattr(Ranker, "_judge_parts", early)
     asked = []
-    offer = NgramDrafter.propose_scored
-    monkeypatch.setattr(NgramDrafter, "propose_scored", lambda *a: asked.append(1) or offer(*a))
+    offer = HeadsDrafter.propose_scored
+    monkeypatch.setattr(HeadsDrafter, "propose_scored", lambda *a: asked.append(1) or offer(*a))
     out = lm.generate(ids, 60, drafter="ngram+heads", k=6, eos_token_id=NO_EOS)
     assert_greedy_equal(model, ids, out.sequences, ref)
-    assert "decoded with one part's chain alone (heads) from call 3" in out.stats.note
-    assert len(asked) == 3 and out.stats.calls > 10  # n-gram lookup is not asked once the heads' chain alone is
+    assert "decoded with one part's chain alone (ngram) from call 3" in out.stats.note
+    assert len(asked) <= 3 and out.stats.calls > 10  # the heads are not asked once the n-gram chain alone is

@@ -93,9 +93,8 @@ def decode(
                 for row, a in zip(run.active, accepted):
                     ranker, chances = run.rankers[row], None if a.chances is None else a.chances.tolist()
                     ranker.observe(a.path, chances, a.stood, a.gained)
-                    if ranker.fallen_to and ranker.fell_at == ranker.judged:  # just now: said once
-                        run.say(row, f"decoded with one part's chain alone ({ranker.fallen_to}) from call "
-                                     f"{ranker.fell_at}, faster for this sequence than the tree")  # fmt: skip
+                    while ranker.news:
+                        run.say(row, ranker.news.pop(0))
             run.feed(base, [a.path for a in accepted])
             base.keep_paths([a.path for a in accepted])  # each row: the newest token and its accepted path
             for row, c, a in zip(run.active, candidates, accepted):
@@ -143,7 +142,10 @@ def predict(plan: DecodePlan, run: Run, hidden: torch.Tensor, depth: int) -> lis
         chain, cap = plan.tree is None, plan.tree or depth  # a chain: the drafter's expected to gain the most
         if ranker.fallen_to is not None:  # this sequence gained more a second from one part's chain alone
             part = next(d for d in plan.drafters if d.name == ranker.fallen_to)
-            return [ranker.take(clip(part.chain_scored(tokens[0], hidden, depth), depth, run.vocab), depth)]
+            start = time.perf_counter()
+            chain = clip(part.chain_scored(tokens[0], hidden, depth), depth, run.vocab)
+            ranker.chain_alone(len(chain.tokens), time.perf_counter() - start)
+            return [ranker.take(chain, depth)]
         found: list[Scored | Lattice] = []
         offered: dict[str, list[Scored | Lattice]] = {}
         spent: dict[str, float] = {}
@@ -163,8 +165,8 @@ def predict(plan: DecodePlan, run: Run, hidden: torch.Tensor, depth: int) -> lis
             offered[drafter.name] = [clip(s, depth, run.vocab) for s in made]
             found += offered[drafter.name]
         tree = ranker.tree([ranker.best_chain(found, cap)] if chain else found, cap)
-        if not chain and len(plan.drafters) > 1:  # a tree of several drafters is judged against each alone
-            ranker.compare_parts(offered, spent, len(tree))
+        if not chain and len(plan.drafters) > 1:  # a tree of several drafters is judged against its cheapest alone
+            ranker.compare_parts(offered, spent, len(tree), plan.drafters[0].name)
         return [tree]
     if plan.tree is None:
         chains = check_proposal(plan.drafters[0].propose_rows(tokens, hidden, depth, run.active), depth, len(tokens))

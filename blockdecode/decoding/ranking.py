@@ -46,6 +46,7 @@ _LEARN = 0.2  # how fast a drafter's measured time and yield follow the sequence
 _RETRY = 0.995  # each call a drafter is not asked, its yield keeps this much of its distance from 1
 _REACH_DECAY = 0.8  # each call, how much of a drafter's deepest kept node it is still asked past
 FALLBACK_CALLS = 8  # calls a sequence's tree is judged against its parts before it may fall back to one
+_RECENT = 0.8  # how much a chain fallen back to keeps of its past calls' tokens and time, each call
 
 
 @dataclass(frozen=True)
@@ -176,11 +177,13 @@ class Ranker:
         self._reach: dict[str, float] = {}  # the deepest each drafter's nodes were kept, lately
         self._deepest: dict[str, int] = {}  # the last tree's deepest node of each drafter
         self._last: tuple[tuple, int, tuple] | None = None  # this call's last ranking: its candidates, cap, result
-        self.measured: dict[str, list[float]] = {}  # tokens and seconds so far: the trees', and each part's alone
+        self.measured: dict[str, list[float]] = {}  # tokens, seconds (and calls asked): the trees', each part's alone
         self._parts: tuple[dict[str, list[int]], dict[str, float], float] | None = None  # this call's, to judge
         self.fallen_to: str | None = None  # the part whose chain alone this sequence decodes with, once faster
         self.fell_at = 0  # the call it fell back at
         self.judged = 0  # calls judged so far
+        self._tree_rate = 0.0  # the tree's tokens a second when this sequence fell back to a part
+        self.news: list[str] = []  # what the decode should say of its falling back, not yet said
 
     def seconds(self, q: int) -> float:
         """t(q), linear between the measured points: the first point's below them, proportional to q past them."""
@@ -284,36 +287,57 @@ class Ranker:
         """How long `drafter` took to propose this call: its cost in `worth_asking`."""
         self.seconds_of[drafter] = (1 - _LEARN) * self.seconds_of.get(drafter, seconds) + _LEARN * seconds
 
-    def compare_parts(self, offered: Mapping[str, Sequence[Scored | Lattice]], spent: Mapping[str, float], size: int):
-        """This call's tree (of `size` nodes) against each of its parts alone: `offered`, each drafter's candidates
-        this call, its chain their best (a path's tokens, a lattice's first guess at each depth); `spent`, each
-        drafter's seconds this call. `observe` counts what each would have gained."""
-        chains = {name: chain_of(found) for name, found in offered.items() if found}
+    def compare_parts(
+        self, offered: Mapping[str, Sequence[Scored | Lattice]], spent: Mapping[str, float], size: int, cheapest: str
+    ) -> None:
+        """This call's tree (of `size` nodes) against `cheapest`, the part asked first every call, alone: `offered`,
+        each drafter's candidates this call, its chain their best (a path's tokens, a lattice's first guess at each
+        depth); `spent`, each drafter's seconds this call. `observe` counts what each would have gained."""
+        chains = {name: chain_of(found) for name, found in offered.items() if found and name == cheapest}
         self._parts = (chains, dict(spent), self.seconds(size + 1) + sum(spent.values()))
 
+    def chain_alone(self, length: int, spent: float) -> None:
+        """This call verifies the chain fallen back to (`length` nodes, drafted in `spent` seconds): `observe`
+        judges whether it still pays."""
+        self._parts = ({}, {}, self.seconds(length + 1) + spent)
+
     def _judge_parts(self, gained: Sequence[int]) -> None:
-        """What the tree gained for its time, against what each part's chain alone would have: its prefix that
-        greedy's tokens confirm (where all of them do, no more than they: a lower bound), plus the model's token,
-        for a call of its length and its drafter's time. Once a part alone has gained more a second over enough
-        calls, this sequence decodes with its chain alone (`fallen_to`): the default never loses to its parts."""
+        """What the tree gained for its time, against what its cheapest part's chain alone would have: its prefix
+        that greedy's tokens confirm (where all of them do, no more than they: a lower bound), plus the model's
+        token, for a call of its length and its drafter's time. Once the part alone has gained more a second over
+        `FALLBACK_CALLS` calls or more, this sequence decodes with its chain alone (`fallen_to`); once that chain,
+        over its recent calls, gains less a second than the tree did, the tree decodes again and is judged afresh
+        (a loop ends, and the costlier drafters pay again)."""
         if self._parts is None:
             return
-        chains, spent, tree_seconds = self._parts
+        chains, spent, seconds = self._parts
         self._parts = None
-        calls = self.measured.setdefault("", [0.0, 0.0])
-        calls[0], calls[1] = calls[0] + len(gained), calls[1] + tree_seconds
+        if self.fallen_to is not None:
+            alone = self.measured.setdefault(self.fallen_to, [0.0, 0.0, 0])
+            alone[0], alone[1] = _RECENT * alone[0] + len(gained), _RECENT * alone[1] + seconds
+            self.judged += 1
+            if self.judged - self.fell_at >= FALLBACK_CALLS and alone[0] / alone[1] < self._tree_rate:
+                self.news.append(f"back to the tree from call {self.judged}: the chain alone gained less")
+                self.fallen_to, self.measured, self.judged = None, {}, 0
+            return
+        calls = self.measured.setdefault("", [0.0, 0.0, 0])
+        calls[0], calls[1] = calls[0] + len(gained), calls[1] + seconds
         for name, chain in chains.items():
             stood = next((i for i, (a, b) in enumerate(zip(chain, gained)) if a != b), min(len(chain), len(gained)))
             tokens = stood + 1 if stood < len(gained) else len(gained)
-            part = self.measured.setdefault(name, [0.0, 0.0])
+            part = self.measured.setdefault(name, [0.0, 0.0, 0])
             part[0], part[1] = part[0] + tokens, part[1] + self.seconds(len(chain) + 1) + spent.get(name, 0.0)
+            part[2] += 1
         self.judged += 1
         if self.judged < FALLBACK_CALLS:
             return
         rate = calls[0] / calls[1]
-        faster = [(t / s, name) for name, (t, s) in self.measured.items() if name and s > 0 and t / s > rate]
+        faster = [(t / s, name) for name, (t, s, n) in self.measured.items()
+                  if name and n == self.judged and t / s > rate]  # fmt: skip  # asked every call: judged throughout
         if faster:
-            self.fallen_to, self.fell_at = max(faster)[1], self.judged
+            self.fallen_to, self.fell_at, self._tree_rate = max(faster)[1], self.judged, rate
+            self.news.append(f"decoded with one part's chain alone ({self.fallen_to}) from call {self.judged}, "
+                             "faster for this sequence than the tree")  # fmt: skip
 
     def _rank(self, candidates: Sequence[Scored | Lattice], cap: int) -> tuple[list, int, float, dict]:
         """The candidate nodes best first, as (parent in the tree, token, sources, path probability); how
