@@ -452,6 +452,8 @@ def test_a_file_given_as_a_drafter_is_refused_in_one_line(exported, tmp_path) ->
 def test_export_takes_the_built_in_model_by_default(tmp_path, capsys) -> None:
     from blockdecode.cli import main as cli
 
-    cli(["export", "--format", "speculators", "--out", str(tmp_path / "e3")])  # as usage.md says: no --model
+    with pytest.raises(SystemExit, match="holds both an EAGLE-3 and a DFlash drafter: say which speculators writes"):
+        cli(["export", "--format", "speculators", "--out", str(tmp_path / "e3")])  # as usage.md says: no --model
+    cli(["export", "--format", "speculators", "--drafter", "eagle3", "--out", str(tmp_path / "e3")])
     assert "exported an EAGLE-3 drafter (speculators)" in capsys.readouterr().out
     assert json.loads((tmp_path / "e3" / "config.json").read_text())["speculators_model_type"] == "eagle3"

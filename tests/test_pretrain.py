@@ -82,7 +82,8 @@ def test_corpus_is_split_by_file_and_tokenised_with_eos_between_files(corpus: Pa
 
 def test_prepare_corpus_reuses_what_is_there(corpus: Path) -> None:
     before = (corpus / "train.npy").stat().st_mtime_ns
-    prepare_corpus(CorpusConfig(out=str(corpus), root="/nonexistent"), show=False)
+    saved = json.loads((corpus / "files.json").read_text())["prepared_with"]
+    prepare_corpus(CorpusConfig(**{**saved, "out": str(corpus), "packages": ()}), show=False)
     assert (corpus / "train.npy").stat().st_mtime_ns == before
 
 
