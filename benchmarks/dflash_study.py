@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from eagle3_study import blocks, step_cost
+from eagle3_study import blocks, plot_blocks, step_cost
 from lookup_study import LOOPS, loops
 from paper_table import THIRD_PARTY, heldout_prompts, third_party_prompts
 from transformers import AutoTokenizer, DynamicCache
@@ -147,20 +147,7 @@ def plot(report: dict, png: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 4, figsize=(22, 4.6))
-    ax = axes[0]
-    for name, entry in report["blocks"].items():
-        for drafter, by_k in entry["drafters"].items():
-            ks = sorted(map(int, by_k))
-            ax.plot(ks, [by_k[str(k)]["mean_block_size"] for k in ks], "o-", label=f"{drafter}, {name}")
-    ax.set(xlabel="k", ylabel="mean accepted block", title="chains, exact, fp32")
-    ax.legend(fontsize="x-small")
-    ax = axes[1]
-    for name, entry in report["blocks"].items():
-        for drafter, by_k in entry["drafters"].items():
-            rates = by_k[str(max(map(int, by_k)))]["depth_rates"]
-            ax.plot(range(1, len(rates) + 1), rates, "o-", label=f"{drafter}, {name}")
-    ax.set(xlabel="depth", ylabel="stands, given the depth before", title="each depth's chance", ylim=(0, 1))
-    ax.legend(fontsize="x-small")
+    plot_blocks(axes, report["blocks"], "x-small")
     ax = axes[2]
     curve = report.get("training", [])
     if curve:

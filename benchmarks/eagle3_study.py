@@ -217,24 +217,29 @@ def training_curve(run: Path) -> list[dict]:
     ]
 
 
-def plot(report: dict, png: Path) -> None:
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 4, figsize=(21, 4.4))
+def plot_blocks(axes, blocks: dict, fontsize: str = "small") -> None:
+    """Two panels of `blocks`' chains: the mean accepted block by k, and each depth's chance at the largest k."""
     ax = axes[0]
-    for name, entry in report["blocks"].items():
+    for name, entry in blocks.items():
         for drafter, by_k in entry["drafters"].items():
             ks = sorted(map(int, by_k))
             ax.plot(ks, [by_k[str(k)]["mean_block_size"] for k in ks], "o-", label=f"{drafter}, {name}")
     ax.set(xlabel="k", ylabel="mean accepted block", title="chains, exact, fp32")
-    ax.legend(fontsize="small")
+    ax.legend(fontsize=fontsize)
     ax = axes[1]
-    for name, entry in report["blocks"].items():
+    for name, entry in blocks.items():
         for drafter, by_k in entry["drafters"].items():
             rates = by_k[str(max(map(int, by_k)))]["depth_rates"]
             ax.plot(range(1, len(rates) + 1), rates, "o-", label=f"{drafter}, {name}")
     ax.set(xlabel="depth", ylabel="stands, given the depth before", title="each depth's chance", ylim=(0, 1))
-    ax.legend(fontsize="small")
+    ax.legend(fontsize=fontsize)
+
+
+def plot(report: dict, png: Path) -> None:
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 4, figsize=(21, 4.4))
+    plot_blocks(axes, report["blocks"])
     ax = axes[2]
     curve = report.get("training", [])
     if curve:
