@@ -16,7 +16,16 @@ from blockdecode.decoding import choice
 from blockdecode.decoding import ranking as expected
 from blockdecode.decoding.calibrate import explain_ranking, record_rates
 from blockdecode.decoding.plan import make_plan
-from blockdecode.decoding.ranking import PRIOR_WEIGHT, PRIORS, Estimates, Ranker, Ranking, batch_width, shipped_rates
+from blockdecode.decoding.ranking import (
+    PRIOR_WEIGHT,
+    PRIORS,
+    Estimates,
+    Part,
+    Ranker,
+    Ranking,
+    batch_width,
+    shipped_rates,
+)
 from blockdecode.decoding.sampling import sampling_settings
 from blockdecode.drafters.heads import HeadsDrafter
 from blockdecode.drafters.proposals import Lattice, Scored, Source
@@ -387,21 +396,69 @@ def test_a_sequence_falls_back_to_its_cheapest_part_where_its_chain_alone_gains_
         tree = ranker.tree([*ngram, *heads], cap=64)
         ranker.compare_parts({"ngram": ngram, "heads": heads}, {"ngram": 0.01, "heads": 2.0}, len(tree), "ngram")
         ranker.observe([0, 1, 2, 3], gained=[1, 2, 3, 4])  # the n-gram chain stood whole, then the model's token
-    assert ranker.fallen_to == "ngram" and ranker.fell_at == expected.FALLBACK_CALLS
-    assert ranker.news == [f"decoded with one part's chain alone (ngram) from call {expected.FALLBACK_CALLS}, faster "
+    assert ranker.fallen_to == Part("ngram") and ranker.fell_at == expected.FALLBACK_CALLS
+    assert ranker.news == [f"decoded with one part alone (ngram chain) from call {expected.FALLBACK_CALLS}, faster "
                            "for this sequence than the tree"]  # fmt: skip
-    assert ranker.measured["ngram"][0] == 4 * expected.FALLBACK_CALLS  # its chain of 3 stood whole, and the model's
-    assert "heads" not in ranker.measured  # a costly part, asked only where it pays, is never judged alone
+    assert ranker.measured[Part("ngram")][0] == 4 * expected.FALLBACK_CALLS  # its chain of 3 stood whole, and 1 more
+    assert not any(part and part.drafter == "heads" for part in ranker.measured)  # asked where it pays: never judged
     ranker.news.clear()
     for _ in range(expected.FALLBACK_CALLS):  # the chain alone still pays
-        ranker.chain_alone(3, 0.01)
+        ranker.alone(3, 0.01)
         ranker.observe([0, 1, 2, 3], gained=[1, 2, 3, 4])
-    assert ranker.fallen_to == "ngram" and not ranker.news
+    assert ranker.fallen_to == Part("ngram") and not ranker.news
     for _ in range(2 * expected.FALLBACK_CALLS):  # the loop ended: one token a call
-        ranker.chain_alone(3, 0.01)
+        ranker.alone(3, 0.01)
         ranker.observe([0], gained=[5])
     assert ranker.fallen_to is None and ranker.news[0].startswith("back to the tree from call")
     assert ranker.judged < expected.FALLBACK_CALLS  # judged afresh since
+
+
+def test_a_sequence_falls_back_to_its_cheapest_parts_own_tree_where_its_second_path_is_the_one_that_stands():
+    """N-gram lookup's first path misses and its second stands: its chain alone gains a token a call, a tree of
+    its own paths gains four, without the heads' two seconds a call; the sequence falls back to that tree, and
+    decodes it ranked from the n-gram candidates alone."""
+    ranker = Ranker(FLAT)
+    ngram = [scored([9, 9, 9], "ngram", 0.9), scored([1, 2, 3], "ngram", 0.9)]
+    heads = [Lattice([[7], [8]], [[Source("heads", ("any",), 0.5)]] * 2, [[Source("heads", ("any",), 0.5)]] * 2)]
+    for _ in range(expected.FALLBACK_CALLS):
+        tree = ranker.tree([*ngram, *heads], cap=64)
+        ranker.compare_parts({"ngram": ngram, "heads": heads}, {"ngram": 0.01, "heads": 2.0}, len(tree), "ngram")
+        ranker.observe([0, *(tree.tokens.index(t) + 1 for t in (1, 2, 3))], gained=[1, 2, 3, 4])
+    assert ranker.fallen_to == Part("ngram", tree=True)
+    assert ranker.measured[Part("ngram")][0] == expected.FALLBACK_CALLS  # its chain [9, 9, 9] gained one a call
+    assert ranker.measured[Part("ngram", tree=True)][0] == 4 * expected.FALLBACK_CALLS
+
+
+def test_a_tree_of_paths_in_order_holds_at_most_its_budget_and_confirms_the_path_greedy_took():
+    tree = expected.paths_tree([scored([1, 2, 3], "a", 0.5), scored([1, 4], "a", 0.5), scored([5], "a", 0.5)], 4)
+    assert tree.tokens == [1, 2, 3, 4] and tree.parents == [0, 1, 2, 1]  # [5] found no room
+    assert tree.confirmed([1, 4, 7]) == 2 and tree.confirmed([1, 2, 3]) == 3 and tree.confirmed([5]) == 0
+
+
+def test_a_sequence_fallen_back_to_a_parts_tree_is_still_greedy_and_says_so(monkeypatch):
+    model = tiny("llama")
+    lm = perturb_heads(BlockwiseLM.from_base(model, k=6))
+    ids = make_prompt(12, 512, seed=6)
+    ref = hf_greedy(model, ids, 60, eos_token_id=NO_EOS)
+    judge = Ranker._judge_parts
+
+    def early(self, gained):  # the n-gram tree judged faster after three calls, and never found to stop paying
+        judge(self, gained)
+        if self.judged == 3 and self.fallen_to is None:
+            self.fallen_to, self.fell_at, self._tree_rate = Part("ngram", tree=True), 3, 0.0
+            self.news.append("decoded with one part alone (ngram tree) from call 3")
+
+    monkeypatch.setattr(Ranker, "_judge_parts", early)
+    ranked = []  # each ranked tree: the part fallen back to, if any
+    rank = Ranker.tree
+    monkeypatch.setattr(Ranker, "tree", lambda self, *a: ranked.append(self.fallen_to) or rank(self, *a))
+    asked = []
+    ask = HeadsDrafter.propose_scored
+    monkeypatch.setattr(HeadsDrafter, "propose_scored", lambda *a: asked.append(1) or ask(*a))
+    out = lm.generate(ids, 60, drafter="ngram+heads", k=6, eos_token_id=NO_EOS)
+    assert_greedy_equal(model, ids, out.sequences, ref)
+    assert "decoded with one part alone (ngram tree) from call 3" in out.stats.note
+    assert len(asked) <= 3 and ranked.count(Part("ngram", tree=True)) > 40  # n-gram trees ranked without the heads
 
 
 def test_a_tree_that_gains_more_than_its_cheapest_part_keeps_deciding():
@@ -412,7 +469,7 @@ def test_a_tree_that_gains_more_than_its_cheapest_part_keeps_deciding():
         tree = ranker.tree([*ngram, *heads], cap=64)
         ranker.compare_parts({"ngram": ngram, "heads": heads}, {"ngram": 0.01, "heads": 0.01}, len(tree), "ngram")
         ranker.observe([0, 1, tree.tokens.index(8) + 1], gained=[1, 8, 9])
-    assert ranker.fallen_to is None and ranker.measured["ngram"][0] == 2 * 2 * expected.FALLBACK_CALLS
+    assert ranker.fallen_to is None and ranker.measured[Part("ngram")][0] == 2 * 2 * expected.FALLBACK_CALLS
 
 
 def test_a_sequence_fallen_back_to_a_part_is_still_greedy_and_says_so(monkeypatch):
@@ -425,8 +482,8 @@ def test_a_sequence_fallen_back_to_a_part_is_still_greedy_and_says_so(monkeypatc
     def early(self, gained):  # the n-gram chain judged faster after three calls, and never found to stop paying
         judge(self, gained)
         if self.judged == 3 and self.fallen_to is None:
-            self.fallen_to, self.fell_at, self._tree_rate = "ngram", 3, 0.0
-            self.news.append("decoded with one part's chain alone (ngram) from call 3")
+            self.fallen_to, self.fell_at, self._tree_rate = Part("ngram"), 3, 0.0
+            self.news.append("decoded with one part alone (ngram chain) from call 3")
 
     monkeypatch.setattr(Ranker, "_judge_parts", early)
     asked = []
@@ -434,5 +491,5 @@ def test_a_sequence_fallen_back_to_a_part_is_still_greedy_and_says_so(monkeypatc
     monkeypatch.setattr(HeadsDrafter, "propose_scored", lambda *a: asked.append(1) or offer(*a))
     out = lm.generate(ids, 60, drafter="ngram+heads", k=6, eos_token_id=NO_EOS)
     assert_greedy_equal(model, ids, out.sequences, ref)
-    assert "decoded with one part's chain alone (ngram) from call 3" in out.stats.note
+    assert "decoded with one part alone (ngram chain) from call 3" in out.stats.note
     assert len(asked) <= 3 and out.stats.calls > 10  # the heads are not asked once the n-gram chain alone is

@@ -51,6 +51,22 @@ class Tree:
                 return
             node = self.add(node, int(token), owner)
 
+    @classmethod
+    def chain(cls, tokens: Sequence[int]) -> Tree:
+        """One path of `tokens` from the root."""
+        tree = cls()
+        tree.add_path(tokens, len(tokens), len(tokens))
+        return tree
+
+    def confirmed(self, tokens: Sequence[int]) -> int:
+        """How deep a path from the root follows `tokens`: what of this tree stands where they are the model's."""
+        node = 0
+        for depth, token in enumerate(tokens):
+            node = self._children.get((node, token))
+            if node is None:
+                return depth
+        return len(tokens)
+
     def is_chain(self) -> bool:
         """Whether the nodes form one path from the root, each the child of the one before."""
         return all(parent == i for i, parent in enumerate(self.parents))

@@ -26,7 +26,7 @@ from blockdecode.decoding.adapter import check_attention_mask, check_prompt, ope
 from blockdecode.decoding.healing import Healing, check_healing
 from blockdecode.decoding.output import BlockwiseOutput, DecodeStats, per_call, ties_note
 from blockdecode.decoding.plan import DecodePlan, make_plan
-from blockdecode.decoding.ranking import OFFERED, batch_width
+from blockdecode.decoding.ranking import OFFERED, Ranker, batch_width
 from blockdecode.decoding.reference import near_tie
 from blockdecode.decoding.rules import greedy_rules
 from blockdecode.decoding.sampling import check_generator, sampling_settings, speculative_sample
@@ -140,12 +140,8 @@ def predict(plan: DecodePlan, run: Run, hidden: torch.Tensor, depth: int) -> lis
     if run.rankers:  # one row: every candidate ranked by its chance to stand, the size chosen by cost
         ranker = run.rankers[run.active[0]]
         chain, cap = plan.tree is None, plan.tree or depth  # a chain: the drafter's expected to gain the most
-        if ranker.fallen_to is not None:  # this sequence gained more a second from one part's chain alone
-            part = next(d for d in plan.drafters if d.name == ranker.fallen_to)
-            start = time.perf_counter()
-            chain = clip(part.chain_scored(tokens[0], hidden, depth), depth, run.vocab)
-            ranker.chain_alone(len(chain.tokens), time.perf_counter() - start)
-            return [ranker.take(chain, depth)]
+        if ranker.fallen_to is not None:  # this sequence gained more a second from one part alone
+            return [alone(ranker, plan, tokens[0], hidden, depth, run.vocab)]
         found: list[Scored | Lattice] = []
         offered: dict[str, list[Scored | Lattice]] = {}
         spent: dict[str, float] = {}
@@ -181,6 +177,23 @@ def predict(plan: DecodePlan, run: Run, hidden: torch.Tensor, depth: int) -> lis
         for path in check_paths(paths, depth, run.vocab):
             candidates.add_path(path, plan.tree, depth, drafter.name)
     return trees
+
+
+def alone(
+    ranker: Ranker, plan: DecodePlan, tokens: torch.LongTensor, hidden: torch.Tensor, depth: int, vocab: int
+) -> Tree:
+    """This call's candidates from the part a sequence fell back to (`Ranker.fallen_to`): its chain, or a tree
+    ranked from its candidates alone."""
+    part = ranker.fallen_to
+    drafter = next(d for d in plan.drafters if d.name == part.drafter)
+    start = time.perf_counter()
+    if part.tree:
+        found = drafter.propose_scored(tokens, hidden, ranker.reach(drafter.name, depth), min(plan.tree, OFFERED))
+        tree = ranker.tree([clip(s, depth, vocab) for s in found], plan.tree)
+    else:
+        tree = ranker.take(clip(drafter.chain_scored(tokens, hidden, depth), depth, vocab), depth)
+    ranker.alone(len(tree), time.perf_counter() - start)
+    return tree
 
 
 def clip(scored: Scored | Lattice, depth: int, vocab: int) -> Scored | Lattice:

@@ -177,9 +177,11 @@ class Ranker:
         self._reach: dict[str, float] = {}  # the deepest each drafter's nodes were kept, lately
         self._deepest: dict[str, int] = {}  # the last tree's deepest node of each drafter
         self._last: tuple[tuple, int, tuple] | None = None  # this call's last ranking: its candidates, cap, result
-        self.measured: dict[str, list[float]] = {}  # tokens, seconds (and calls asked): the trees', each part's alone
-        self._parts: tuple[dict[str, list[int]], dict[str, float], float] | None = None  # this call's, to judge
-        self.fallen_to: str | None = None  # the part whose chain alone this sequence decodes with, once faster
+        self.measured: dict[
+            Part | None, list[float]
+        ] = {}  # tokens, seconds (and calls): the trees' (None), each part's
+        self._parts: tuple[dict[Part, tuple[Tree, float]], float] | None = None  # this call's, to judge
+        self.fallen_to: Part | None = None  # the part alone this sequence decodes with, once faster
         self.fell_at = 0  # the call it fell back at
         self.judged = 0  # calls judged so far
         self._tree_rate = 0.0  # the tree's tokens a second when this sequence fell back to a part
@@ -291,52 +293,58 @@ class Ranker:
         self, offered: Mapping[str, Sequence[Scored | Lattice]], spent: Mapping[str, float], size: int, cheapest: str
     ) -> None:
         """This call's tree (of `size` nodes) against `cheapest`, the part asked first every call, alone: `offered`,
-        each drafter's candidates this call, its chain their best (a path's tokens, a lattice's first guess at each
-        depth); `spent`, each drafter's seconds this call. `observe` counts what each would have gained."""
-        chains = {name: chain_of(found) for name, found in offered.items() if found and name == cheapest}
-        self._parts = (chains, dict(spent), self.seconds(size + 1) + sum(spent.values()))
+        each drafter's candidates this call; `spent`, each drafter's seconds this call. The part is judged as its
+        chain (a path's tokens, a lattice's first guess at each depth) and, where it offers paths, as a tree of its
+        own paths in their order, as many nodes as this call's tree. `observe` counts what each would have gained."""
+        found = offered.get(cheapest)
+        parts: dict[Part, tuple[Tree, float]] = {}
+        if found:
+            parts[Part(cheapest)] = (Tree.chain(chain_of(found)), spent.get(cheapest, 0.0))
+            if not isinstance(found[0], Lattice):
+                parts[Part(cheapest, tree=True)] = (paths_tree(found, size), spent.get(cheapest, 0.0))
+        self._parts = (parts, self.seconds(size + 1) + sum(spent.values()))
 
-    def chain_alone(self, length: int, spent: float) -> None:
-        """This call verifies the chain fallen back to (`length` nodes, drafted in `spent` seconds): `observe`
-        judges whether it still pays."""
-        self._parts = ({}, {}, self.seconds(length + 1) + spent)
+    def alone(self, size: int, spent: float) -> None:
+        """This call verifies the part fallen back to (`size` nodes, drafted in `spent` seconds): `observe` judges
+        whether it still pays."""
+        self._parts = ({}, self.seconds(size + 1) + spent)
 
     def _judge_parts(self, gained: Sequence[int]) -> None:
-        """What the tree gained for its time, against what its cheapest part's chain alone would have: its prefix
-        that greedy's tokens confirm (where all of them do, no more than they: a lower bound), plus the model's
-        token, for a call of its length and its drafter's time. Once the part alone has gained more a second over
-        `FALLBACK_CALLS` calls or more, this sequence decodes with its chain alone (`fallen_to`); once that chain,
-        over its recent calls, gains less a second than the tree did, the tree decodes again and is judged afresh
-        (a loop ends, and the costlier drafters pay again)."""
+        """What the tree gained for its time, against what each part alone would have: its deepest path that greedy's
+        tokens confirm (where one holds all of them, no more than they: a lower bound), plus the model's token, for a
+        call of its size and its drafter's time. Once a part alone has gained more a second over `FALLBACK_CALLS`
+        calls or more, this sequence decodes with that part alone (`fallen_to`); once it, over its recent calls,
+        gains less a second than the tree did, the tree decodes again and is judged afresh (a loop ends, and the
+        costlier drafters pay again)."""
         if self._parts is None:
             return
-        chains, spent, seconds = self._parts
+        parts, seconds = self._parts
         self._parts = None
         if self.fallen_to is not None:
             alone = self.measured.setdefault(self.fallen_to, [0.0, 0.0, 0])
             alone[0], alone[1] = _RECENT * alone[0] + len(gained), _RECENT * alone[1] + seconds
             self.judged += 1
             if self.judged - self.fell_at >= FALLBACK_CALLS and alone[0] / alone[1] < self._tree_rate:
-                self.news.append(f"back to the tree from call {self.judged}: the chain alone gained less")
+                self.news.append(f"back to the tree from call {self.judged}: the {self.fallen_to} alone gained less")
                 self.fallen_to, self.measured, self.judged = None, {}, 0
             return
-        calls = self.measured.setdefault("", [0.0, 0.0, 0])
+        calls = self.measured.setdefault(None, [0.0, 0.0, 0])
         calls[0], calls[1] = calls[0] + len(gained), calls[1] + seconds
-        for name, chain in chains.items():
-            stood = next((i for i, (a, b) in enumerate(zip(chain, gained)) if a != b), min(len(chain), len(gained)))
+        for part, (tree, drafted) in parts.items():
+            stood = tree.confirmed(gained)
             tokens = stood + 1 if stood < len(gained) else len(gained)
-            part = self.measured.setdefault(name, [0.0, 0.0, 0])
-            part[0], part[1] = part[0] + tokens, part[1] + self.seconds(len(chain) + 1) + spent.get(name, 0.0)
-            part[2] += 1
+            measured = self.measured.setdefault(part, [0.0, 0.0, 0])
+            measured[0], measured[1] = measured[0] + tokens, measured[1] + self.seconds(len(tree) + 1) + drafted
+            measured[2] += 1
         self.judged += 1
         if self.judged < FALLBACK_CALLS:
             return
         rate = calls[0] / calls[1]
-        faster = [(t / s, name) for name, (t, s, n) in self.measured.items()
-                  if name and n == self.judged and t / s > rate]  # fmt: skip  # asked every call: judged throughout
-        if faster:
-            self.fallen_to, self.fell_at, self._tree_rate = max(faster)[1], self.judged, rate
-            self.news.append(f"decoded with one part's chain alone ({self.fallen_to}) from call {self.judged}, "
+        faster = [(t / s, not part.tree, part) for part, (t, s, n) in self.measured.items()
+                  if part is not None and n == self.judged and t / s > rate]  # fmt: skip  # asked every call
+        if faster:  # the fastest; of a chain and a tree as fast, the chain, which needs no ranking
+            self.fallen_to, self.fell_at, self._tree_rate = max(faster)[2], self.judged, rate
+            self.news.append(f"decoded with one part alone ({self.fallen_to}) from call {self.judged}, "
                              "faster for this sequence than the tree")  # fmt: skip
 
     def _rank(self, candidates: Sequence[Scored | Lattice], cap: int) -> tuple[list, int, float, dict]:
@@ -483,6 +491,25 @@ class Ranker:
                 outcome = chances[i - 1] if chances is not None else i in stood  # a sure match does not
                 self.estimates.update(source, outcome)  # learn the match's rate
         self._kept = []  # a call that verifies no tree teaches nothing
+
+
+@dataclass(frozen=True)
+class Part:
+    """One drafter of a ranked tree decoding alone: its chain, or (`tree`) a ranked tree of its candidates alone."""
+
+    drafter: str
+    tree: bool = False
+
+    def __str__(self) -> str:
+        return f"{self.drafter} {'tree' if self.tree else 'chain'}"
+
+
+def paths_tree(paths: Sequence[Scored], budget: int) -> Tree:
+    """`paths` merged in their order into a tree of at most `budget` nodes, as an unranked tree takes them."""
+    tree = Tree()
+    for path in paths:
+        tree.add_path(path.tokens, budget, len(path.tokens), path.sources[0].drafter if path.sources else "")
+    return tree
 
 
 def chain_of(found: Sequence[Scored | Lattice]) -> list[int]:
