@@ -435,20 +435,25 @@ def test_a_tree_of_paths_in_order_holds_at_most_its_budget_and_confirms_the_path
     assert tree.confirmed([1, 4, 7]) == 2 and tree.confirmed([1, 2, 3]) == 3 and tree.confirmed([5]) == 0
 
 
+def fall_back_at_call_3(monkeypatch, part: Part) -> None:
+    """Every sequence judges `part` faster after three calls, and never finds it to stop paying."""
+    judge = Ranker._judge_parts
+
+    def early(self, gained):
+        judge(self, gained)
+        if self.judged == 3 and self.fallen_to is None:
+            self.fallen_to, self.fell_at, self._tree_rate = part, 3, 0.0
+            self.news.append(f"decoded with one part alone ({part}) from call 3")
+
+    monkeypatch.setattr(Ranker, "_judge_parts", early)
+
+
 def test_a_sequence_fallen_back_to_a_parts_tree_is_still_greedy_and_says_so(monkeypatch):
     model = tiny("llama")
     lm = perturb_heads(BlockwiseLM.from_base(model, k=6))
     ids = make_prompt(12, 512, seed=6)
     ref = hf_greedy(model, ids, 60, eos_token_id=NO_EOS)
-    judge = Ranker._judge_parts
-
-    def early(self, gained):  # the n-gram tree judged faster after three calls, and never found to stop paying
-        judge(self, gained)
-        if self.judged == 3 and self.fallen_to is None:
-            self.fallen_to, self.fell_at, self._tree_rate = Part("ngram", tree=True), 3, 0.0
-            self.news.append("decoded with one part alone (ngram tree) from call 3")
-
-    monkeypatch.setattr(Ranker, "_judge_parts", early)
+    fall_back_at_call_3(monkeypatch, Part("ngram", tree=True))
     ranked = []  # each ranked tree: the part fallen back to, if any
     rank = Ranker.tree
     monkeypatch.setattr(Ranker, "tree", lambda self, *a: ranked.append(self.fallen_to) or rank(self, *a))
@@ -477,15 +482,7 @@ def test_a_sequence_fallen_back_to_a_part_is_still_greedy_and_says_so(monkeypatc
     lm = perturb_heads(BlockwiseLM.from_base(model, k=6))
     ids = make_prompt(12, 512, seed=5)
     ref = hf_greedy(model, ids, 60, eos_token_id=NO_EOS)
-    judge = Ranker._judge_parts
-
-    def early(self, gained):  # the n-gram chain judged faster after three calls, and never found to stop paying
-        judge(self, gained)
-        if self.judged == 3 and self.fallen_to is None:
-            self.fallen_to, self.fell_at, self._tree_rate = Part("ngram"), 3, 0.0
-            self.news.append("decoded with one part alone (ngram chain) from call 3")
-
-    monkeypatch.setattr(Ranker, "_judge_parts", early)
+    fall_back_at_call_3(monkeypatch, Part("ngram"))
     asked = []
     offer = HeadsDrafter.propose_scored
     monkeypatch.setattr(HeadsDrafter, "propose_scored", lambda *a: asked.append(1) or offer(*a))
