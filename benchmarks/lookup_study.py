@@ -226,9 +226,11 @@ def others(w: Window) -> list[str]:
     return [str(p.relative_to(w.package)) for p in sorted(w.package.rglob("*.py")) if p != w.path]
 
 
-def study_translation(bible: Path, verses: int, rounds: int) -> dict:
-    """(c): held-out verses in book order, greedy against the default with and without remembered outputs."""
-    lm, tokenizer = load(DEFAULT_TRANSLATION_MODEL, dtype=auto_dtype())
+def study_translation(bible: Path, verses: int, rounds: int, model=None, extra: dict[str, dict] | None = None) -> dict:
+    """(c): held-out verses in book order, greedy against the default with and without remembered outputs, and
+    `extra`'s methods (name: `generate`'s settings) on `model` (lm, tokenizer; default: the built-in translation
+    model)."""
+    lm, tokenizer = model or load(DEFAULT_TRANSLATION_MODEL, dtype=auto_dtype())
     pairs = read_tsv(bible / "test.tsv")[:verses]
     sources = [torch.tensor([tokenizer(p.source).input_ids]) for p in pairs]
     limits = [min(lm.base.config.max_position_embeddings - 1, int(1.5 * s.shape[1]) + 10) for s in sources]
@@ -241,6 +243,8 @@ def study_translation(bible: Path, verses: int, rounds: int) -> dict:
         "heads+suffix, not remembering": lambda s, m: lm.generate(s, m, plan=plan, remember=False),
         "heads+suffix, remembering": lambda s, m: lm.generate(s, m, plan=plan),
     }  # fmt: skip
+    for name, settings in (extra or {}).items():
+        methods[name] = lambda s, m, settings=settings: lm.generate(s, m, remember=False, **settings)
     for method in methods.values():
         method(sources[0], 4)
     totals = {name: float("inf") for name in methods}

@@ -203,11 +203,11 @@ class BlockwiseLM(nn.Module):
         self.eagle3 = eagle3.to(device=projection.weight.device, dtype=projection.weight.dtype).eval()
 
     def _check_decoder_only(self, kind: str) -> None:
-        """EAGLE-3 and DFlash read a decoder-only base's layers: an encoder-decoder drafts with heads and lookups."""
+        """EAGLE-3 reads a decoder-only base's layers: an encoder-decoder drafts with heads, lookups and DFlash."""
         if is_seq2seq(self.base):
             raise ValueError(
                 f"{kind} drafters read a decoder-only base's layers; {type(self.base).__name__} is an encoder-decoder: "
-                "draft with heads, ngram or suffix lookup"
+                "draft with heads, dflash, ngram or suffix lookup"
             )
 
     def eagle3_drafter(self) -> Eagle3Drafter:
@@ -224,7 +224,6 @@ class BlockwiseLM(nn.Module):
         """Give this model a DFlash block drafter (`drafter="dflash"`): a module (read from `where`, if it was), or a
         folder holding one in z-lab's layout or the speculators format; refused in one line if it was built for
         another base."""
-        self._check_decoder_only("DFlash")
         if not isinstance(dflash, DFlash):
             where, dflash = dflash, DFlash.load(dflash)
         check_dflash(dflash.config, self.base, where)
@@ -233,7 +232,6 @@ class BlockwiseLM(nn.Module):
 
     def dflash_drafter(self) -> DFlashDrafter:
         """drafter="dflash": proposals from this model's DFlash drafter, a whole block a pass."""
-        self._check_decoder_only("DFlash")
         if self.dflash is None:
             raise ValueError(
                 "this model has no DFlash drafter: train one with `blockdecode train --head-type dflash`, or "

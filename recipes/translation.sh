@@ -20,18 +20,9 @@ else  # 2 CPU cores: about 5 s a model step on one thread, and 120 tokens/s of 4
 fi
 mkdir -p "$RUNS"
 
-# 1. The SWORD modules (Debian packages, fetched by apt like any package) and the verse pairs, with
-#    the extra English sources distillation may use: the World English Bible's training verses and the
-#    sentences of three commentaries on training chapters (sources-web.txt, sources-mhcc.txt, ...).
+# 1. The verse pairs and the extra English sources distillation may use (recipes/bible.sh).
 EXTRA_SOURCES="web mhcc scofield tdavid"
-if [ ! -f "$RUNS/bible/train.tsv" ] || [ ! -f "$RUNS/bible/sources-tdavid.txt" ]; then
-  if [ ! -f "$RUNS/sword/usr/share/sword/mods.d/tdavid.conf" ]; then
-    mkdir -p "$RUNS/sword"
-    (cd "$RUNS/sword" && apt-get download sword-text-kjv sword-text-sparv sword-text-web sword-comm-mhcc sword-comm-scofield \
-      sword-comm-tdavid && for f in sword-*.deb; do dpkg-deb -x "$f" .; done)
-  fi
-  $BD bible --modules "$RUNS/sword/usr/share/sword" --out "$RUNS/bible" --extra-sources "${EXTRA_SOURCES// /,}"
-fi
+RUNS=$RUNS bash recipes/bible.sh
 
 # 2. The translation model: 4 + 4 layers of width 256, a shared BPE of 8,000, about 21 epochs (13 on CPUs).
 #    A finished model is kept: the heads below learn from it (remove its model/ to train it further).

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import NO_EOS, assert_greedy_equal, hf_greedy, make_cfg, make_prompt, vocab_size
+from conftest import NO_EOS, assert_greedy_equal, hf_greedy, make_cfg, make_prompt, pairs_cfg, vocab_size
 from safetensors.torch import load_file, save_file
-from test_batch import RANKED, causal_batch, check_rows
+from test_batch import RANKED, causal_batch, check_rows, hf_batch, padded
 from test_eagle3 import greedy_rows, rotary
 from test_sampling import BUDGET, PROMPT, SETTINGS, SHOWN, homogeneity, reference, small
 from test_train import Killed, kill_at
@@ -22,7 +22,7 @@ from blockdecode import BlockwiseLM, NgramDrafter, decode, make_plan
 from blockdecode.cli import main
 from blockdecode.core.hf import layer_inputs
 from blockdecode.core.io import CheckpointError
-from blockdecode.core.toy import TOY_ARCHITECTURES, toy_model
+from blockdecode.core.toy import TOY_ARCHITECTURES, TOY_SEQ2SEQ, toy_model
 from blockdecode.decoding.sampling import sampling_settings
 from blockdecode.drafters.dflash.config import config_for
 from blockdecode.drafters.dflash.drafting import DFlashDrafter
@@ -220,6 +220,91 @@ def test_a_drafter_for_another_base_is_refused(saved) -> None:
     other = BlockwiseLM.from_base(toy_model("llama", layers=4, width=96), k=K)
     with pytest.raises(CheckpointError, match="the DFlash drafter was built for an embedding width of 64"):
         other.attach_dflash(folder / "dflash")
+
+
+# ----------------------------------------------------------------------------------------- encoder-decoders
+
+
+def fitted_pairs(base, sources: list[torch.LongTensor], steps: int = 120) -> DFlash:
+    """A drafter trained briefly on the decoder's greedy translations of `sources`, reading the decoder's layers."""
+    torch.manual_seed(0)
+    vocab = vocab_size(base)
+    drafter = DFlash(config_for(base, vocab, vocab - 1, block_size=BLOCK, layers=1))
+    optimizer = torch.optim.Adam(drafter.parameters(), lr=3e-3)
+    generator = torch.Generator().manual_seed(0)
+    cases = []
+    for source in sources:
+        rows = hf_greedy(base, source, 40, eos_token_id=NO_EOS)
+        with torch.no_grad(), layer_inputs(base, drafter.config.target_layer_ids) as aux:
+            logits = base(input_ids=source, decoder_input_ids=rows).logits
+        cases.append((aux[0].float(), rows, logits.argmax(-1)))
+    for step in range(steps):
+        features, rows, argmax = cases[step % len(cases)]
+        loss, _ = drafter.loss(base, features, rows, argmax, anchors=8, gamma=4.0, generator=generator)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    return drafter.eval()
+
+
+@pytest.mark.parametrize("arch", TOY_SEQ2SEQ)
+def test_an_encoder_decoder_drafts_from_its_decoders_layers_exactly(arch: str) -> None:
+    """The decoder's features, the source encoded once: chains, trees (where the model scores one) and a ranked tree
+    give `generate`'s decoder tokens, and blocks it learnt stand for several tokens."""
+    base = toy_model(arch, layers=4, seed=1)
+    sources = [make_prompt(9, vocab_size(base), seed=seed) for seed in (0, 1)]
+    model = fitted_pairs(base, sources)
+    blocks = []
+    for source in [*sources, make_prompt(9, vocab_size(base), seed=7)]:  # two it learnt, one it did not
+        ref = hf_greedy(base, source, 40, eos_token_id=NO_EOS)
+        for tree in (None, 12) if arch != "t5" else (None,):  # T5's relative positions score no tree
+            plan = make_plan(base, DFlashDrafter(model, base), K, tree, eos_token_id=NO_EOS)
+            out = decode(base, source, 40, plan)
+            assert_greedy_equal(base, source, out.sequences, ref, what=f"{arch} tree={tree}")
+            blocks += out.stats.block_sizes
+        if arch != "t5":
+            drafters = [NgramDrafter(), DFlashDrafter(model, base)]
+            out = decode(base, source, 40, make_plan(base, drafters, K, 16, eos_token_id=NO_EOS, ranking=RANKED))
+            assert_greedy_equal(base, source, out.sequences, ref, what=f"{arch} ranked")
+    assert max(blocks) >= 3, "the drafter should be right for several tokens where it learnt the translation"
+
+
+def test_an_encoder_decoder_batch_drafts_each_row_from_its_own_features() -> None:
+    base = toy_model("marian", layers=4, seed=1)
+    prompts = [make_prompt(n, vocab_size(base), seed=n) for n in (3, 9, 14)]
+    model = fitted_pairs(base, prompts)
+    ids, mask = padded(prompts, base.generation_config.pad_token_id, left=False)
+    ref = hf_batch(base, ids, mask, 24, eos=NO_EOS)
+    out = decode(base, ids, 24, make_plan(base, DFlashDrafter(model, base), K, eos_token_id=NO_EOS),
+                 attention_mask=mask)  # fmt: skip
+    check_rows(base, prompts, mask, out.sequences, ref, NO_EOS, what="marian dflash batch")
+    assert max(b for s in out.row_stats for b in s.block_sizes) > 1
+
+
+@pytest.mark.filterwarnings("ignore:left out")
+def test_an_encoder_decoder_trains_a_drafter_that_decodes_its_translations(tiny_marian, tmp_path) -> None:
+    """`train --head-type dflash` on pairs: distilled translations, cached decoder features, resumable; the saved
+    model decodes with drafter="dflash" exactly."""
+    kw = dict(head_type="dflash", mode="distill", k=5, steps=8, checkpoint_every=4, anchors=4, eval_every=4)
+    kw |= dict(feature_cache=str(tmp_path / "features"))
+    a, b = tmp_path / "a", tmp_path / "b"
+    train(pairs_cfg(tiny_marian, a, **kw))
+    with pytest.raises(Killed):
+        train(pairs_cfg(tiny_marian, b, **kw), callback=kill_at(6))
+    train(pairs_cfg(tiny_marian, b, resume=True, **kw))
+    first, resumed = (load_file(str(out / "dflash" / "model.safetensors")) for out in (a, b))
+    for name, t in first.items():
+        torch.testing.assert_close(resumed[name], t, atol=1e-6, rtol=0, msg=name)
+    record = json.loads((a / "blockdecode.json").read_text())["training"]
+    assert record["head_type"] == "dflash" and record["mean_block_size"] >= 1.0
+    loaded = BlockwiseLM.from_pretrained(a)
+    assert loaded.base.config.is_encoder_decoder and loaded.dflash.config.block_size == 5
+    source = tiny_marian.tokenizer("In the beginning was the Word.", return_tensors="pt").input_ids
+    for tree in (None, "default"):
+        out = loaded.generate(source, 30, drafter="dflash", tree=tree)
+        assert_greedy_equal(loaded.base, source, out.sequences, hf_greedy(loaded.base, source, 30), what=f"{tree}")
+    with pytest.raises(ValueError, match="dflash serves decoder-only models, and this base is an encoder-decoder"):
+        export_heads(loaded, tmp_path / "export", "dflash")  # no engine serves an encoder-decoder's drafter
 
 
 # ------------------------------------------------------------------------------------------- training

@@ -57,6 +57,14 @@ def is_seq2seq(model: PreTrainedModel) -> bool:
     return bool(getattr(model.config, "is_encoder_decoder", False))
 
 
+def decoder_depth(model: PreTrainedModel) -> int | None:
+    """How many decoder layers the model has: an encoder-decoder's decoder_layers (its num_hidden_layers, and
+    its decoder view's, name the encoder's), a causal LM's num_hidden_layers; None where its config names none."""
+    if is_seq2seq(model) and getattr(model.config, "decoder_layers", None) is not None:
+        return model.config.decoder_layers
+    return getattr(model.config.get_text_config(decoder=True), "num_hidden_layers", None)
+
+
 def weights_signature(model: torch.nn.Module) -> list[float]:
     """The L1 norms of four of the model's weight tensors (first, two middle, last): enough to tell
     two sets of weights apart, and stable across fp32 / bf16 copies of the same ones (about 1e-3)."""
@@ -263,10 +271,11 @@ def decoder_output(model: PreTrainedModel) -> Iterator[list[torch.Tensor]]:
 
 
 def decoder_layers(model: PreTrainedModel) -> torch.nn.ModuleList:
-    """The model's list of decoder layers: the first list of as many modules as its config has layers
-    (an encoder-decoder's decoder is refused before this is asked)."""
-    n = getattr(model.config.get_text_config(decoder=True), "num_hidden_layers", None)
-    found = [m for m in model.modules() if isinstance(m, torch.nn.ModuleList) and len(m) == n]
+    """The model's list of decoder layers: the first list of as many modules as its config has layers (an
+    encoder-decoder's, in its decoder: the encoder's list may be as long)."""
+    n = decoder_depth(model)
+    root = model.get_decoder() if is_seq2seq(model) else model
+    found = [m for m in root.modules() if isinstance(m, torch.nn.ModuleList) and len(m) == n]
     if not found:
         raise ValueError(f"{type(model).__name__}: found no list of its {n} decoder layers to read features from")
     return found[0]

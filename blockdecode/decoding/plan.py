@@ -160,11 +160,11 @@ def make_plan(
         drafters = as_drafters(drafter)
     if lm is not None and any(isinstance(d, HeadsDrafter) and d.heads is lm.heads for d in drafters):
         k = block_size(k, lm.k)
-    readers = [d for d in drafters if d.layers]
+    readers = [d for d in drafters if d.decoder_only]
     if readers and is_seq2seq(model):
         raise ValueError(
             f"{readers[0].name} reads a decoder-only base's layers, as the serving engines run it; "
-            f"{type(model).__name__} is an encoder-decoder: decode it with its heads or n-gram lookup"
+            f"{type(model).__name__} is an encoder-decoder: decode it with its heads, dflash or n-gram lookup"
         )
     k, tree, rule, eos = check_settings(model, k, tree, acceptance, eos_token_id, cache_implementation)
     if sampling is not None and rule.rule != "exact":

@@ -79,6 +79,7 @@ class BaseDrafter:
         """A call gained `accepted` for row `row`: the tokens now at that sequence's end."""
 
     layers: tuple[int, ...] = ()  # decoder layers whose inputs the drafter reads (EAGLE-3's), handed to `see`
+    decoder_only = False  # whether it drafts for decoder-only bases alone (EAGLE-3: its training is theirs)
 
     def see(self, row: int, features: torch.Tensor) -> None:
         """The base's features [m, F] at the next m positions of row `row` (those the decode keeps), read at

@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from blockdecode.core.hf import decoder_depth
 from blockdecode.core.io import CheckpointError
 
 
@@ -80,7 +81,7 @@ def check_base(what: str, cfg, layer_ids, base, where: object = None) -> None:
     text = base.config.get_text_config(decoder=True)
     name = f"{where}: " if where is not None else ""
     width = base.get_input_embeddings().weight.shape[1]
-    layers = getattr(text, "num_hidden_layers", 0)
+    layers = decoder_depth(base) or 0
     found = [
         ("a vocabulary", cfg.vocab_size, base.get_output_embeddings().weight.shape[0]),
         ("an embedding width", cfg.hidden_size, width),

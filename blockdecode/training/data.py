@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from blockdecode.core.hf import context_length
 from blockdecode.core.io import load_npy, read_text, read_utf8
 
 TEXT_SUFFIXES = {".py", ".txt", ".md", ".rst", ".json", ".jsonl", ".c", ".h", ".js", ".ts", ".html", ".css"}
@@ -200,3 +201,16 @@ def batch_indices(step: int, n: int, batch_size: int, seed: int) -> torch.LongTe
     if n < batch_size:
         perm = perm.repeat(math.ceil(batch_size / n))
     return perm[b * batch_size : (b + 1) * batch_size]
+
+
+def eval_prompts(base, held_out: torch.LongTensor | Pairs, cfg) -> tuple[list, int, list[int] | None]:
+    """The held-out prompts a drafter's evaluation decodes, their budget of new tokens and the EOS ids that stop
+    them: the first `eval_prompt_len` tokens of held-out rows, past EOS; an encoder-decoder's held-out sources,
+    translated to EOS as real use does."""
+    limit = context_length(base)
+    if isinstance(held_out, Pairs):
+        prompts = [held_out[i : i + 1].source for i in range(min(cfg.eval_prompts, len(held_out)))]
+        return prompts, cfg.eval_new_tokens if limit is None else min(cfg.eval_new_tokens, limit - 1), None
+    prompts = [row[: cfg.eval_prompt_len].unsqueeze(0) for row in held_out[: cfg.eval_prompts]]
+    budget = cfg.eval_new_tokens if limit is None else min(cfg.eval_new_tokens, limit - cfg.eval_prompt_len)
+    return prompts, budget, []

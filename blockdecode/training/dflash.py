@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from blockdecode.core.hf import context_length, vocab_size
+from blockdecode.core.hf import vocab_size
 from blockdecode.decoding.loop import decode_prompts
 from blockdecode.decoding.plan import make_plan
 from blockdecode.drafters.dflash.config import config_for
@@ -19,7 +19,8 @@ from blockdecode.drafters.heads import most_frequent
 from blockdecode.loading import has_heads
 from blockdecode.model import BlockwiseLM
 from blockdecode.training.config import TrainConfig
-from blockdecode.training.distill import distill_sequences
+from blockdecode.training.data import Pairs, eval_prompts
+from blockdecode.training.distill import distill_pairs, distill_sequences
 from blockdecode.training.eagle3 import Eagle3Objective, Eagle3Training, fit_drafter
 
 
@@ -32,7 +33,8 @@ class DFlashObjective(Eagle3Objective):
     def forward(self, tokens, aux=None, argmax=None, anchors: int = 16, gamma: float = 4.0, generator=None):
         if aux is None:
             aux, argmax = self.features(tokens)
-        return self.drafter.loss(self.base[0], aux.to(self.drafter.fc.weight.dtype), tokens, argmax, anchors, gamma,
+        rows = tokens.decoder if isinstance(tokens, Pairs) else tokens  # an encoder-decoder's blocks are its decoder's
+        return self.drafter.loss(self.base[0], aux.to(self.drafter.fc.weight.dtype), rows, argmax, anchors, gamma,
                                  generator)  # fmt: skip
 
 
@@ -64,12 +66,9 @@ class DFlashTraining(Eagle3Training):
             rows = self.held_out[b * cfg.batch_size : (b + 1) * cfg.batch_size].to(device)
             loss, t = model(rows, anchors=cfg.anchors, gamma=cfg.gamma, generator=torch.Generator().manual_seed(b))
             losses, tallies = losses + [float(loss)], tallies + t
-        base = self.lm.base
-        limit = context_length(base)
-        budget = cfg.eval_new_tokens if limit is None else min(cfg.eval_new_tokens, limit - cfg.eval_prompt_len)
-        prompts = [row[: cfg.eval_prompt_len].unsqueeze(0) for row in self.held_out[: cfg.eval_prompts]]
-        plan = make_plan(base, DFlashDrafter(model.drafter, base), cfg.k, eos_token_id=[])
-        _, stats = decode_prompts(base, prompts, budget, plan)
+        prompts, budget, eos = eval_prompts(self.lm.base, self.held_out, cfg)
+        plan = make_plan(self.lm.base, DFlashDrafter(model.drafter, self.lm.base), cfg.k, eos_token_id=eos)
+        _, stats = decode_prompts(self.lm.base, prompts, budget, plan)
         model.train(was_training)
         return {
             "eval_loss": sum(losses) / max(1, len(losses)),
@@ -111,10 +110,13 @@ def mask_token(rows: torch.LongTensor, vocab: int) -> int:
     return int((counts == least).nonzero().max())
 
 
-def train_dflash(cfg: TrainConfig, loop, base, tokenizer, train_seqs, held_out, digest, state, callback) -> BlockwiseLM:
+def train_dflash(
+    cfg: TrainConfig, loop, base, tokenizer, train_seqs, held_out, digest, state, callback, extra=()
+) -> BlockwiseLM:
     """`train` for `--head-type dflash`: a block drafter on the frozen base, beside the heads `cfg.base` holds (or
-    untrained ones); the model it saves decodes with drafter="dflash" and exports to the serving engines. A block
-    is `cfg.k` positions: the newest token and k - 1 masks."""
+    untrained ones); the model it saves decodes with drafter="dflash" and, for a decoder-only base, exports to the
+    serving engines. A block is `cfg.k` positions: the newest token and k - 1 masks. An encoder-decoder's drafter
+    reads its decoder's layers, learning the base's own translations of the sources (and of `extra` sources)."""
     acc = loop.accelerator
     lm = (
         BlockwiseLM.from_pretrained(cfg.base, base=base)
@@ -125,12 +127,16 @@ def train_dflash(cfg: TrainConfig, loop, base, tokenizer, train_seqs, held_out, 
     vocab = vocab_size(base)
     if cfg.distill:
         with acc.main_process_first():
-            train_seqs = distill_sequences(base.to(acc.device), train_seqs, cfg, show=loop.main)
-    mask = mask_token(train_seqs, vocab)
+            if isinstance(train_seqs, Pairs):
+                train_seqs = distill_pairs(base.to(acc.device), train_seqs, cfg, loop.main, extra)
+            else:
+                train_seqs = distill_sequences(base.to(acc.device), train_seqs, cfg, show=loop.main)
+    decoded = train_seqs.decoder if isinstance(train_seqs, Pairs) else train_seqs
+    mask = mask_token(decoded, vocab)
     shape = config_for(base, cfg.draft_vocab or vocab, mask, cfg.k, cfg.dflash_layers, cfg.aux_layers,
                        shared_head=not cfg.draft_vocab)  # fmt: skip
     drafter = DFlash(shape)
-    token_map, coverage = most_frequent(train_seqs, vocab, cfg.draft_vocab or vocab)
+    token_map, coverage = most_frequent(decoded, vocab, cfg.draft_vocab or vocab)
     drafter.set_vocabulary(token_map)
     base.requires_grad_(False)
     objective = DFlashObjective(drafter.to(acc.device), base.to(acc.device)).train()

@@ -12,7 +12,7 @@ import torch
 from transformers import PreTrainedModel
 
 from blockdecode.core import plots
-from blockdecode.core.hf import context_length, layer_inputs, vocab_size
+from blockdecode.core.hf import layer_inputs, vocab_size
 from blockdecode.core.io import write_json
 from blockdecode.decoding.loop import decode_prompts
 from blockdecode.decoding.plan import make_plan
@@ -23,9 +23,7 @@ from blockdecode.loading import HEADS_CONFIG, has_heads
 from blockdecode.model import BlockwiseLM
 from blockdecode.training import loop as training
 from blockdecode.training.config import TrainConfig
-from blockdecode.training.data import (
-    batch_indices,
-)
+from blockdecode.training.data import Pairs, batch_indices, eval_prompts
 from blockdecode.training.distill import distill_sequences
 from blockdecode.training.features import Features, cached_features
 
@@ -42,11 +40,17 @@ class Eagle3Objective(torch.nn.Module):
         self.base = [base]  # not a submodule: frozen, not saved, not wrapped
         self.embed = base.get_input_embeddings()
 
-    def features(self, tokens: torch.LongTensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The base's features at the drafter's layers, and its argmax, on rows `tokens` (-1 as padding)."""
+    def features(self, tokens: torch.LongTensor | Pairs) -> tuple[torch.Tensor, torch.Tensor]:
+        """The base's features at the drafter's layers, and its argmax, on rows `tokens` (-1 as padding; an
+        encoder-decoder's pairs: at its decoder's positions, the source encoded)."""
         base = self.base[0]
         with torch.no_grad(), layer_inputs(base, getattr(self.drafter.config, self.layers_attribute)) as aux:
-            logits = base(input_ids=tokens.clamp(min=0)).logits
+            if isinstance(tokens, Pairs):
+                source, decoder = tokens.source, tokens.decoder.clamp(min=0)
+                logits = base(input_ids=source.clamp(min=0), attention_mask=(source >= 0).long(),
+                              decoder_input_ids=decoder).logits  # fmt: skip
+            else:
+                logits = base(input_ids=tokens.clamp(min=0)).logits
         return aux[0].float(), logits.argmax(-1)
 
     def forward(self, tokens: torch.LongTensor, aux: torch.Tensor | None = None, argmax=None, steps: int = 1):
@@ -71,19 +75,22 @@ class Eagle3Training(training.Task):
         self.sequences, self.held_out, self.data_digest = sequences, held_out, digest
         self.features: Features | None = None
         self.coverage: float | None = None
-        self.row_tokens = float((sequences >= 0).sum()) / len(sequences)
+        decoded = sequences.decoder if isinstance(sequences, Pairs) else sequences
+        self.row_tokens = float((decoded >= 0).sum()) / len(sequences)
         self.optimizer = training.adamw(objective.drafter, cfg.lr, cfg.weight_decay, (0.9, 0.95))
         self.scheduler = training.scheduler(self.optimizer, cfg.warmup_steps, cfg.steps, floor=0.1)
         self.tallies = torch.zeros(cfg.k - 1, 2)
 
-    def batch(self, step: int) -> tuple[torch.LongTensor, torch.Tensor | None, torch.Tensor | None]:
-        """This process's rows at `step`, with the base's cached features and argmax on them (None: computed)."""
+    def batch(self, step: int) -> tuple[torch.LongTensor | Pairs, torch.Tensor | None, torch.Tensor | None]:
+        """This process's rows at `step` (an encoder-decoder's pairs), with the base's cached features and argmax on
+        them, at the decoder's positions (None: computed)."""
         cfg, acc = self.config, self.accelerator
         idx = batch_indices(step, len(self.sequences), cfg.batch_size, cfg.seed)[acc.process_index :: acc.num_processes]
         tokens = self.sequences[idx].to(acc.device)
         if self.features is None:
             return tokens, None, None
-        aux, argmax = self.features.rows(idx, tokens.shape[1], acc.device, ("aux", "argmax"))
+        width = (tokens.decoder if isinstance(tokens, Pairs) else tokens).shape[1]
+        aux, argmax = self.features.rows(idx, width, acc.device, ("aux", "argmax"))
         return tokens, aux, argmax
 
     def loss(self, model, step: int) -> tuple[torch.Tensor, int]:
@@ -113,12 +120,9 @@ class Eagle3Training(training.Task):
             s, t = model(self.held_out[b * cfg.batch_size : (b + 1) * cfg.batch_size].to(device), steps=cfg.k - 1)
             sums, tallies = sums + s.float().cpu(), tallies + t
         self.lm.eagle3 = model.drafter
-        base = self.lm.base
-        limit = context_length(base)
-        budget = cfg.eval_new_tokens if limit is None else min(cfg.eval_new_tokens, limit - cfg.eval_prompt_len)
-        prompts = [row[: cfg.eval_prompt_len].unsqueeze(0) for row in self.held_out[: cfg.eval_prompts]]
-        plan = make_plan(base, self.lm.eagle3_drafter(), cfg.k, eos_token_id=[])
-        _, stats = decode_prompts(base, prompts, budget, plan)
+        prompts, budget, eos = eval_prompts(self.lm.base, self.held_out, cfg)
+        plan = make_plan(self.lm.base, self.lm.eagle3_drafter(), cfg.k, eos_token_id=eos)
+        _, stats = decode_prompts(self.lm.base, prompts, budget, plan)
         model.train(was_training)
         return {
             "eval_loss": float(ttt_loss(sums, tallies[:, 1])),

@@ -35,6 +35,7 @@ from blockdecode.training.config import DRAFTER_TYPES, TrainConfig
 from blockdecode.training.data import (
     Pairs,
     batch_indices,
+    eval_prompts,
     fingerprint,
     load_pairs,
     load_sources,
@@ -73,15 +74,7 @@ def evaluate(objective: Objective, held_out: torch.LongTensor, cfg: TrainConfig,
         s, t = objective(batch, heads)
         sums += s.float().cpu()
         tallies += t.cpu()
-    limit = context_length(model.base)
-    if isinstance(held_out, Pairs):  # translate held-out sources, stopping at EOS as real use does
-        prompts = [held_out[i : i + 1].source for i in range(min(cfg.eval_prompts, len(held_out)))]
-        budget = cfg.eval_new_tokens if limit is None else min(cfg.eval_new_tokens, limit - 1)
-        eos = None
-    else:
-        prompts = [row[: cfg.eval_prompt_len].unsqueeze(0) for row in held_out[: cfg.eval_prompts]]
-        budget = cfg.eval_new_tokens if limit is None else min(cfg.eval_new_tokens, limit - cfg.eval_prompt_len)
-        eos = []
+    prompts, budget, eos = eval_prompts(model.base, held_out, cfg)
     _, stats = decode_prompts(
         model.base, prompts, budget, make_plan(model.base, model.drafter(), cfg.k, eos_token_id=eos)
     )
@@ -215,10 +208,10 @@ def train(cfg: TrainConfig, callback: Callable[[int, dict], None] | None = None)
     limit = context_length(base)
     if limit is not None and cfg.seq_len > limit:
         raise ValueError(f"seq_len {cfg.seq_len} exceeds the base model's context of {limit} positions")
-    if cfg.head_type in DRAFTER_TYPES and is_seq2seq(base):
+    if cfg.head_type == "eagle3" and is_seq2seq(base):
         raise ValueError(
-            f"--head-type {cfg.head_type} reads a decoder-only base's layers, as the serving engines run it; "
-            f"{cfg.base} is an encoder-decoder: train paper, medusa or hydra heads for it"
+            f"--head-type eagle3 reads a decoder-only base's layers, as the serving engines run it; "
+            f"{cfg.base} is an encoder-decoder: train dflash, paper, medusa or hydra heads for it"
         )
     eos = sorted(resolve_eos(base, None))
     greedy_rules(base, 1, 1, set(eos))  # a generation config blockwise decoding cannot follow fails now, not later
@@ -251,7 +244,7 @@ def train(cfg: TrainConfig, callback: Callable[[int, dict], None] | None = None)
     if cfg.head_type == "eagle3":
         return train_eagle3(cfg, loop, base, tokenizer, train_seqs, held_out, data_digest, state, callback)
     if cfg.head_type == "dflash":
-        return train_dflash(cfg, loop, base, tokenizer, train_seqs, held_out, data_digest, state, callback)
+        return train_dflash(cfg, loop, base, tokenizer, train_seqs, held_out, data_digest, state, callback, extra_rows)
     model = BlockwiseLM.from_base(
         base, k=cfg.k, head_type=cfg.head_type, head_hidden_size=cfg.head_hidden_size, draft_vocab=cfg.draft_vocab
     )

@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from blockdecode.core.hf import decoder_depth
 from blockdecode.core.io import CheckpointError
 from blockdecode.drafters.eagle3.config import SPECULATORS_VERSION, default_aux_layers
 from blockdecode.drafters.eagle3.config import config_for as eagle3_config_for
@@ -158,8 +159,7 @@ def config_for(
     """A DFlash drafter's shape for `base`: its width the base's embedding's, its attention heads and MLP the
     base's where it says them (as for EAGLE-3), reading the inputs of three of the base's layers by default
     (`default_aux_layers`, vLLM's ids)."""
-    text = base.config.get_text_config(decoder=True)
-    n_layers = getattr(text, "num_hidden_layers", None)
+    n_layers = decoder_depth(base)
     if n_layers is None:
         raise ValueError(f"{type(base).__name__}'s config names no num_hidden_layers: pass target_layer_ids")
     # EAGLE-3's layers, the embeddings aside where the base has more than one (DFlash reads layers' outputs); a

@@ -140,10 +140,12 @@ class DFlash(DraftVocabulary):
         greedy[:, 1:] = (tokens[:, 1:] == argmax[:, :-1]) & (tokens[:, 1:] >= 0)
         valid = (argmax >= 0).float()
         valid[:, -1] = 0  # an anchor needs its first target
-        count = int(min(anchors, valid.sum(1).min().item()))
+        count = int(min(anchors, valid.sum(1).max().item()))
         if count == 0:
             raise ValueError("no row has a position to anchor a block at: rows of at least 2 tokens are needed")
-        starts = torch.multinomial(valid, count, generator=generator).sort(dim=1).values  # [B, A]
+        # A row shorter than `count` anchors (a short verse beside long ones) takes the rest where it has no
+        # target, and they learn nothing: its blocks are not cut to the batch's shortest row.
+        starts = torch.multinomial(valid + 1e-6, count, generator=generator).sort(dim=1).values  # [B, A]
         offsets = torch.arange(1, b, device=device)
         at = (starts[..., None] + offsets - 1).clamp(max=length - 1)  # where each position's target is read
         targets = argmax.gather(1, at.flatten(1)).view(rows, count, b - 1)

@@ -7,6 +7,7 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from blockdecode.core.hf import decoder_depth
 from blockdecode.core.io import CheckpointError
 from blockdecode.drafters.layered import check_base, layer_fields
 
@@ -179,7 +180,7 @@ def config_for(base, draft_vocab: int, aux_layers: tuple[int, ...] | None = None
     """An EAGLE-3 drafter's shape for `base`: its width the base's embedding's, its attention heads and MLP
     the base's where it says them, its features read at `aux_layers` (default: `default_aux_layers`)."""
     text = base.config.get_text_config(decoder=True)
-    layers = getattr(text, "num_hidden_layers", None)
+    layers = decoder_depth(base)
     if layers is None:
         raise ValueError(f"{type(base).__name__}'s config names no num_hidden_layers: pass aux_layers")
     ids = tuple(sorted(aux_layers)) if aux_layers else default_aux_layers(layers)

@@ -74,6 +74,7 @@ class Eagle3Drafter(RowChains):
     layer; the rest is padding, which seldom stands)."""
 
     name = "eagle3"
+    decoder_only = True
 
     def __init__(self, model: Eagle3, embeddings: nn.Module, width: int = 4, min_prob: float = MIN_PROB):
         self.model = fastest(model)
