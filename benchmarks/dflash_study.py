@@ -30,10 +30,10 @@ from paper_table import THIRD_PARTY, heldout_prompts, third_party_prompts
 from transformers import AutoTokenizer, DynamicCache
 
 from blockdecode import DEFAULT_MODEL
-from blockdecode.bench.report import cpu_name
+from blockdecode.bench.report import cpu_name, write_results
 from blockdecode.core.hardware import native_bf16
 from blockdecode.core.hf import layer_inputs
-from blockdecode.core.io import read_jsonl, save_figure, write_json
+from blockdecode.core.io import read_jsonl, save_figure
 from blockdecode.decoding.loop import decode_prompts
 from blockdecode.model import BlockwiseLM
 
@@ -243,9 +243,7 @@ def main(argv: list[str] | None = None) -> dict:
     if args.run:
         report["training"] = training_curve(Path(args.run))
     out = Path(args.out)
-    write_json(out, report)
-    plot(report, out.with_suffix(".png"))
-    print(f"wrote {out} and {out.with_suffix('.png')}")
+    write_results(report, out, plot)
     return report
 
 

@@ -30,10 +30,10 @@ from repetition import repetition
 from sizes import llama_cpp_greedy, llama_cpp_installed, write_gguf
 
 from blockdecode import DEFAULT_MODEL, DEFAULT_TRANSLATION_MODEL, load
-from blockdecode.bench.report import cpu_name
+from blockdecode.bench.report import cpu_name, write_results
 from blockdecode.core.hardware import auto_dtype
 from blockdecode.core.hf import generate_length
-from blockdecode.core.io import save_figure, write_json
+from blockdecode.core.io import save_figure
 from blockdecode.decoding.timing import metered
 from blockdecode.pretraining.bible import read_tsv
 
@@ -367,9 +367,7 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"(c) translation: done, {time.perf_counter() - started:.0f} s")
     report["seconds"] = time.perf_counter() - started
     out = Path(args.out)
-    write_json(out, report)
-    plot(report, out.with_suffix(".png"))
-    print(f"wrote {out} and {out.with_suffix('.png')}")
+    write_results(report, out, plot)
     return report
 
 

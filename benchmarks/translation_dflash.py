@@ -21,10 +21,10 @@ import torch
 from lookup_study import study_translation
 
 from blockdecode import DEFAULT_TRANSLATION_MODEL, load
-from blockdecode.bench.report import cpu_name
+from blockdecode.bench.report import cpu_name, write_results
 from blockdecode.core.hardware import auto_dtype
 from blockdecode.core.hf import generate_length
-from blockdecode.core.io import save_figure, write_json
+from blockdecode.core.io import save_figure
 from blockdecode.decoding.output import DecodeStats
 from blockdecode.pretraining.bible import read_tsv
 
@@ -119,9 +119,7 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"  {name}: {found['vs_greedy']:.2f}x greedy, {1 / found['calls_per_token']:.2f} tokens a call")
     report["seconds"] = time.perf_counter() - started
     out = Path(args.out)
-    write_json(out, report)
-    plot(report, out.with_suffix(".png"))
-    print(f"wrote {out} and {out.with_suffix('.png')}")
+    write_results(report, out, plot)
     return report
 
 

@@ -222,6 +222,20 @@ def test_a_drafter_for_another_base_is_refused(saved) -> None:
         other.attach_dflash(folder / "dflash")
 
 
+def trained_and_resumed(cfg, tmp_path: Path) -> Path:
+    """A run trained whole (`cfg(out, **settings)`) in tmp_path/a, and the same run killed at step 6 and resumed in
+    tmp_path/b: the two drafters must be the same. Returns a."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    train(cfg(a))
+    with pytest.raises(Killed):
+        train(cfg(b), callback=kill_at(6))
+    train(cfg(b, resume=True))
+    first, resumed = (load_file(str(out / "dflash" / "model.safetensors")) for out in (a, b))
+    for name, t in first.items():
+        torch.testing.assert_close(resumed[name], t, atol=1e-6, rtol=0, msg=name)
+    return a
+
+
 # ----------------------------------------------------------------------------------------- encoder-decoders
 
 
@@ -287,14 +301,7 @@ def test_an_encoder_decoder_trains_a_drafter_that_decodes_its_translations(tiny_
     model decodes with drafter="dflash" exactly."""
     kw = dict(head_type="dflash", mode="distill", k=5, steps=8, checkpoint_every=4, anchors=4, eval_every=4)
     kw |= dict(feature_cache=str(tmp_path / "features"))
-    a, b = tmp_path / "a", tmp_path / "b"
-    train(pairs_cfg(tiny_marian, a, **kw))
-    with pytest.raises(Killed):
-        train(pairs_cfg(tiny_marian, b, **kw), callback=kill_at(6))
-    train(pairs_cfg(tiny_marian, b, resume=True, **kw))
-    first, resumed = (load_file(str(out / "dflash" / "model.safetensors")) for out in (a, b))
-    for name, t in first.items():
-        torch.testing.assert_close(resumed[name], t, atol=1e-6, rtol=0, msg=name)
+    a = trained_and_resumed(lambda out, **more: pairs_cfg(tiny_marian, out, **kw, **more), tmp_path)
     record = json.loads((a / "blockdecode.json").read_text())["training"]
     assert record["head_type"] == "dflash" and record["mean_block_size"] >= 1.0
     loaded = BlockwiseLM.from_pretrained(a)
@@ -314,14 +321,7 @@ def test_an_encoder_decoder_trains_a_drafter_that_decodes_its_translations(tiny_
 def test_training_resumes_exactly_and_saves_a_model_that_decodes(tiny_base, tmp_path, draft_vocab: int) -> None:
     kw = dict(head_type="dflash", mode="distill", draft_vocab=draft_vocab, k=5, steps=8, checkpoint_every=4)
     kw |= dict(log_every=1, eval_every=100, anchors=4, feature_cache=str(tmp_path / "features"))
-    a, b = tmp_path / "a", tmp_path / "b"
-    train(make_cfg(tiny_base, a, **kw))
-    with pytest.raises(Killed):
-        train(make_cfg(tiny_base, b, **kw), callback=kill_at(6))
-    train(make_cfg(tiny_base, b, resume=True, **kw))
-    first, resumed = (load_file(str(out / "dflash" / "model.safetensors")) for out in (a, b))
-    for name, t in first.items():
-        torch.testing.assert_close(resumed[name], t, atol=1e-6, rtol=0, msg=name)
+    a = trained_and_resumed(lambda out, **more: make_cfg(tiny_base, out, **kw, **more), tmp_path)
     loaded = BlockwiseLM.from_pretrained(a)
     shape = loaded.dflash.config
     assert shape.block_size == 5 and shape.shared_head == (not draft_vocab)

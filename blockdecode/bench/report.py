@@ -5,6 +5,7 @@ itself writes only into the run's folder)."""
 from __future__ import annotations
 
 import platform
+from collections.abc import Callable
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
@@ -46,6 +47,13 @@ def environment(dtype: str, device: str) -> dict:
         "transformers": transformers.__version__,
         "blockdecode": package_version(),
     }
+
+
+def write_results(report: dict, out: Path, plot: Callable[[dict, Path], None]) -> None:
+    """A study's `report` as JSON at `out`, and `plot`'s figure of it beside it (the same name, .png)."""
+    write_json(out, report)
+    plot(report, out.with_suffix(".png"))
+    print(f"wrote {out} and {out.with_suffix('.png')}")
 
 
 def write_report(report: dict, out: Path) -> None:
