@@ -33,6 +33,7 @@ SPEED = {  # name: generate's settings
     "dflash chain, k = 8": dict(drafter="dflash", tree=None, k=8),
     "dflash+ngram ranked": dict(drafter="dflash+ngram"),
     "heads+dflash ranked": dict(drafter="heads+dflash"),
+    "heads+dflash+ngram ranked": dict(drafter="heads+dflash+ngram"),
 }
 
 

@@ -1,20 +1,20 @@
 #!/usr/bin/env bash
 # The built-in model's DFlash block drafter (issue 56), from nothing but the standard library's source and the
-# shipped model, on the rows the EAGLE-3 recipe distils (recipes/eagle3.sh shares them: the base's own greedy
-# continuations of 4,096 stdlib windows, 32 + 160 tokens, and the inputs of its layers 1, 2 and 3, cached once).
+# shipped model: the base's own greedy continuations of 12,288 stdlib windows (32 + 160 tokens; recipes/eagle3.sh
+# distils 4,096 drawn the same way) and the inputs of its layers 1, 2 and 3, cached once (about 14 GB).
 # Blocks of 16 (one pass drafts 15 tokens), 2 Qwen3-style layers sharing the base's output layer (z-lab's layout
 # holds it), 16 anchored blocks a row, 3,000 steps of 8 rows. Resumable: run it again after an interruption.
 # SHIP=1 copies the drafter into the package in bf16 (blockdecode/builtin/default_model/dflash) with its record.
 #
-#   SHIP=1 bash recipes/dflash.sh     # RUNS=runs by default
-#   PROMPTS=12288 RUN=runs/dflash-12k bash recipes/dflash.sh   # more distilled rows: the shipped run overfits 4,096
+#   SHIP=1 THREADS=2 bash recipes/dflash.sh     # RUNS=runs by default; about an hour on 2 cores, 17 min of it steps
+#   PROMPTS=4096 RUN=runs/dflash-4k bash recipes/dflash.sh   # the earlier drafter, on the EAGLE-3 recipe's rows
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export HF_HUB_OFFLINE=1
 RUNS=${RUNS:-runs}
 BD=".venv/bin/blockdecode --threads ${THREADS:-1}"
 RUN=${RUN:-$RUNS/dflash}
-PROMPTS=${PROMPTS:-4096}
+PROMPTS=${PROMPTS:-12288}
 
 [ -f "$RUNS/e3/corpus/train.npy" ] || .venv/bin/python -c "
 from blockdecode import DEFAULT_MODEL
