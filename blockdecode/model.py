@@ -195,24 +195,24 @@ class BlockwiseLM(nn.Module):
         """Give this model an EAGLE-3 drafter (`drafter="eagle3"`): a module (read from `where`, if it was), or a
         folder holding one in the speculators or the original layout; refused in one line if it was built for
         another base."""
-        self._check_decoder_only("EAGLE-3")
+        self._check_decoder_only()
         if not isinstance(eagle3, Eagle3):
             where, eagle3 = eagle3, Eagle3.load(eagle3)
         check_eagle3(eagle3.config, self.base, where)
         projection = output_projection(self.base)
         self.eagle3 = eagle3.to(device=projection.weight.device, dtype=projection.weight.dtype).eval()
 
-    def _check_decoder_only(self, kind: str) -> None:
+    def _check_decoder_only(self) -> None:
         """EAGLE-3 reads a decoder-only base's layers: an encoder-decoder drafts with heads, lookups and DFlash."""
         if is_seq2seq(self.base):
             raise ValueError(
-                f"{kind} drafters read a decoder-only base's layers; {type(self.base).__name__} is an encoder-decoder: "
-                "draft with heads, dflash, ngram or suffix lookup"
+                f"EAGLE-3 drafters read a decoder-only base's layers; {type(self.base).__name__} is an encoder-decoder:"
+                " draft with heads, dflash, ngram or suffix lookup"
             )
 
     def eagle3_drafter(self) -> Eagle3Drafter:
         """drafter="eagle3": proposals from this model's EAGLE-3 drafter."""
-        self._check_decoder_only("EAGLE-3")
+        self._check_decoder_only()
         if self.eagle3 is None:
             raise ValueError(
                 "this model has no EAGLE-3 drafter: train one with `blockdecode train --head-type eagle3`, or "

@@ -205,8 +205,8 @@ def batch_indices(step: int, n: int, batch_size: int, seed: int) -> torch.LongTe
 
 def eval_prompts(base, held_out: torch.LongTensor | Pairs, cfg) -> tuple[list, int, list[int] | None]:
     """The held-out prompts a drafter's evaluation decodes, their budget of new tokens and the EOS ids that stop
-    them: the first `eval_prompt_len` tokens of held-out rows, past EOS; an encoder-decoder's held-out sources,
-    translated to EOS as real use does."""
+    them: the first `eval_prompt_len` tokens of held-out rows, decoded on past EOS (none stops them); an
+    encoder-decoder's held-out sources, translated to EOS as real use does (None: its generation config's)."""
     limit = context_length(base)
     if isinstance(held_out, Pairs):
         prompts = [held_out[i : i + 1].source for i in range(min(cfg.eval_prompts, len(held_out)))]
