@@ -9,7 +9,7 @@ import pytest
 import torch
 from conftest import NO_EOS, assert_greedy_equal, hf_greedy, make_prompt, perturb_heads, tiny, vocab_size
 
-from blockdecode import BaseDrafter, BlockwiseLM, NgramDrafter, ScriptedDrafter
+from blockdecode import BaseDrafter, BlockwiseLM, BlockwiseOutput, NgramDrafter, ScriptedDrafter
 from blockdecode.core.hf import weights_signature
 from blockdecode.core.toy import TOY_ARCHITECTURES, toy_model
 from blockdecode.decoding import choice
@@ -448,20 +448,27 @@ def fall_back_at_call_3(monkeypatch, part: Part) -> None:
     monkeypatch.setattr(Ranker, "_judge_parts", early)
 
 
-def test_a_sequence_fallen_back_to_a_parts_tree_is_still_greedy_and_says_so(monkeypatch):
+def fallen_back_decode(monkeypatch, part: Part, seed: int) -> tuple[BlockwiseOutput, list[int]]:
+    """An ngram+heads decode whose sequence falls back to `part` at call 3 (`fall_back_at_call_3`), checked against
+    `transformers`' greedy; with a mark for each call that asked the heads."""
     model = tiny("llama")
     lm = perturb_heads(BlockwiseLM.from_base(model, k=6))
-    ids = make_prompt(12, 512, seed=6)
+    ids = make_prompt(12, 512, seed=seed)
     ref = hf_greedy(model, ids, 60, eos_token_id=NO_EOS)
-    fall_back_at_call_3(monkeypatch, Part("ngram", tree=True))
-    ranked = []  # each ranked tree: the part fallen back to, if any
-    rank = Ranker.tree
-    monkeypatch.setattr(Ranker, "tree", lambda self, *a: ranked.append(self.fallen_to) or rank(self, *a))
+    fall_back_at_call_3(monkeypatch, part)
     asked = []
     ask = HeadsDrafter.propose_scored
     monkeypatch.setattr(HeadsDrafter, "propose_scored", lambda *a: asked.append(1) or ask(*a))
     out = lm.generate(ids, 60, drafter="ngram+heads", k=6, eos_token_id=NO_EOS)
     assert_greedy_equal(model, ids, out.sequences, ref)
+    return out, asked
+
+
+def test_a_sequence_fallen_back_to_a_parts_tree_is_still_greedy_and_says_so(monkeypatch):
+    ranked = []  # each ranked tree: the part fallen back to, if any
+    rank = Ranker.tree
+    monkeypatch.setattr(Ranker, "tree", lambda self, *a: ranked.append(self.fallen_to) or rank(self, *a))
+    out, asked = fallen_back_decode(monkeypatch, Part("ngram", tree=True), seed=6)
     assert "decoded with one part alone (ngram tree) from call 3" in out.stats.note
     assert len(asked) <= 3 and ranked.count(Part("ngram", tree=True)) > 40  # n-gram trees ranked without the heads
 
@@ -478,15 +485,6 @@ def test_a_tree_that_gains_more_than_its_cheapest_part_keeps_deciding():
 
 
 def test_a_sequence_fallen_back_to_a_part_is_still_greedy_and_says_so(monkeypatch):
-    model = tiny("llama")
-    lm = perturb_heads(BlockwiseLM.from_base(model, k=6))
-    ids = make_prompt(12, 512, seed=5)
-    ref = hf_greedy(model, ids, 60, eos_token_id=NO_EOS)
-    fall_back_at_call_3(monkeypatch, Part("ngram"))
-    asked = []
-    offer = HeadsDrafter.propose_scored
-    monkeypatch.setattr(HeadsDrafter, "propose_scored", lambda *a: asked.append(1) or offer(*a))
-    out = lm.generate(ids, 60, drafter="ngram+heads", k=6, eos_token_id=NO_EOS)
-    assert_greedy_equal(model, ids, out.sequences, ref)
+    out, asked = fallen_back_decode(monkeypatch, Part("ngram"), seed=5)
     assert "decoded with one part alone (ngram chain) from call 3" in out.stats.note
     assert len(asked) <= 3 and out.stats.calls > 10  # the heads are not asked once the n-gram chain alone is

@@ -922,7 +922,7 @@ def test_distill_sources_join_the_training_sources(tiny_marian, tmp_path):
     """The files' lines follow the training sources, the prompts are drawn evenly from them all, and
     each distilled row is the base's own translation of its source."""
     from blockdecode.training.data import load_pairs, load_sources
-    from blockdecode.training.train import distill_pairs
+    from blockdecode.training.distill import distill_pairs
 
     base = AutoModelForSeq2SeqLM.from_pretrained(tiny_marian.dir).eval()
     tok = tiny_marian.tokenizer

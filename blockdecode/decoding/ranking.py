@@ -177,9 +177,8 @@ class Ranker:
         self._reach: dict[str, float] = {}  # the deepest each drafter's nodes were kept, lately
         self._deepest: dict[str, int] = {}  # the last tree's deepest node of each drafter
         self._last: tuple[tuple, int, tuple] | None = None  # this call's last ranking: its candidates, cap, result
-        self.measured: dict[
-            Part | None, list[float]
-        ] = {}  # tokens, seconds (and calls): the trees' (None), each part's
+        # tokens, seconds (and calls): the trees' (None), each part's
+        self.measured: dict[Part | None, list[float]] = {}
         self._parts: tuple[dict[Part, tuple[Tree, float]], float] | None = None  # this call's, to judge
         self.fallen_to: Part | None = None  # the part alone this sequence decodes with, once faster
         self.fell_at = 0  # the call it fell back at

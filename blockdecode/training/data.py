@@ -111,6 +111,12 @@ class Pairs:
         return torch.cat([self.source.flatten(), torch.tensor([-2]), self.decoder.flatten()])
 
 
+def decoder_rows(rows: torch.LongTensor | Pairs) -> torch.LongTensor:
+    """The token rows a drafter learns and the base's features are read at: a causal LM's rows, or an
+    encoder-decoder's decoder side."""
+    return rows.decoder if isinstance(rows, Pairs) else rows
+
+
 def _trim(rows: torch.LongTensor) -> torch.LongTensor:
     used = (rows >= 0).any(0).nonzero()
     return rows[:, : int(used.max()) + 1 if len(used) else 0]

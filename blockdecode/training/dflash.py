@@ -19,8 +19,8 @@ from blockdecode.drafters.heads import most_frequent
 from blockdecode.loading import has_heads
 from blockdecode.model import BlockwiseLM
 from blockdecode.training.config import TrainConfig
-from blockdecode.training.data import Pairs, eval_prompts
-from blockdecode.training.distill import distill_pairs, distill_sequences
+from blockdecode.training.data import decoder_rows, eval_prompts
+from blockdecode.training.distill import distilled
 from blockdecode.training.eagle3 import Eagle3Objective, Eagle3Training, fit_drafter
 
 
@@ -33,7 +33,7 @@ class DFlashObjective(Eagle3Objective):
     def forward(self, tokens, aux=None, argmax=None, anchors: int = 16, gamma: float = 4.0, generator=None):
         if aux is None:
             aux, argmax = self.features(tokens)
-        rows = tokens.decoder if isinstance(tokens, Pairs) else tokens  # an encoder-decoder's blocks are its decoder's
+        rows = decoder_rows(tokens)  # an encoder-decoder's blocks are its decoder's
         return self.drafter.loss(self.base[0], aux.to(self.drafter.fc.weight.dtype), rows, argmax, anchors, gamma,
                                  generator)  # fmt: skip
 
@@ -127,11 +127,8 @@ def train_dflash(
     vocab = vocab_size(base)
     if cfg.distill:
         with acc.main_process_first():
-            if isinstance(train_seqs, Pairs):
-                train_seqs = distill_pairs(base.to(acc.device), train_seqs, cfg, loop.main, extra)
-            else:
-                train_seqs = distill_sequences(base.to(acc.device), train_seqs, cfg, show=loop.main)
-    decoded = train_seqs.decoder if isinstance(train_seqs, Pairs) else train_seqs
+            train_seqs = distilled(base.to(acc.device), train_seqs, cfg, loop.main, extra)
+    decoded = decoder_rows(train_seqs)
     mask = mask_token(decoded, vocab)
     shape = config_for(base, cfg.draft_vocab or vocab, mask, cfg.k, cfg.dflash_layers, cfg.aux_layers,
                        shared_head=not cfg.draft_vocab)  # fmt: skip

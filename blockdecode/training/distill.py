@@ -97,6 +97,16 @@ def distill_pairs(
     return Pairs(sources, decoder)
 
 
+def distilled(
+    base: PreTrainedModel, rows: torch.LongTensor | Pairs, cfg: TrainConfig, show: bool = True, extra=()
+) -> torch.LongTensor | Pairs:
+    """The rows a distilled run learns: the base's own continuations of prompts cut from `rows`, or for an
+    encoder-decoder's pairs its own translations of their sources and of `extra` sources."""
+    if isinstance(rows, Pairs):
+        return distill_pairs(base, rows, cfg, show, extra)
+    return distill_sequences(base, rows, cfg, show=show)
+
+
 def sources_record(cfg: TrainConfig, training: int, extra: list[list[list[int]]]) -> dict:
     """What a run's record keeps of its --distill-sources: each file's sources and how many of the
     distill_prompts, drawn evenly from the `training` sources and then the files', are its."""

@@ -23,9 +23,9 @@ from blockdecode.loading import HEADS_CONFIG, has_heads
 from blockdecode.model import BlockwiseLM
 from blockdecode.training import loop as training
 from blockdecode.training.config import TrainConfig
-from blockdecode.training.data import Pairs, batch_indices, eval_prompts
+from blockdecode.training.data import Pairs, batch_indices, decoder_rows, eval_prompts
 from blockdecode.training.distill import distill_sequences
-from blockdecode.training.features import Features, cached_features
+from blockdecode.training.features import Features, cached_features, row_logits
 
 
 class Eagle3Objective(torch.nn.Module):
@@ -45,12 +45,7 @@ class Eagle3Objective(torch.nn.Module):
         encoder-decoder's pairs: at its decoder's positions, the source encoded)."""
         base = self.base[0]
         with torch.no_grad(), layer_inputs(base, getattr(self.drafter.config, self.layers_attribute)) as aux:
-            if isinstance(tokens, Pairs):
-                source, decoder = tokens.source, tokens.decoder.clamp(min=0)
-                logits = base(input_ids=source.clamp(min=0), attention_mask=(source >= 0).long(),
-                              decoder_input_ids=decoder).logits  # fmt: skip
-            else:
-                logits = base(input_ids=tokens.clamp(min=0)).logits
+            logits = row_logits(base, tokens)
         return aux[0].float(), logits.argmax(-1)
 
     def forward(self, tokens: torch.LongTensor, aux: torch.Tensor | None = None, argmax=None, steps: int = 1):
@@ -75,8 +70,7 @@ class Eagle3Training(training.Task):
         self.sequences, self.held_out, self.data_digest = sequences, held_out, digest
         self.features: Features | None = None
         self.coverage: float | None = None
-        decoded = sequences.decoder if isinstance(sequences, Pairs) else sequences
-        self.row_tokens = float((decoded >= 0).sum()) / len(sequences)
+        self.row_tokens = float((decoder_rows(sequences) >= 0).sum()) / len(sequences)
         self.optimizer = training.adamw(objective.drafter, cfg.lr, cfg.weight_decay, (0.9, 0.95))
         self.scheduler = training.scheduler(self.optimizer, cfg.warmup_steps, cfg.steps, floor=0.1)
         self.tallies = torch.zeros(cfg.k - 1, 2)
@@ -89,8 +83,7 @@ class Eagle3Training(training.Task):
         tokens = self.sequences[idx].to(acc.device)
         if self.features is None:
             return tokens, None, None
-        width = (tokens.decoder if isinstance(tokens, Pairs) else tokens).shape[1]
-        aux, argmax = self.features.rows(idx, width, acc.device, ("aux", "argmax"))
+        aux, argmax = self.features.rows(idx, decoder_rows(tokens).shape[1], acc.device, ("aux", "argmax"))
         return tokens, aux, argmax
 
     def loss(self, model, step: int) -> tuple[torch.Tensor, int]:

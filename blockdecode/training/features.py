@@ -32,7 +32,7 @@ from blockdecode.core.hf import decoder_output, layer_inputs, weights_digest
 from blockdecode.core.io import cached_npy
 from blockdecode.core.loss import IGNORE
 from blockdecode.decoding.adapter import sequence_logits
-from blockdecode.training.data import Pairs, fingerprint
+from blockdecode.training.data import Pairs, decoder_rows, fingerprint
 
 FEATURES = ("hidden", "argmax", "loss")  # per row; what its checksum covers (and "aux", where layers are read)
 
@@ -92,6 +92,14 @@ def open_arrays(where: Path, layout: dict[str, tuple[tuple, type]]) -> dict[str,
     return arrays
 
 
+def row_logits(base: PreTrainedModel, rows: torch.LongTensor | Pairs) -> torch.Tensor:
+    """The base's teacher-forced logits [N, L, V] on `rows` (-1 as padding): a causal LM's rows, or pairs' decoder
+    rows with their sources encoded."""
+    if not isinstance(rows, Pairs):
+        return sequence_logits(base, rows.clamp(min=0))
+    return sequence_logits(base, rows.decoder.clamp(min=0), rows.source.clamp(min=0), (rows.source >= 0).long())
+
+
 @torch.inference_mode()
 def cached_features(
     base: PreTrainedModel,
@@ -104,7 +112,7 @@ def cached_features(
     """The features of `rows` ([N, L] token rows, -1 as padding, or an encoder-decoder's pairs), from
     `folder`/<key> where a fill left them whole, computing what is missing or damaged; with `layers`, also
     the inputs of those decoder layers (`hf.layer_inputs`), in a cache of their own."""
-    decoder = rows.decoder if isinstance(rows, Pairs) else rows
+    decoder = decoder_rows(rows)
     n, length = decoder.shape
     width = base.get_output_embeddings().weight.shape[1]
     where = Path(folder) / (features_key(base, rows) + ("-layers-" + "-".join(map(str, layers)) if layers else ""))
@@ -126,17 +134,11 @@ def cached_features(
     todo = [start for start in range(0, n, chunk) if not done[start : start + chunk].all()]
     device = next(base.parameters()).device
     for start in tqdm(todo, desc="base features", disable=not show or not todo):
-        part = rows[start : start + chunk]
-        ids = (part.decoder if isinstance(part, Pairs) else part).to(device)
-        source = part.source.to(device) if isinstance(part, Pairs) else None
+        part = rows[start : start + chunk].to(device)
+        ids = decoder_rows(part)
         reading = layer_inputs(base, layers) if layers else nullcontext([])
         with decoder_output(base) as hidden, reading as aux:
-            logits = sequence_logits(
-                base,
-                ids.clamp(min=0),
-                None if source is None else source.clamp(min=0),
-                None if source is None else (source >= 0).long(),
-            )
+            logits = row_logits(base, part)
         target = torch.full_like(ids, IGNORE)
         target[:, :-1] = ids[:, 1:].masked_fill(ids[:, 1:] < 0, IGNORE)
         loss = F.cross_entropy(logits.flatten(0, 1).float(), target.flatten(), ignore_index=IGNORE, reduction="none")

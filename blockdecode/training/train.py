@@ -35,6 +35,7 @@ from blockdecode.training.config import DRAFTER_TYPES, TrainConfig
 from blockdecode.training.data import (
     Pairs,
     batch_indices,
+    decoder_rows,
     eval_prompts,
     fingerprint,
     load_pairs,
@@ -45,7 +46,7 @@ from blockdecode.training.data import (
     split,
 )
 from blockdecode.training.dflash import train_dflash
-from blockdecode.training.distill import distill_pairs, distill_sequences, sources_record
+from blockdecode.training.distill import distilled, sources_record
 from blockdecode.training.eagle3 import train_eagle3
 from blockdecode.training.features import Features, cached_features
 from blockdecode.training.objective import Objective, combine_loss
@@ -129,7 +130,7 @@ class HeadTraining(training.Task):
         self.anchor_rows = anchor_rows  # real data rows the base's own loss is measured on (base_loss_on="data")
         self.sequences, self.held_out, self.data_digest = sequences, held_out, data_digest
         # distilled rows end at their EOS and pairs are short: count the tokens a row really holds
-        rows = self.sequences.decoder if isinstance(self.sequences, Pairs) else self.sequences
+        rows = decoder_rows(self.sequences)
         self.row_tokens = float((rows >= 0).sum()) / len(rows)
         groups = [{"params": list(objective.model.heads.parameters()), "lr": cfg.lr}]
         if cfg.finetune:
@@ -144,7 +145,7 @@ class HeadTraining(training.Task):
         idx = batch_indices(step, len(self.sequences), cfg.batch_size, cfg.seed)[acc.process_index :: world]
         batch = self.sequences[idx].to(acc.device)
         heads = sampled_heads(step, cfg)
-        decoded = batch.decoder if isinstance(batch, Pairs) else batch
+        decoded = decoder_rows(batch)
         cached = self.features.rows(idx, decoded.shape[1], acc.device) if self.features is not None else None
         anchor = None
         if self.anchor_rows is not None:  # its own batch of real rows, drawn like the main one
@@ -254,13 +255,10 @@ def train(cfg: TrainConfig, callback: Callable[[int, dict], None] | None = None)
     real_rows = train_seqs
     if cfg.distill:
         with accelerator.main_process_first():
-            if isinstance(train_seqs, Pairs):
-                train_seqs = distill_pairs(base.to(accelerator.device), train_seqs, cfg, loop.main, extra_rows)
-            else:
-                train_seqs = distill_sequences(base.to(accelerator.device), train_seqs, cfg, show=loop.main)
+            train_seqs = distilled(base.to(accelerator.device), train_seqs, cfg, loop.main, extra_rows)
     coverage = None
     if cfg.draft_vocab:  # the targets the heads learn, distilled or not, decide what they may propose
-        targets = train_seqs.decoder if isinstance(train_seqs, Pairs) else train_seqs
+        targets = decoder_rows(train_seqs)
         token_map, coverage = most_frequent(targets, vocab, cfg.draft_vocab)
         model.heads.token_map.copy_(token_map)
     model.base.requires_grad_(cfg.finetune)
