@@ -38,14 +38,15 @@ from blockdecode.decoding.timing import metered
 from blockdecode.pretraining.bible import read_tsv
 
 LOOPS = 0.5  # a continuation loops when more than this share of its 4-grams stood before
-PARTS = ("n-gram chain", "n-gram tree 16", "heads chain")  # the default's drafters alone
-GREEDY_METHODS = {  # name: (drafter, tree) as model.plan takes them
-    "default": ("auto", "default"),
-    "n-gram chain": ("ngram", None),
-    "n-gram tree 16": ("ngram", 16),
-    "heads chain": ("heads", None),
-    "heads+ngram ranked": ("heads+ngram", "default"),
-    "heads+suffix ranked": ("heads+suffix", "default"),
+PARTS = ("n-gram chain", "n-gram chain k=16", "n-gram tree 16", "heads chain")  # the default's drafters alone
+GREEDY_METHODS = {  # name: (drafter, tree, k) as model.plan takes them (k None: the plan's own)
+    "default": ("auto", "default", None),
+    "n-gram chain": ("ngram", None, None),
+    "n-gram chain k=16": ("ngram", None, 16),  # as deep as the default's lookup drafts
+    "n-gram tree 16": ("ngram", 16, None),
+    "heads chain": ("heads", None, None),
+    "heads+ngram ranked": ("heads+ngram", "default", None),
+    "heads+suffix ranked": ("heads+suffix", "default", None),
 }
 
 
@@ -155,8 +156,8 @@ def study_code(lm, windows: list[Window], args, corpus: bool) -> dict:
     with and without the package's other files."""
     base, n = lm.base, args.new_tokens
     chosen = ("heads+suffix ranked",) if corpus else tuple(GREEDY_METHODS)
-    plans = {name: lm.plan(*GREEDY_METHODS[name][:1], None, GREEDY_METHODS[name][1], prompts=[windows[0].ids])
-             for name in chosen}  # fmt: skip
+    plans = {name: lm.plan(drafter, k, tree, prompts=[windows[0].ids])
+             for name in chosen for drafter, tree, k in [GREEDY_METHODS[name]]}  # fmt: skip
     methods = transformers_methods(base, n)
     for name, plan in plans.items():
         methods[name] = lambda w, plan=plan: lm.generate(w.ids, n, plan=plan, remember=False)

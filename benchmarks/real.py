@@ -38,16 +38,24 @@ from blockdecode.decoding.reference import first_divergence
 
 RESULTS = Path(__file__).parent / "results"
 LOOPS = 0.5  # a continuation loops when more than this share of its 4-grams stood before (`repetition.py`)
-CHAINS = {"suffix chain": "suffix", "n-gram chain": "ngram", "heads chain": "heads", "eagle3 chain": "eagle3"}
+CHAINS = {
+    "suffix chain": ("suffix", None),
+    "suffix chain k=16": ("suffix", 16),
+    "n-gram chain": ("ngram", None),
+    "heads chain": ("heads", None),
+    "eagle3 chain": ("eagle3", None),
+}  # name: (drafter, k); None: the plan's own
+"""The default's parts: each drafter's chain alone, a lookup's also as deep as the default drafts it."""
 
 
-def blockdecode_methods(lm, ranked: tuple[str, ...] = ()) -> dict[str, tuple[str, str | None]]:
+def blockdecode_methods(lm, ranked: tuple[str, ...] = ()) -> dict[str, tuple[str, int | None, str | None]]:
     """The default, one chain of each drafter the model can use alone (the heads and EAGLE-3 where trained): the
     parts the default is measured against (`summarize`'s fastest part); and the drafters `ranked` asks for, each
-    set in a ranked tree (candidates for the default)."""
+    set in a ranked tree (candidates for the default). Each as (drafter, k, tree)."""
     usable = {"heads": lm.heads_trained, "eagle3": lm.eagle3 is not None}
-    chains = {name: (d, None) for name, d in CHAINS.items() if usable.get(d, True)}
-    return {"default": ("auto", "default"), **chains, **{f"{spec} ranked": (spec, "expected") for spec in ranked}}
+    chains = {name: (d, k, None) for name, (d, k) in CHAINS.items() if usable.get(d, True)}
+    ranked_trees = {f"{spec} ranked": (spec, None, "expected") for spec in ranked}
+    return {"default": ("auto", None, "default"), **chains, **ranked_trees}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -167,7 +175,7 @@ def measure(lm, gguf: Path, windows: list[Window], kinds: list[str], threads: in
     base, n = lm.base, args.new_tokens
     ranked = tuple(spec for spec in args.ranked.split(",") if spec)
     plans = {
-        name: lm.plan(d, None, t, prompts=[windows[0].ids]) for name, (d, t) in blockdecode_methods(lm, ranked).items()
+        name: lm.plan(d, k, t, prompts=[windows[0].ids]) for name, (d, k, t) in blockdecode_methods(lm, ranked).items()
     }
     methods = transformers_methods(base, n)
     for name, plan in plans.items():

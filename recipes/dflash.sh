@@ -8,6 +8,8 @@
 #
 #   SHIP=1 THREADS=2 bash recipes/dflash.sh     # RUNS=runs by default; about an hour on 2 cores, 17 min of it steps
 #   PROMPTS=4096 RUN=runs/dflash-4k bash recipes/dflash.sh   # the earlier drafter, on the EAGLE-3 recipe's rows
+#   PACKAGES="torch transformers" CORPUS=runs/code/corpus RUN=runs/dflash-code bash recipes/dflash.sh
+#       # windows drawn from the base's whole pretraining corpus (the stdlib and the packages' source), not stdlib alone
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export HF_HUB_OFFLINE=1
@@ -15,13 +17,15 @@ RUNS=${RUNS:-runs}
 BD=".venv/bin/blockdecode --threads ${THREADS:-1}"
 RUN=${RUN:-$RUNS/dflash}
 PROMPTS=${PROMPTS:-12288}
+CORPUS=${CORPUS:-$RUNS/e3/corpus}
+PACKAGES=${PACKAGES:-}
 
-[ -f "$RUNS/e3/corpus/train.npy" ] || .venv/bin/python -c "
+[ -f "$CORPUS/train.npy" ] || .venv/bin/python -c "
 from blockdecode import DEFAULT_MODEL
 from blockdecode.pretraining.pretrain import CorpusConfig, prepare_corpus
-prepare_corpus(CorpusConfig(out='$RUNS/e3/corpus', tokenizer=DEFAULT_MODEL, packages=()))"
+prepare_corpus(CorpusConfig(out='$CORPUS', tokenizer=DEFAULT_MODEL, packages=tuple('$PACKAGES'.split())))"
 [ -f "$RUN/blockdecode.json" ] || $BD train --base blockdecode/builtin/default_model \
-  --data "$RUNS/e3/corpus/train.npy" --out "$RUN" --head-type dflash --mode distill --k 16 \
+  --data "$CORPUS/train.npy" --out "$RUN" --head-type dflash --mode distill --k 16 \
   --dflash-layers 2 --anchors 16 --gamma 4 --steps 3000 --batch-size 8 --seq-len 192 --lr 2e-3 --warmup-steps 50 \
   --eval-every 250 --checkpoint-every 50 --feature-cache "$RUNS/e3/features" --distill-prompts "$PROMPTS" \
   --distill-new-tokens 160 --distill-batch-size 64 --distill-cache "$RUNS/e3/distill-cache" --eval-prompts 8 \

@@ -224,7 +224,7 @@ def test_a_bad_request_fails_before_any_calibration(cache: Path) -> None:
         (dict(input_ids=torch.zeros(1, 0, dtype=torch.long), max_new_tokens=5), "the prompt is empty"),
         (dict(input_ids=make_prompt(4, 512), max_new_tokens=0), "max_new_tokens must be a positive integer"),
         (dict(input_ids=make_prompt(4, 512), max_new_tokens=5, eos_token_id="12"), "eos"),
-        (dict(input_ids=make_prompt(4, 512), max_new_tokens=5, k=9), "heads' block size 4"),
+        (dict(input_ids=make_prompt(4, 512), max_new_tokens=5, drafter="heads", k=9), "heads' block size 4"),
         (dict(input_ids=make_prompt(4, 512), max_new_tokens=5, acceptance="topk:0"), "topk:N"),
         (dict(input_ids=make_prompt(4, 512), max_new_tokens=5, cache_implementation="paged"), "cache implementation"),
         (dict(input_ids=make_prompt(4, 512), max_new_tokens=5, drafter="bigram"), "unknown drafter"),

@@ -140,7 +140,7 @@ def test_demo_translate_without_a_model_says_how_to_build_one(tmp_path: Path, mo
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["--prompt", "x", "--k", "9"], "k must be between 1 and the heads' block size 4"),
+        (["--prompt", "x", "--drafter", "heads", "--k", "9"], "k must be between 1 and the heads' block size 4"),
         (["--prompt", "x", "--max-new-tokens", "1000"], "exceeds the model's context of 256"),
         (["--prompt", ""], "prompt is empty"),
     ],

@@ -204,13 +204,14 @@ def test_a_batch_or_sampling_with_tree_expected_verifies_chains():
     lm = perturb_heads(BlockwiseLM.from_base(model, k=4), seed=1, std=0.3)
     ids = make_prompt(8, vocab_size(model), seed=1)
     batch = torch.cat([ids, ids])
-    out = lm.generate(batch, 16, eos_token_id=NO_EOS, tree="expected", attention_mask=torch.ones_like(batch))
+    out = lm.generate(batch, 16, k=4, eos_token_id=NO_EOS, tree="expected", attention_mask=torch.ones_like(batch))
     for row in range(2):
         assert_greedy_equal(model, ids, out.sequences[row : row + 1], hf_greedy(model, ids, 16), what=f"row {row}")
     verified = [row.verified for row in out.row_stats]
     assert verified[0] == verified[1] and all(v <= 4 for v in verified[0])  # one width a call, a chain of k - 1 at most
-    out = lm.generate(ids, 8, eos_token_id=NO_EOS, tree="expected", do_sample=True)
+    out = lm.generate(ids, 8, k=4, eos_token_id=NO_EOS, tree="expected", do_sample=True)
     assert all(v <= 4 for v in out.stats.verified) and out.stats.sampling
+    assert lm.plan(prompts=[ids]).k == choice.LOOKUP_DEPTH  # k not given: the default's lookup drafts deeper
 
 
 def test_under_sampling_each_node_whose_parent_stood_learns_its_chance_not_one_draw():
@@ -488,3 +489,54 @@ def test_a_sequence_fallen_back_to_a_part_is_still_greedy_and_says_so(monkeypatc
     out, asked = fallen_back_decode(monkeypatch, Part("ngram"), seed=5)
     assert "decoded with one part alone (ngram chain) from call 3" in out.stats.note
     assert len(asked) <= 3 and out.stats.calls > 10  # the heads are not asked once the n-gram chain alone is
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_a_drafter_beside_the_heads_drafts_past_their_block_and_stays_greedy(arch: str):
+    """k past the heads' block: the heads guess their k-1 (a chain of a batch's width pads past them), the other
+    drafter the rest; trees, a batch's chains and sampling's chains decode as greedy's, and a call gains past k."""
+    model = tiny(arch)
+    ids = make_prompt(10, vocab_size(model), seed=7)
+    ref = hf_greedy(model, ids, 40)
+    lm = perturb_heads(BlockwiseLM.from_base(model, k=4), seed=2, std=0.3)
+    heads = lm.drafter()
+    (lattice,) = heads.propose_scored(ids, torch.zeros(1, model.config.hidden_size), 9, 8)
+    assert heads.deepest == 3 and len(lattice.tokens) == 3  # the heads are asked no deeper than their k-1
+    (padded,) = heads.rows_scored([ids], torch.zeros(1, model.config.hidden_size), 9, [0])
+    assert len(padded.tokens) == 9 and padded.sources[-1].key == ("padding",)
+    scripted = ScriptedDrafter(ref, vocab_size(model), 1.0)
+    plan = make_plan(model, [scripted, heads], 10, 16, eos_token_id=NO_EOS, ranking=Ranking(tuple(FLAT.items())))
+    out = lm.generate(ids, 40, plan=plan)
+    assert_greedy_equal(model, ids, out.sequences, ref, what="a sure drafter past the heads' block")
+    assert max(out.stats.block_sizes) > 4
+    out = lm.generate(ids, 40, drafter="heads+ngram", k=10, eos_token_id=NO_EOS)
+    assert_greedy_equal(model, ids, out.sequences, ref, what="heads+ngram ranked at k=10")
+    batch = torch.cat([ids, ids])
+    mask = torch.ones_like(batch)
+    out = lm.generate(batch, 24, drafter="heads+ngram", k=10, eos_token_id=NO_EOS, attention_mask=mask)
+    for row in range(2):
+        assert_greedy_equal(model, ids, out.sequences[row : row + 1], ref[:, : ids.shape[1] + 24], what=f"row {row}")
+    sampled = []
+    for _ in range(2):
+        torch.manual_seed(3)
+        sampled.append(lm.generate(ids, 16, drafter="heads+ngram", k=10, do_sample=True).sequences)
+    assert torch.equal(*sampled)
+    with pytest.raises(ValueError, match="heads' block size 4, got 10"):
+        lm.generate(ids, 8, drafter="heads", k=10)
+
+
+def test_read_drafting_costs_decide_alone_and_nothing_carries_over_between_sequences():
+    """With `Ranking.drafting` (sampling), a drafter is weighed by its cached seconds, never by this process's
+    timings, and one without a cached cost is asked every call; greedy's ranking measures as it goes."""
+    found = [scored([1, 2], "ngram", 0.5)]
+    ranker = Ranking(tuple(FLAT.items()), drafting=(("heads", 10.0),)).start()
+    ranker.timed("heads", 1e-9)
+    assert not ranker.worth_asking("heads", found, 7, 8)  # ten seconds of heads never pay for a 1-second call
+    ranker.timed("eagle3", 1e3)
+    assert ranker.worth_asking("eagle3", found, 7, 8)  # no cached cost: asked, whatever it took here
+    cheap = Ranking(tuple(FLAT.items()), drafting=(("heads", 1e-4),))
+    cheap.learnt.update(yields={"heads": 0.0})  # what an earlier sequence learnt is not where a sampled one starts
+    assert cheap.start().worth_asking("heads", found, 7, 8)
+    measured = Ranking(tuple(FLAT.items())).start()
+    measured.timed("heads", 10.0)
+    assert not measured.worth_asking("heads", found, 7, 8)

@@ -21,7 +21,8 @@ def test_a_short_run_on_a_gguf_writes_every_figure_and_the_plot(tmp_path):
     assert summary["code"]["windows"] == 2 and summary["prose"]["windows"] == 1 and summary["all"]["windows"] == 3
     medians = summary["all"]["median_vs_greedy"]
     assert set(medians) == {"transformers greedy", "transformers prompt lookup", "default", "suffix chain",
-                            "n-gram chain", "ngram ranked"} and medians["transformers greedy"] == 1.0  # fmt: skip
+                            "suffix chain k=16", "n-gram chain", "ngram ranked"}  # fmt: skip
+    assert medians["transformers greedy"] == 1.0
     assert 0 < summary["all"]["default_vs_fastest_part"]["worst"] <= summary["all"]["default_vs_fastest_part"]["median"]
     for row in part["per_window"]:  # fp32 toy: every blockdecode method is greedy's output
         assert all(row["identical"][m] for m in ("default", "suffix chain", "n-gram chain", "ngram ranked")), row

@@ -189,6 +189,21 @@ def test_acceptance_and_residual_together_give_p() -> None:
         assert torch.allclose(kept + (1 - kept.sum()) * residual(p, q), p, atol=1e-6)
 
 
+def test_draw_follows_each_rows_distribution_and_never_draws_a_token_without_mass(monkeypatch) -> None:
+    """The inverse of the running sum, one uniform a row: the frequencies follow p, and the leading and trailing
+    tokens of no mass (top-k's, top-p's) are never drawn, even at a uniform of 0 or one that rounds up to 1."""
+    from blockdecode.decoding.sampling import draw
+
+    p = torch.tensor([[0.0, 0.1, 0.0, 0.2, 0.3, 0.4, 0.0], [0.0, 0.0, 0.0, 0.5, 0.5, 0.0, 0.0]])
+    n, gen = 100_000, torch.Generator().manual_seed(0)
+    out = draw(p.repeat(n, 1), gen).view(n, 2)
+    for row in range(2):
+        assert (out[:, row].bincount(minlength=7) / n - p[row]).abs().max() < 0.006  # about 5 standard errors
+    for edge in (0.0, 1.0):
+        monkeypatch.setattr(torch, "rand", lambda *shape, edge=edge, **kw: torch.full((2, 1), edge, dtype=kw["dtype"]))
+        assert draw(p).tolist() == ([1, 3] if edge == 0.0 else [5, 4])
+
+
 @pytest.mark.parametrize("q", [[0.0, 1.0, 0.0, 0.0], [0.4, 0.1, 0.1, 0.4]], ids=["one-hot", "spread"])
 def test_speculative_sample_draws_from_p(q: list[float]) -> None:
     """200,000 proposals from q, each kept or replaced in one call: the tokens that come out follow p."""
@@ -352,8 +367,9 @@ def test_a_generator_on_another_device_than_the_models_is_refused() -> None:
 
 
 def test_a_seed_repeats_the_default_ranked_chain_in_another_process(tmp_path) -> None:
-    """Sampling by default ranks a chain from the cost curve cached with the calibration, asking every drafter: no
-    timing of its own process decides what it verifies, so a seed gives the same tokens in a second process."""
+    """Sampling by default ranks a chain from the cost curve and the heads' cost cached with the calibration: no
+    timing of its own process decides what it drafts or verifies, so a seed gives the same tokens in a second
+    process."""
     import subprocess
     import sys
 

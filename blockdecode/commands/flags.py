@@ -155,7 +155,9 @@ NO_HEAL = (
 
 def add_drafting_flags(p: argparse.ArgumentParser) -> None:
     """--k, --drafter and --tree: how a decode drafts, the same in every command that decodes."""
-    p.add_argument("--k", type=positive_int, default=None, help="block size (default: the heads' k)")
+    p.add_argument(
+        "--k", type=positive_int, default=None, help="block size (default: the heads' k; 16 where a lookup ranks)"
+    )
     p.add_argument(
         "--drafter", choices=DRAFTER_CHOICES, default="auto", help="where proposals come from (auto: measured)"
     )

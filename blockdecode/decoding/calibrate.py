@@ -257,6 +257,29 @@ def cost_curve(lm, context: torch.LongTensor, cache_implementation: str = "dynam
     return cost
 
 
+def heads_cost(lm, context: torch.LongTensor, k: int) -> float:
+    """Seconds the heads take to propose a chain of k-1 here: from the calibration cache as the cost curve is, else
+    timed on `context` (the median of 20) and stored. Read, not timed afresh, it lets a sampled decode ask the
+    heads only where they pay, and still repeat its seed in another process. A damaged entry is measured again."""
+    key = "|".join(["heads", *machine_key(lm), f"k={k}"])
+    entry = _entries().get(key)
+    if entry is not None:
+        seconds = entry.get("seconds") if isinstance(entry, dict) else None
+        if is_number(seconds) and seconds > 0:
+            return float(seconds)
+        note(f"{cache_file()} entry for the heads' cost is not positive seconds")
+    drafter, depth = lm.drafter(), min(k, lm.k) - 1
+    hidden = torch.zeros(1, lm.base.get_output_embeddings().weight.shape[1], dtype=lm.base.dtype)
+    samples = []
+    for _ in range(21):  # the first warms up
+        start = time.perf_counter()
+        drafter.chain_scored(context[:1], hidden.to(context.device), depth)
+        samples.append(time.perf_counter() - start)
+    seconds = statistics.median(samples[1:])
+    _store_entry(key, {"key": key, "seconds": seconds})
+    return seconds
+
+
 _RANKINGS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # BlockwiseLM -> (key, Ranking)
 
 

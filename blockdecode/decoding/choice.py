@@ -13,11 +13,11 @@ from blockdecode.core.hf import check_loaded
 from blockdecode.decoding import ranking
 from blockdecode.decoding.acceptance import Acceptance, parse_acceptance
 from blockdecode.decoding.adapter import takes_tree_masks
-from blockdecode.decoding.calibrate import calibrate, model_ranking
+from blockdecode.decoding.calibrate import calibrate, heads_cost, model_ranking
 from blockdecode.decoding.plan import DecodePlan, block_size, check_settings, make_plan, max_tree
 from blockdecode.decoding.sampling import sampling_settings
 from blockdecode.drafters.base import Drafter
-from blockdecode.drafters.registry import drafter_names
+from blockdecode.drafters.registry import LOOKUPS, drafter_names
 
 DEFAULT_DRAFTERS = "heads+ngram"
 """What drafter="auto" decodes with in ranked trees and chains (tree="expected", the default), unless the model
@@ -30,7 +30,9 @@ rows."""
 
 LOOKUP_DEPTH = 16
 """The block a plain model is loaded with (`BlockwiseLM.from_pretrained`): a call of 16 tokens costs about what one
-does on a 270M model with a 262k vocabulary in bf16, and long lookup matches are common (benchmarks/real.py)."""
+does on a 270M model with a 262k vocabulary in bf16, and long lookup matches are common (benchmarks/real.py). Also
+the block of a ranked default whose drafters hold a lookup, when k is not given: the lookup drafts this deep, the
+heads their own k-1, and each call's tree keeps only the depth its chances pay for."""
 
 
 def default_drafters(lm) -> str:
@@ -95,6 +97,7 @@ def _resolved(lm, drafter, k, tree, acceptance, eos_token_id, cache_implementati
     before anything is measured."""
     if drafter in ("auto", None) and default_drafters(lm) == LOOKUP_DEFAULT:
         drafter = LOOKUP_DEFAULT
+    given = k is not None
     if k is None:  # the heads' block, or the depth the EAGLE-3 drafter was trained to draft when it drafts alone
         k = lm.eagle3.config.speculative_tokens + 1 if drafter == "eagle3" and lm.eagle3 is not None else lm.k
     drafter = "auto" if drafter is None else drafter
@@ -105,7 +108,7 @@ def _resolved(lm, drafter, k, tree, acceptance, eos_token_id, cache_implementati
         tree = ("expected" if ranked else "auto") if isinstance(drafter, str) else None
     if tree == "expected":  # every drafter's candidates ranked by their chance to stand, the size chosen each call
         settings = (acceptance, eos_token_id, cache_implementation)
-        return ranked_plan(lm, drafter, k, *settings, prompts, sampling, rows)
+        return ranked_plan(lm, drafter, k, *settings, prompts, sampling, rows, deeper=not given)
     if isinstance(tree, str) and tree != "auto":
         raise ValueError(f"tree must be a node budget >= 1, 'auto', 'expected' or None, got {tree!r}")
     if tree == "auto" and parse_acceptance(acceptance).rule == "min-block":
@@ -129,20 +132,27 @@ def _resolved(lm, drafter, k, tree, acceptance, eos_token_id, cache_implementati
     )
 
 
-def ranked_plan(lm, drafter, k, acceptance, eos_token_id, cache_implementation, prompts, sampling, rows):
+def ranked_plan(lm, drafter, k, acceptance, eos_token_id, cache_implementation, prompts, sampling, rows, deeper=False):
     """tree="expected": n-gram lookup and the heads ("auto") or the drafters given, in one tree of up to
     `ranking.CAP` nodes ranked by their chance to stand, its size chosen each call from the machine's
     cost curve (measured on the first prompt). Sampling verifies a chain, each call's from the drafter
     whose chain is expected to gain the most, its length chosen so; a batch, each row's chain from its
-    likeliest drafter, all of one length chosen so (`ranking.batch_width`)."""
+    likeliest drafter, all of one length chosen so (`ranking.batch_width`). `deeper` (k not given): a lookup
+    among the drafters drafts `LOOKUP_DEPTH` deep."""
     if not prompts:
         raise _no_prompts("expected")
     drafter = default_drafters(lm) if drafter == "auto" else drafter
+    if deeper and isinstance(drafter, str) and any(n in LOOKUPS for n in drafter_names(drafter)):
+        k = max(k, LOOKUP_DEPTH)
     check_settings(lm.base, k, None, acceptance, eos_token_id, cache_implementation)  # before anything is timed
-    if isinstance(drafter, str) and any(n.startswith("heads") for n in drafter_names(drafter)):  # unknown: refused
-        block_size(k, lm.k)  # no deeper than the heads
+    if isinstance(drafter, str) and all(n.startswith("heads") for n in drafter_names(drafter)):  # unknown: refused
+        block_size(k, lm.k)  # no deeper than the heads, unless another drafter guesses past them
     check_loaded(lm, "the BlockwiseLM")
     ranked = model_ranking(lm, prompts[0], cache_implementation)
+    if sampling is not None:  # the heads weighed by their cached cost, every other drafter asked: a seed repeats
+        names = drafter_names(drafter) if isinstance(drafter, str) else ()
+        cost = (("heads", heads_cost(lm, prompts[0], k)),) if "heads" in names and lm.heads_trained else ()
+        ranked = replace(ranked, drafting=cost)
     chains = sampling is not None or rows > 1 or not takes_tree_masks(lm.base)  # no warning: a chain ranks too
     tree = None if chains else min(ranking.CAP, max_tree(lm.base))
     return make_plan(lm.base, drafter, k, tree, acceptance, eos_token_id, cache_implementation, lm=lm,

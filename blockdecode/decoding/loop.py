@@ -147,14 +147,15 @@ def predict(plan: DecodePlan, run: Run, hidden: torch.Tensor, depth: int) -> lis
         spent: dict[str, float] = {}
         for drafter in plan.drafters:  # cheapest first; a costly one only where its guesses pay for its time
             have = [ranker.best_chain(found, cap)] if chain and found else found
-            # sampling asks every drafter: a choice by timings measured in this process would not repeat with a seed
-            if found and plan.sampling is None and not ranker.worth_asking(drafter.name, have, depth, cap):
+            own = drafter.depth_for(depth)  # the heads: their k-1 at most
+            # under sampling a drafter is weighed by its cached time alone (`Ranking.drafting`): a seed repeats
+            if found and not ranker.worth_asking(drafter.name, have, own, cap):
                 continue
             start = time.perf_counter()
             if chain:
-                made = [drafter.chain_scored(tokens[0], hidden, depth)]
+                made = [drafter.chain_scored(tokens[0], hidden, own)]
             else:
-                reach = ranker.reach(drafter.name, depth)  # no deeper than its trees lately went, and one more
+                reach = ranker.reach(drafter.name, own)  # no deeper than its trees lately went, and one more
                 made = drafter.propose_scored(tokens[0], hidden, reach, min(plan.tree, OFFERED))
             spent[drafter.name] = time.perf_counter() - start
             ranker.timed(drafter.name, spent[drafter.name])
@@ -186,6 +187,7 @@ def alone(
     ranked from its candidates alone."""
     part = ranker.fallen_to
     drafter = next(d for d in plan.drafters if d.name == part.drafter)
+    depth = drafter.depth_for(depth)
     start = time.perf_counter()
     if part.tree:
         found = drafter.propose_scored(tokens, hidden, ranker.reach(drafter.name, depth), min(plan.tree, OFFERED))

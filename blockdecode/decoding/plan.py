@@ -58,7 +58,8 @@ class DecodePlan:
         """A plan built by hand is checked as make_plan checks one (what needs the model aside)."""
         object.__setattr__(self, "drafters", as_drafters(self.drafters))
         heads = [d.k for d in self.drafters if isinstance(d, HeadsDrafter) and d.k is not None]
-        object.__setattr__(self, "k", block_size(self.k, min(heads, default=None)))
+        alone = len(heads) == len(self.drafters)  # beside another drafter, k may pass the heads' (they guess k-1)
+        object.__setattr__(self, "k", block_size(self.k, min(heads) if heads and alone else None))
         if self.tree is not None:
             object.__setattr__(self, "tree", at_least(self.tree, 1, TREE))
             if self.tree > MAX_TREE:
@@ -158,8 +159,8 @@ def make_plan(
         drafters = tuple(DRAFTERS[name](lm) for name in names)
     else:
         drafters = as_drafters(drafter)
-    if lm is not None and any(isinstance(d, HeadsDrafter) and d.heads is lm.heads for d in drafters):
-        k = block_size(k, lm.k)
+    if lm is not None and all(isinstance(d, HeadsDrafter) and d.heads is lm.heads for d in drafters):
+        k = block_size(k, lm.k)  # beside another drafter, k may pass the heads' block (they guess k-1 at most)
     readers = [d for d in drafters if d.decoder_only]
     if readers and is_seq2seq(model):
         raise ValueError(

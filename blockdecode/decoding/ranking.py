@@ -57,14 +57,21 @@ class Ranking:
     own `Ranker`, from these; it starts from what the last sequence ranked with them learnt of each
     drafter's time and yield (`learnt`), so a drafter that did not pay there is not asked at once again:
     a short decode would spend most of its calls learning that anew. Which candidates stand is learnt
-    afresh each sequence (a seeded sampled run repeats with its plan)."""
+    afresh each sequence. Under sampling (`drafting` set) nothing is carried over, and the drafters' times are
+    read from the cache, not measured: a seeded sampled run repeats, in this process and in another."""
 
     cost: tuple[tuple[int, float], ...]
     rates: tuple[tuple[str, float], ...] = ()
+    # None: each drafter's time is measured as it proposes; else the seconds of those drafters read from the cache,
+    # and any other drafter asked every call: what decides never hangs on this process's timings (sampling's seed)
+    drafting: tuple[tuple[str, float], ...] | None = None
     learnt: dict[str, dict[str, float]] = field(default_factory=dict, compare=False, repr=False)
 
     def start(self, decay: float | None = None) -> Ranker:
         ranker = Ranker(dict(self.cost), dict(self.rates), DECAY if decay is None else decay)
+        if self.drafting is not None:  # nothing carried from earlier sequences: a seed repeats its run in-process too
+            ranker.fixed = dict(self.drafting)
+            return ranker
         ranker.seconds_of.update(self.learnt.get("seconds", {}))
         ranker.yields.update(self.learnt.get("yields", {}))
         return ranker
@@ -172,6 +179,7 @@ class Ranker:
         self._rates: list[float] = [0.0]  # _rates[n]: 1 / t(n), filled as far as a tree has needed
         self.sizes: list[int] = []  # each call's tree size
         self.seconds_of: dict[str, float] = {}  # each drafter's time to propose, lately
+        self.fixed: dict[str, float] | None = None  # drafters' times read, not measured (`Ranking.drafting`)
         self.yields: dict[str, float] = {}  # each drafter's accepted proposals, lately, per token the others left
         self._asked: tuple[str, float, float] | None = None  # (drafter, expected tokens without it, most)
         self._reach: dict[str, float] = {}  # the deepest each drafter's nodes were kept, lately
@@ -242,8 +250,9 @@ class Ranker:
         """Whether asking `drafter` for candidates besides `candidates` is expected to pay for its time
         this call: the tokens it would add, its yield (how many of its proposals stood lately, per token
         the others left: depth + 1 at most) times what they leave now, against its seconds (`timed`) as
-        a share of the call. A drafter never timed is asked."""
-        seconds = self.seconds_of.get(drafter)
+        a share of the call. A drafter never timed is asked, and so is one whose time is not read where times are
+        read rather than measured (`fixed`)."""
+        seconds = self.seconds_of.get(drafter) if self.fixed is None else self.fixed.get(drafter)
         if seconds is None:
             return True
         _, best, expected, _ = self._rank(candidates, cap) if candidates else ([], 0, 1.0, {})

@@ -78,6 +78,12 @@ class BaseDrafter:
     def observe(self, row: int, accepted: list[int]) -> None:
         """A call gained `accepted` for row `row`: the tokens now at that sequence's end."""
 
+    deepest: int | None = None  # the most tokens ahead it guesses (None: as many as asked; past it, a chain pads)
+
+    def depth_for(self, n: int) -> int:
+        """How deep it guesses when asked for n: n, or `deepest` if fewer."""
+        return n if self.deepest is None else min(n, self.deepest)
+
     layers: tuple[int, ...] = ()  # decoder layers whose inputs the drafter reads (EAGLE-3's), handed to `see`
     decoder_only = False  # whether it drafts for decoder-only bases alone (EAGLE-3: its training is theirs)
 

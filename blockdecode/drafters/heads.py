@@ -263,6 +263,11 @@ class HeadsDrafter(BaseDrafter):
         """The heads' block size: they propose at most k-1 tokens (None: heads that do not say)."""
         return getattr(self.heads, "k", None)
 
+    @property
+    def deepest(self) -> int | None:
+        """k-1: a plan drafting deeper with another drafter (a lookup's long match) asks the heads no further."""
+        return None if self.k is None else self.k - 1
+
     def __repr__(self) -> str:
         return f"HeadsDrafter(rescore={self.rescore:g})" if self.rescore else "HeadsDrafter()"
 
@@ -291,16 +296,23 @@ class HeadsDrafter(BaseDrafter):
         self, tokens: list[torch.LongTensor], hidden: torch.Tensor, n: int, rows: list[int]
     ) -> torch.LongTensor:
         """Every row's chain from one pass of the heads over hidden [N, D]; rescoring ranks each
-        row's paths by that row's own context."""
+        row's paths by that row's own context. Past the heads' k-1 guesses a chain repeats its last."""
+        m = self.depth_for(n)
         if self.sequential:
-            return self._chain(torch.cat([t[:, -1] for t in tokens]), hidden, n)
-        if not self.rescore or not n:
-            return self._ids(self._logits(hidden, n).argmax(-1))  # [N, n]
-        values, ids = self._top(hidden, n, self.width)
-        paths = [best_path(v, i, self._factor(t, r)) for v, i, t, r in zip(values, ids, tokens, rows)]
-        return torch.tensor(paths, dtype=torch.long, device=hidden.device)
+            chains = self._chain(torch.cat([t[:, -1] for t in tokens]), hidden, m)
+        elif not self.rescore or not m:
+            chains = self._ids(self._logits(hidden, m).argmax(-1))  # [N, m]
+        else:
+            values, ids = self._top(hidden, m, self.width)
+            paths = [best_path(v, i, self._factor(t, r)) for v, i, t, r in zip(values, ids, tokens, rows)]
+            chains = torch.tensor(paths, dtype=torch.long, device=hidden.device)
+        if m == n:
+            return chains
+        last = chains[:, -1:] if m else torch.cat([t[:, -1:] for t in tokens]).to(hidden.device)
+        return torch.cat([chains, last.expand(-1, n - m)], dim=1)
 
     def propose_paths(self, tokens: torch.LongTensor, hidden: torch.Tensor, depth: int, budget: int) -> list[list[int]]:
+        depth = self.depth_for(depth)
         if self.sequential:
             return self._beam(tokens, hidden, depth, budget)
         values, ids = self._top(hidden, depth, min(self.width, budget))
@@ -315,6 +327,7 @@ class HeadsDrafter(BaseDrafter):
         acceptance is learnt in): a head's guess does not hang on the path before it, so a ranked tree
         may hang it under any node one depth above. Sequential heads, whose guesses do hang on the path,
         and rescored heads, propose paths."""
+        depth = self.depth_for(depth)
         if self.sequential or self.rescore:
             return super().propose_scored(tokens, hidden, depth, budget)
         values, ids = self._top(hidden, depth, min(self.width, budget))
@@ -334,10 +347,12 @@ class HeadsDrafter(BaseDrafter):
         for it (sequential and rescored heads' chains hang on the path: one source, as any drafter's)."""
         if self.sequential or self.rescore:
             return super().rows_scored(tokens, hidden, n, rows)
-        best, index = self._logits(hidden, n).float().softmax(-1).max(-1)
+        m = self.depth_for(n)
+        best, index = self._logits(hidden, m).float().softmax(-1).max(-1)
+        pad = [Source(self.name, ("padding",), 0.1)] * (n - m)  # past the heads' guesses: a chain of the batch's width
         return [
-            Scored(chain, [self._source(p) for p in chances])
-            for chain, chances in zip(self._ids(index).tolist(), best.tolist())
+            Scored(chain + (chain[-1:] or [int(t[0, -1])]) * (n - m), [self._source(p) for p in chances] + pad)
+            for chain, chances, t in zip(self._ids(index).tolist(), best.tolist(), tokens)
         ]
 
     def _source(self, probability: float) -> Source:
