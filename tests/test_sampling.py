@@ -204,13 +204,17 @@ def test_draw_follows_each_rows_distribution_and_never_draws_a_token_without_mas
         assert draw(p).tolist() == ([1, 3] if edge == 0.0 else [5, 4])
 
 
-@pytest.mark.parametrize("q", [[0.0, 1.0, 0.0, 0.0], [0.4, 0.1, 0.1, 0.4]], ids=["one-hot", "spread"])
-def test_speculative_sample_draws_from_p(q: list[float]) -> None:
-    """200,000 proposals from q, each kept or replaced in one call: the tokens that come out follow p."""
+@pytest.mark.parametrize(
+    "q", [[0.0, 1.0, 0.0, 0.0], [0.4, 0.1, 0.1, 0.4], None], ids=["one-hot", "spread", "certain (q=None)"]
+)
+def test_speculative_sample_draws_from_p(q: list[float] | None) -> None:
+    """200,000 proposals from q, each kept or replaced in one call: the tokens that come out follow p. q=None:
+    every proposal the same certain guess, as a drafter's (token 1 here), without a one-hot q built."""
     n, gen = 200_000, torch.Generator().manual_seed(0)
-    p, q = torch.tensor([0.1, 0.2, 0.3, 0.4]), torch.tensor(q)
+    p, given = torch.tensor([0.1, 0.2, 0.3, 0.4]), q
+    q = torch.tensor(q if q is not None else [0.0, 1.0, 0.0, 0.0])
     draft = torch.multinomial(q, n, replacement=True, generator=gen)
-    kept, after = speculative_sample(p.expand(n + 1, -1), draft, q.expand(n, -1), gen)
+    kept, after = speculative_sample(p.expand(n + 1, -1), draft, None if given is None else q.expand(n, -1), gen)
     out = torch.where(kept, draft, after[:n])
     assert (out.bincount(minlength=4) / n - p).abs().max() < 0.005  # about 5 standard errors
     assert kept.float().mean().item() == pytest.approx(float(torch.minimum(p, q).sum()), abs=0.005)
@@ -379,3 +383,11 @@ def test_a_seed_repeats_the_default_ranked_chain_in_another_process(tmp_path) ->
     runs = [subprocess.run(command, env=env, capture_output=True, text=True, check=True) for _ in range(2)]
     assert "ranked chain" in runs[0].stderr and "--seed 3" in runs[0].stderr
     assert runs[0].stdout == runs[1].stdout
+
+
+def test_a_certain_guess_the_model_is_sure_of_always_stands_and_its_fallback_is_still_a_token() -> None:
+    """p(x) = 1: nothing is left beside x, so the row a rejection would draw from is p itself, never empty."""
+    probs = torch.tensor([[0.0, 1.0, 0.0], [0.2, 0.3, 0.5]])
+    for seed in range(20):
+        kept, after = speculative_sample(probs, torch.tensor([1]), None, torch.Generator().manual_seed(seed))
+        assert kept.tolist() == [True] and after[0].item() == 1 and 0 <= after[1].item() < 3

@@ -259,8 +259,7 @@ def accept(
         right = plan.acceptance.agree(ids, parent_scores, after[parents])
     else:
         probs = plan.sampling.probs(scores)
-        one_hot = torch.nn.functional.one_hot(ids, scores.shape[-1]).float()  # a drafter's guess is certain
-        right, after = speculative_sample(probs, ids, one_hot, generator)
+        right, after = speculative_sample(probs, ids, None, generator)  # a drafter's guess is certain
         chances = probs[torch.tensor(candidates.parents, dtype=torch.long, device=scores.device), ids]
     host = torch.cat([right.long(), after]).tolist()
     m = len(candidates)

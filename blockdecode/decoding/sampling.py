@@ -141,16 +141,23 @@ def draw(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch
 
 
 def speculative_sample(
-    probs: torch.Tensor, draft: torch.Tensor, q: torch.Tensor, generator: torch.Generator | None = None
+    probs: torch.Tensor, draft: torch.Tensor, q: torch.Tensor | None = None, generator: torch.Generator | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """probs [n+1, V]: the distribution at the newest token and after each proposal; draft [n]: the
-    proposals, drawn from q [n, V]. Returns which proposals stand on their own (bool [n]: kept with
-    probability min(1, p(x) / q(x))) and the token each position takes if the chain stops there
-    (long [n+1]: a draw from the residual, the last from p itself). All of it is drawn at once from
-    `generator`; the caller keeps the leading proposals that stand and the token after them."""
+    proposals, drawn from q [n, V] (None: certain guesses, q one-hot at each, as every drafter here makes).
+    Returns which proposals stand on their own (bool [n]: kept with probability min(1, p(x) / q(x))) and the
+    token each position takes if the chain stops there (long [n+1]: a draw from the residual, the last from p
+    itself). All of it is drawn at once from `generator`; the caller keeps the leading proposals that stand and
+    the token after them."""
     n = draft.shape[0]
     rows = torch.arange(n, device=probs.device)
     u = torch.rand(n, generator=generator, device=probs.device)
-    kept = u * q[rows, draft] < probs[rows, draft]  # u < p(x) / q(x), without dividing by a zero q(x)
-    after = torch.cat([residual(probs[:n], q), probs[n:]])
-    return kept, draw(after, generator)
+    if q is None:  # kept with p(x); a rejected position draws from p without x (`draw` normalises a row)
+        kept = u < probs[rows, draft]
+        left = probs[:n].clone()
+        left[rows, draft] = 0
+        rest = torch.where(left.sum(-1, keepdim=True) > 0, left, probs[:n])  # p(x) = 1: never rejected
+    else:
+        kept = u * q[rows, draft] < probs[rows, draft]  # u < p(x) / q(x), without dividing by a zero q(x)
+        rest = residual(probs[:n], q)
+    return kept, draw(torch.cat([rest, probs[n:]]), generator)
