@@ -10,6 +10,8 @@
 #   PROMPTS=4096 RUN=runs/dflash-4k bash recipes/dflash.sh   # the earlier drafter, on the EAGLE-3 recipe's rows
 #   PACKAGES="torch transformers" CORPUS=runs/code/corpus RUN=runs/dflash-code bash recipes/dflash.sh
 #       # windows drawn from the base's whole pretraining corpus (the stdlib and the packages' source), not stdlib alone
+#   DATA="runs/e3/corpus/train.npy runs/code/corpus/train.npy" PROMPTS=24576 RUN=runs/dflash-mixed bash recipes/dflash.sh
+#       # both (run the PACKAGES line first): windows drawn evenly over the two streams, about 40 % stdlib
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export HF_HUB_OFFLINE=1
@@ -25,7 +27,7 @@ from blockdecode import DEFAULT_MODEL
 from blockdecode.pretraining.pretrain import CorpusConfig, prepare_corpus
 prepare_corpus(CorpusConfig(out='$CORPUS', tokenizer=DEFAULT_MODEL, packages=tuple('$PACKAGES'.split())))"
 [ -f "$RUN/blockdecode.json" ] || $BD train --base blockdecode/builtin/default_model \
-  --data "$CORPUS/train.npy" --out "$RUN" --head-type dflash --mode distill --k 16 \
+  --data ${DATA:-"$CORPUS/train.npy"} --out "$RUN" --head-type dflash --mode distill --k 16 \
   --dflash-layers 2 --anchors 16 --gamma 4 --steps 3000 --batch-size 8 --seq-len 192 --lr 2e-3 --warmup-steps 50 \
   --eval-every 250 --checkpoint-every 50 --feature-cache "$RUNS/e3/features" --distill-prompts "$PROMPTS" \
   --distill-new-tokens 160 --distill-batch-size 64 --distill-cache "$RUNS/e3/distill-cache" --eval-prompts 8 \
