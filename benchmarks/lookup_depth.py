@@ -19,7 +19,7 @@ import statistics
 from pathlib import Path
 
 import torch
-from lookup_study import Timed, Window, best_of, code_windows, loops, speed, timed, transformers_methods
+from lookup_study import LOOPS, Timed, Window, best_of, code_windows, loops, speed, timed, transformers_methods
 from real import prose_windows, real_model_file
 
 from blockdecode import DEFAULT_MODEL, load
@@ -27,7 +27,6 @@ from blockdecode.bench.report import cpu_name, write_results
 from blockdecode.core.io import save_figure
 
 RESULTS = Path(__file__).parent / "results"
-LOOPS = 0.5  # a continuation loops when more than this share of its 4-grams stood before (`repetition.py`)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

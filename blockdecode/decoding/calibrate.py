@@ -269,11 +269,12 @@ def heads_cost(lm, context: torch.LongTensor, k: int) -> float:
             return float(seconds)
         note(f"{cache_file()} entry for the heads' cost is not positive seconds")
     drafter, depth = lm.drafter(), min(k, lm.k) - 1
-    hidden = torch.zeros(1, lm.base.get_output_embeddings().weight.shape[1], dtype=lm.base.dtype)
+    width = lm.base.get_output_embeddings().weight.shape[1]
+    hidden = torch.zeros(1, width, dtype=lm.base.dtype, device=context.device)
     samples = []
     for _ in range(21):  # the first warms up
         start = time.perf_counter()
-        drafter.chain_scored(context[:1], hidden.to(context.device), depth)
+        drafter.chain_scored(context[:1], hidden, depth)
         samples.append(time.perf_counter() - start)
     seconds = statistics.median(samples[1:])
     _store_entry(key, {"key": key, "seconds": seconds})

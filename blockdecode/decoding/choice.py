@@ -142,15 +142,15 @@ def ranked_plan(lm, drafter, k, acceptance, eos_token_id, cache_implementation, 
     if not prompts:
         raise _no_prompts("expected")
     drafter = default_drafters(lm) if drafter == "auto" else drafter
-    if deeper and isinstance(drafter, str) and any(n in LOOKUPS for n in drafter_names(drafter)):
+    names = drafter_names(drafter) if isinstance(drafter, str) else []  # an unknown name: refused
+    if deeper and any(n in LOOKUPS for n in names):
         k = max(k, LOOKUP_DEPTH)
     check_settings(lm.base, k, None, acceptance, eos_token_id, cache_implementation)  # before anything is timed
-    if isinstance(drafter, str) and all(n.startswith("heads") for n in drafter_names(drafter)):  # unknown: refused
+    if names and all(n.startswith("heads") for n in names):
         block_size(k, lm.k)  # no deeper than the heads, unless another drafter guesses past them
     check_loaded(lm, "the BlockwiseLM")
     ranked = model_ranking(lm, prompts[0], cache_implementation)
     if sampling is not None:  # the heads weighed by their cached cost, every other drafter asked: a seed repeats
-        names = drafter_names(drafter) if isinstance(drafter, str) else ()
         cost = (("heads", heads_cost(lm, prompts[0], k)),) if "heads" in names and lm.heads_trained else ()
         ranked = replace(ranked, drafting=cost)
     chains = sampling is not None or rows > 1 or not takes_tree_masks(lm.base)  # no warning: a chain ranks too

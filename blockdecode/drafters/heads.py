@@ -23,7 +23,7 @@ from blockdecode.core.hf import at_least, integer, weights_key
 from blockdecode.core.tree import best_path, lattice_paths
 from blockdecode.drafters.base import BaseDrafter
 from blockdecode.drafters.ngram import ContextNgram
-from blockdecode.drafters.proposals import CONFIDENCE_BINS, Lattice, Scored, Source, confidence_source
+from blockdecode.drafters.proposals import CONFIDENCE_BINS, Lattice, Scored, Source, confidence_source, padded
 
 HEAD_TYPES = ("paper", "medusa", "hydra")
 
@@ -347,11 +347,9 @@ class HeadsDrafter(BaseDrafter):
         for it (sequential and rescored heads' chains hang on the path: one source, as any drafter's)."""
         if self.sequential or self.rescore:
             return super().rows_scored(tokens, hidden, n, rows)
-        m = self.depth_for(n)
-        best, index = self._logits(hidden, m).float().softmax(-1).max(-1)
-        pad = [Source(self.name, ("padding",), 0.1)] * (n - m)  # past the heads' guesses: a chain of the batch's width
-        return [
-            Scored(chain + (chain[-1:] or [int(t[0, -1])]) * (n - m), [self._source(p) for p in chances] + pad)
+        best, index = self._logits(hidden, self.depth_for(n)).float().softmax(-1).max(-1)
+        return [  # past the heads' k-1 guesses, padded: a chain of the batch's width
+            padded(self.name, chain, [self._source(p) for p in chances], n, int(t[0, -1]))
             for chain, chances, t in zip(self._ids(index).tolist(), best.tolist(), tokens)
         ]
 

@@ -11,7 +11,7 @@ from blockdecode.core.hf import as_integer, at_least
 from blockdecode.drafters.base import (
     BaseDrafter,
 )
-from blockdecode.drafters.proposals import Scored, Source
+from blockdecode.drafters.proposals import Scored, Source, padded
 
 
 class ContextNgram:
@@ -158,10 +158,7 @@ class NgramDrafter(BaseDrafter):
         verify)."""
         seq = tokens[0].tolist()
         size, guess = next(self.matches(seq, n), (0, []))
-        sources = [self._source(size, at) for at in range(len(guess))]
-        pad = n - len(guess)
-        guess += [guess[-1] if guess else seq[-1]] * pad
-        return Scored(guess, sources + [Source(self.name, ("padding",), 0.1)] * pad)
+        return padded(self.name, guess, [self._source(size, at) for at in range(len(guess))], n, seq[-1])
 
     def _source(self, size: int, at: int, offered: list[int] = (), token: int = -1) -> Source:
         """The source of index `at` of a `size`-token match's continuation, `token`. At a fork, where the

@@ -52,6 +52,15 @@ class Lattice:
     aside: list[list[Source]]  # the same guesses' sources after a node off the lattice
 
 
+def padded(drafter: str, tokens: list[int], sources: list[Source], n: int, newest: int, prior: float = 0.1) -> Scored:
+    """A chain of n: `tokens` (each with its source), then its last token repeated (the newest one where it has
+    none), which seldom stands, each such node with `prior` as its chance: every row of a batch verifies one width."""
+    pad = n - len(tokens)
+    return Scored(
+        tokens + [tokens[-1] if tokens else newest] * pad, sources + [Source(drafter, ("padding",), prior)] * pad
+    )
+
+
 def offered_by(found: Scored | Lattice) -> str:
     """The drafter that offered a path or a lattice."""
     sources = found.sources[0] if isinstance(found, Lattice) and found.sources else found.sources

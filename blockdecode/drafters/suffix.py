@@ -39,7 +39,7 @@ import torch
 
 from blockdecode.core.hf import as_integer, at_least
 from blockdecode.drafters.base import BaseDrafter
-from blockdecode.drafters.proposals import Scored, Source, confidence_source
+from blockdecode.drafters.proposals import Scored, confidence_source, padded
 from blockdecode.drafters.sources import DEPTH, Memory, SuffixArray
 
 
@@ -314,9 +314,7 @@ class SuffixDrafter(BaseDrafter):
     def _chain_scored(self, seq: list[int], n: int, row: int | None) -> Scored:
         """`chain` padded to `n` by repeating its last token (the newest one's if none), which seldom stands."""
         tokens, chances = self.chain(seq, n, row)
-        pad = n - len(tokens)
-        sources = [confidence_source(self.name, c) for c in chances] + [Source(self.name, ("padding",), 0.1)] * pad
-        return Scored(tokens + [tokens[-1] if tokens else seq[-1]] * pad, sources)
+        return padded(self.name, tokens, [confidence_source(self.name, c) for c in chances], n, seq[-1])
 
     def chain_scored(self, tokens: torch.LongTensor, hidden: torch.Tensor, n: int) -> Scored:
         return self._chain_scored(tokens[0].tolist(), n, None)

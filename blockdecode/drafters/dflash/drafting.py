@@ -10,7 +10,7 @@ from blockdecode.core.tree import lattice_paths
 from blockdecode.drafters.base import RowChains
 from blockdecode.drafters.dflash.model import DFlash
 from blockdecode.drafters.eagle3.model import Entries
-from blockdecode.drafters.proposals import CONFIDENCE_BINS, Lattice, Scored, Source, confidence_source
+from blockdecode.drafters.proposals import CONFIDENCE_BINS, Lattice, Scored, confidence_source, padded
 
 
 class _Row:
@@ -77,8 +77,7 @@ class DFlashDrafter(RowChains):
         best, index = self._logits(row, tokens)[:n].max(-1)
         guess = self.model.target_ids(index).tolist()
         sources = [confidence_source(self.name, p) for p in best.exp().tolist()]
-        pad = n - len(guess)
-        return Scored(guess + guess[-1:] * pad, sources + [Source(self.name, ("padding",), 0.05)] * pad)
+        return padded(self.name, guess, sources, n, int(tokens[0, -1]), prior=0.05)
 
     def propose_scored(self, tokens: torch.LongTensor, hidden: torch.Tensor, depth: int, budget: int) -> list:
         """The block's lattice: the `width` likeliest tokens at each depth, each with its probability (its prior,

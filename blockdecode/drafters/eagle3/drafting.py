@@ -14,7 +14,7 @@ from torch import nn
 from blockdecode.core.hf import weights_key
 from blockdecode.drafters.base import RowChains
 from blockdecode.drafters.eagle3.model import Eagle3, Entries
-from blockdecode.drafters.proposals import Scored, Source, confidence_source
+from blockdecode.drafters.proposals import Scored, confidence_source, padded
 
 
 class _Row:
@@ -159,8 +159,7 @@ class Eagle3Drafter(RowChains):
             return Scored([], [])
         *_, guess, chances = self._beam(row, tokens, n, 1, self.min_prob)[-1]
         sources = [confidence_source(self.name, c) for c in chances]
-        pad = n - len(guess)
-        return Scored(guess + guess[-1:] * pad, sources + [Source(self.name, ("padding",), 0.05)] * pad)
+        return padded(self.name, guess, sources, n, int(tokens[0, -1]), prior=0.05)
 
     def propose_scored(self, tokens: torch.LongTensor, hidden: torch.Tensor, depth: int, budget: int) -> list[Scored]:
         """The `budget` most probable nodes of the beam (a child never more than its parent, so they form a
