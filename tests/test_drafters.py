@@ -41,8 +41,13 @@ def test_ngram_prefers_the_longest_match() -> None:
     assert ngram([5, 1, 2, 7, 3, 2, 8, 9, 2], 2, max_ngram=1) == [8, 9]  # no context matches: the newest
 
 
-def test_ngram_pads_a_short_continuation_with_its_last_token() -> None:
-    assert ngram([1, 2, 3, 1, 2], 4) == [3, 1, 2, 2]
+def test_ngram_goes_on_with_a_loop_that_runs_into_the_present() -> None:
+    assert ngram([1, 2, 3, 1, 2], 7) == [3, 1, 2, 3, 1, 2, 3]  # "1 2" went on with 3 1 2: the text's period, 3
+    assert ngram([4, 9, 9], 4) == [9, 9, 9, 9]
+    drafter, tokens = NgramDrafter(), torch.tensor([[1, 2, 3, 1, 2]])
+    assert [s.key[0] for s in drafter.chain_scored(tokens, NO_HIDDEN, 5).sources] == ["match"] * 3 + ["loop"] * 2
+    paths = drafter.propose_scored(torch.tensor([[5, 6, 5, 7, 5]]), NO_HIDDEN, 5, 8)
+    assert [p.tokens for p in paths] == [[7, 5, 7, 5, 7], [6, 5, 7, 5, 6]]  # each occurrence its own period
 
 
 def test_ngram_without_a_match_repeats_the_newest_token() -> None:

@@ -414,6 +414,22 @@ def test_a_sequence_falls_back_to_its_cheapest_part_where_its_chain_alone_gains_
     assert ranker.judged < expected.FALLBACK_CALLS  # judged afresh since
 
 
+def test_the_time_a_tree_takes_to_rank_counts_against_it():
+    """A tree whose heads' guess adds a token to the n-gram chain's (3 a call against 2) keeps deciding while ranking
+    it is taken to cost nothing; once the second a call spent ranking it is counted (a part alone is not ranked), the
+    chain alone gains more a second and the sequence falls back to it."""
+    ngram, heads = [scored([1, 2, 3], "ngram", 0.9)], [Lattice([[7], [8]], [[Source("heads", ("any",), 0.5)]] * 2,
+                                                               [[Source("heads", ("any",), 0.5)]] * 2)]  # fmt: skip
+    for ranking, fallen in ((0.0, None), (1.0, Part("ngram"))):
+        ranker = Ranker(FLAT)
+        for _ in range(expected.FALLBACK_CALLS):
+            tree = ranker.tree([*ngram, *heads], cap=64)
+            spent = {"ngram": 0.01, "heads": 0.01}
+            ranker.compare_parts({"ngram": ngram, "heads": heads}, spent, len(tree), "ngram", ranking)
+            ranker.observe([0, 1, tree.tokens.index(8) + 1], gained=[1, 8, 9])
+        assert ranker.fallen_to == fallen
+
+
 def test_a_sequence_falls_back_to_its_cheapest_parts_own_tree_where_its_second_path_is_the_one_that_stands():
     """N-gram lookup's first path misses and its second stands: its chain alone gains a token a call, a tree of
     its own paths gains four, without the heads' two seconds a call; the sequence falls back to that tree, and

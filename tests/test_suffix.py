@@ -14,6 +14,7 @@ from test_sampling import BUDGET, PROMPT, RUNS, SETTINGS, SHOWN, homogeneity, re
 
 from blockdecode import BlockwiseLM, blockwise_generate, decode, make_plan
 from blockdecode.decoding.sampling import sampling_settings
+from blockdecode.drafters.proposals import looped
 from blockdecode.drafters.suffix import SuffixDrafter, SuffixIndex
 
 NO_HIDDEN = torch.zeros(1, 8)  # the drafter ignores the hidden state
@@ -173,15 +174,26 @@ def test_a_longer_match_here_beats_the_corpus_and_equal_ones_pool_their_counts()
 
 
 def test_proposals_pad_a_short_or_missing_match() -> None:
-    drafter = SuffixDrafter()
-    assert drafter.propose(torch.tensor([[1, 2, 3, 1, 2]]), NO_HIDDEN, 4).tolist() == [[3, 1, 2, 2]]
+    drafter = SuffixDrafter(corpus=[[8, 9, 4]])  # "8 9" goes on with 4 and the document ends
     assert drafter.propose(torch.tensor([[7]]), NO_HIDDEN, 3).tolist() == [[7, 7, 7]]
-    scored = drafter.chain_scored(torch.tensor([[1, 2, 3, 1, 2]]), NO_HIDDEN, 4)
-    assert [s.key[0] for s in scored.sources] == ["confidence"] * 3 + ["padding"]
+    assert drafter.propose(torch.tensor([[1, 8, 9]]), NO_HIDDEN, 4).tolist() == [[4, 4, 4, 4]]
+    scored = drafter.chain_scored(torch.tensor([[1, 8, 9]]), NO_HIDDEN, 4)
+    assert [s.key[0] for s in scored.sources] == ["confidence"] + ["padding"] * 3
     assert drafter.propose_paths(torch.tensor([[5, 6, 5, 7, 5]]), NO_HIDDEN, 2, 8) == [
         [7, 5],
         [6, 5],
     ]  # the newer first
+
+
+def test_a_match_that_runs_into_the_present_goes_on_with_its_loop() -> None:
+    drafter = SuffixDrafter()
+    assert drafter.propose(torch.tensor([[1, 2, 3, 1, 2]]), NO_HIDDEN, 7).tolist() == [[3, 1, 2, 3, 1, 2, 3]]
+    scored = drafter.chain_scored(torch.tensor([[1, 2, 3, 1, 2]]), NO_HIDDEN, 5)
+    assert [s.key[0] for s in scored.sources] == ["confidence"] * 3 + ["loop"] * 2  # its own rate, learnt apart
+    assert drafter.propose(torch.tensor([[4, 9, 9]]), NO_HIDDEN, 4).tolist() == [[9, 9, 9, 9]]  # a run of one token
+    paths = drafter.propose_scored(torch.tensor([[5, 6, 5, 7, 5]]), NO_HIDDEN, 5, 8)
+    assert [p.tokens for p in paths] == [[7, 5, 7, 5, 7], [6, 5, 7, 5, 6]]  # each path its own period (2, 4)
+    assert looped([1, 2, 3], [2, 3], 2) == [] and looped([1, 2, 3], [3, 4], 5) == []  # deep enough; not the text's tail
 
 
 @pytest.mark.parametrize("bad", [dict(max_match=0), dict(min_count=0), dict(corpus=[[1, -2]]), dict(corpus=[[1.5]])])

@@ -145,6 +145,7 @@ def predict(plan: DecodePlan, run: Run, hidden: torch.Tensor, depth: int) -> lis
         found: list[Scored | Lattice] = []
         offered: dict[str, list[Scored | Lattice]] = {}
         spent: dict[str, float] = {}
+        began = time.perf_counter()
         for drafter in plan.drafters:  # cheapest first; a costly one only where its guesses pay for its time
             have = [ranker.best_chain(found, cap)] if chain and found else found
             own = drafter.depth_for(depth)  # the heads: their k-1 at most
@@ -163,7 +164,8 @@ def predict(plan: DecodePlan, run: Run, hidden: torch.Tensor, depth: int) -> lis
             found += offered[drafter.name]
         tree = ranker.tree([ranker.best_chain(found, cap)] if chain else found, cap)
         if not chain and len(plan.drafters) > 1:  # a tree of several drafters is judged against its cheapest alone
-            ranker.compare_parts(offered, spent, len(tree), plan.drafters[0].name)
+            ranking = time.perf_counter() - began - sum(spent.values())
+            ranker.compare_parts(offered, spent, len(tree), plan.drafters[0].name, ranking)
         return [tree]
     if plan.tree is None:
         chains = check_proposal(plan.drafters[0].propose_rows(tokens, hidden, depth, run.active), depth, len(tokens))

@@ -31,6 +31,7 @@ from blockdecode.core.hf import same_weights
 from blockdecode.core.io import read_json
 from blockdecode.core.tree import Tree
 from blockdecode.drafters.proposals import (
+    LOOP_PRIOR,
     Lattice,
     Scored,
     Source,
@@ -110,10 +111,10 @@ def shipped_rates(folder: str | Path | None, signature: list[float]) -> dict[str
 
 def own_prior(drafter: str, key: tuple) -> float:
     """The prior the drafters here give a source of this key: a confidence bin's middle (half that
-    aside), 0.1 for an n-gram's padding, an even chance otherwise."""
+    aside), 0.1 for a chain's padding, `LOOP_PRIOR` for a loop gone on past the present, an even chance otherwise."""
     if key[0] == "confidence":
         return _confidence_source(drafter, key[1], len(key) > 2).prior
-    return 0.1 if key[0] == "padding" else 0.5
+    return {"padding": 0.1, "loop": LOOP_PRIOR}.get(key[0], 0.5)
 
 
 class Estimates:
@@ -298,19 +299,26 @@ class Ranker:
         self.seconds_of[drafter] = (1 - _LEARN) * self.seconds_of.get(drafter, seconds) + _LEARN * seconds
 
     def compare_parts(
-        self, offered: Mapping[str, Sequence[Scored | Lattice]], spent: Mapping[str, float], size: int, cheapest: str
+        self,
+        offered: Mapping[str, Sequence[Scored | Lattice]],
+        spent: Mapping[str, float],
+        size: int,
+        cheapest: str,
+        ranking: float = 0.0,
     ) -> None:
         """This call's tree (of `size` nodes) against `cheapest`, the part asked first every call, alone: `offered`,
-        each drafter's candidates this call; `spent`, each drafter's seconds this call. The part is judged as its
-        chain (a path's tokens, a lattice's first guess at each depth) and, where it offers paths, as a tree of its
-        own paths in their order, as many nodes as this call's tree. `observe` counts what each would have gained."""
-        found = offered.get(cheapest)
-        parts: dict[Part, tuple[Tree, float]] = {}
-        if found:
-            parts[Part(cheapest)] = (Tree.chain(chain_of(found)), spent.get(cheapest, 0.0))
-            if not isinstance(found[0], Lattice):
-                parts[Part(cheapest, tree=True)] = (paths_tree(found, size), spent.get(cheapest, 0.0))
-        self._parts = (parts, self.seconds(size + 1) + sum(spent.values()))
+        each drafter's candidates this call; `spent`, each drafter's seconds this call; `ranking`, the seconds spent
+        choosing the tree besides (a part alone is not ranked: on a small model the ranking is a good share of a
+        call). The part is judged as its chain (a path's tokens, a lattice's first guess at each depth) and, where it
+        offers paths, as a tree of its own paths in their order, as many nodes as this call's tree; a call it offers
+        nothing (no match yet) counts as one that gains the model's token alone. `observe` counts what each would have
+        gained."""
+        found = offered.get(cheapest, [])
+        drafted = spent.get(cheapest, 0.0)
+        parts = {Part(cheapest): (Tree.chain(chain_of(found)) if found else Tree(), drafted)}  # none: the model's token
+        if not found or not isinstance(found[0], Lattice):
+            parts[Part(cheapest, tree=True)] = (paths_tree(found, size), drafted)
+        self._parts = (parts, self.seconds(size + 1) + sum(spent.values()) + ranking)
 
     def alone(self, size: int, spent: float) -> None:
         """This call verifies the part fallen back to (`size` nodes, drafted in `spent` seconds): `observe` judges

@@ -11,7 +11,7 @@ from blockdecode.core.hf import as_integer, at_least
 from blockdecode.drafters.base import (
     BaseDrafter,
 )
-from blockdecode.drafters.proposals import Scored, Source, padded
+from blockdecode.drafters.proposals import Scored, Source, loop_source, looped, padded
 
 
 class ContextNgram:
@@ -138,10 +138,10 @@ class NgramDrafter(BaseDrafter):
             for at in range(len(path)):
                 offered = following.setdefault(tuple(path[:at]), [])
                 offered += [path[at]] if path[at] not in offered else []
-        return [
-            Scored(path, [self._source(size, at, following[tuple(path[:at])], t) for at, t in enumerate(path)])
-            for size, path in paths
-        ]
+        seq = tokens[0].tolist()
+        sources = [[self._source(size, at, following[tuple(path[:at])], t) for at, t in enumerate(path)]
+                   for size, path in paths]  # fmt: skip
+        return [self._looped(seq, path, keys, depth) for (_, path), keys in zip(paths, sources)]
 
     def propose(self, tokens: torch.LongTensor, hidden: torch.Tensor, n: int) -> torch.LongTensor:
         return torch.tensor([self.chain_scored(tokens, hidden, n).tokens], dtype=torch.long, device=tokens.device)
@@ -153,12 +153,18 @@ class NgramDrafter(BaseDrafter):
         return [self.chain_scored(t, hidden[i : i + 1], n) for i, t in enumerate(tokens)]
 
     def chain_scored(self, tokens: torch.LongTensor, hidden: torch.Tensor, n: int) -> Scored:
-        """The newest match's continuation, keyed by the match's length, then padding, which seldom
-        stands: a short or missing match is padded by repeating the newest token (any guess is safe to
-        verify)."""
+        """The newest match's continuation, keyed by the match's length, gone on with its loop where it ran into
+        the present, then padding, which seldom stands: a short or missing match is padded by repeating the newest
+        token (any guess is safe to verify)."""
         seq = tokens[0].tolist()
         size, guess = next(self.matches(seq, n), (0, []))
-        return padded(self.name, guess, [self._source(size, at) for at in range(len(guess))], n, seq[-1])
+        chain = self._looped(seq, guess, [self._source(size, at) for at in range(len(guess))], n)
+        return padded(self.name, chain.tokens, chain.sources, n, seq[-1])
+
+    def _looped(self, seq: list[int], path: list[int], sources: list[Source], depth: int) -> Scored:
+        """`path` gone on with its loop where the occurrence it copies ran into the present (`proposals.looped`)."""
+        loop = looped(seq, path, depth)
+        return Scored(path + loop, sources + [loop_source(self.name)] * len(loop))
 
     def _source(self, size: int, at: int, offered: list[int] = (), token: int = -1) -> Source:
         """The source of index `at` of a `size`-token match's continuation, `token`. At a fork, where the

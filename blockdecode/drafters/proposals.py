@@ -5,6 +5,7 @@ with its `Source`, the drafter and kind of guess whose chance to stand the ranki
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 CONFIDENCE_BINS = 10  # the heads' probabilities, mapped to acceptance by a curve learnt per bin
@@ -50,6 +51,26 @@ class Lattice:
     tokens: list[list[int]]  # each depth's guesses, the lattice's best first
     sources: list[list[Source]]
     aside: list[list[Source]]  # the same guesses' sources after a node off the lattice
+
+
+LOOP_PRIOR = 0.8  # a loop's next period: how often it stands before this sequence says otherwise
+
+
+@functools.cache
+def loop_source(drafter: str) -> Source:
+    """The source of a node that goes on a loop past the present (`looped`): its own rate, learnt apart from the
+    matches', since a loop ends where no earlier occurrence said so."""
+    return Source(drafter, ("loop",), LOOP_PRIOR)
+
+
+def looped(seq: Sequence[int], tokens: list[int], depth: int) -> list[int]:
+    """What follows `tokens` to `depth` if the text loops: where a continuation is the sequence's own last d tokens
+    (its occurrence ran into the present), the text repeats with period d, and a lookup that stops at the present
+    would offer a long loop one period a call. Nothing otherwise."""
+    d = len(tokens)
+    if not 0 < d < depth or list(seq[-d:]) != tokens:
+        return []
+    return [tokens[j % d] for j in range(d, depth)]
 
 
 def padded(drafter: str, tokens: list[int], sources: list[Source], n: int, newest: int, prior: float = 0.1) -> Scored:

@@ -39,7 +39,7 @@ import torch
 
 from blockdecode.core.hf import as_integer, at_least
 from blockdecode.drafters.base import BaseDrafter
-from blockdecode.drafters.proposals import Scored, confidence_source, padded
+from blockdecode.drafters.proposals import Scored, confidence_source, loop_source, looped, padded
 from blockdecode.drafters.sources import DEPTH, Memory, SuffixArray
 
 
@@ -300,6 +300,16 @@ class SuffixDrafter(BaseDrafter):
             stack += [(tokens, chances, k) for k in reversed(kids[i])]
         return out
 
+    def scored(self, seq: list[int], found: list[tuple[list[int], list[float]]], depth: int) -> list[Scored]:
+        """Paths with each node's source its chance's bin (as the heads' probabilities are binned: how often a
+        count's share stands is learnt per bin), each that runs into the present gone on with its loop."""
+        out = []
+        for tokens, chances in found:
+            loop = looped(seq, tokens, min(depth, DEPTH))
+            sources = [confidence_source(self.name, c) for c in chances] + [loop_source(self.name)] * len(loop)
+            out.append(Scored(tokens + loop, sources))
+        return out
+
     def chain(self, seq: list[int], n: int, row: int | None = None) -> tuple[list[int], list[float]]:
         """The longest match's likeliest continuation token by token (the most frequent next token at each
         step), with each token's chance; shorter than `n` where the occurrences end."""
@@ -312,9 +322,10 @@ class SuffixDrafter(BaseDrafter):
         return tokens, chances
 
     def _chain_scored(self, seq: list[int], n: int, row: int | None) -> Scored:
-        """`chain` padded to `n` by repeating its last token (the newest one's if none), which seldom stands."""
-        tokens, chances = self.chain(seq, n, row)
-        return padded(self.name, tokens, [confidence_source(self.name, c) for c in chances], n, seq[-1])
+        """`chain` gone on with its loop where it runs into the present, then padded to `n` by repeating its last
+        token (the newest one's if none), which seldom stands."""
+        chain = self.scored(seq, [self.chain(seq, n, row)], n)[0]
+        return padded(self.name, chain.tokens, chain.sources, n, seq[-1])
 
     def chain_scored(self, tokens: torch.LongTensor, hidden: torch.Tensor, n: int) -> Scored:
         return self._chain_scored(tokens[0].tolist(), n, None)
@@ -334,13 +345,11 @@ class SuffixDrafter(BaseDrafter):
         return torch.tensor(chains, dtype=torch.long, device=hidden.device)
 
     def propose_scored(self, tokens: torch.LongTensor, hidden: torch.Tensor, depth: int, budget: int) -> list[Scored]:
-        """The continuations, each node's source its chance's bin (as the heads' probabilities are binned):
-        how often a count's share stands is learnt per bin."""
-        found = self.continuations(tokens[0].tolist(), depth, budget)
-        return [Scored(path, [confidence_source(self.name, c) for c in chances]) for path, chances in found]
+        seq = tokens[0].tolist()
+        return self.scored(seq, self.continuations(seq, depth, budget), depth)
 
     def propose_paths(self, tokens: torch.LongTensor, hidden: torch.Tensor, depth: int, budget: int) -> list[list[int]]:
-        return [path for path, _ in self.continuations(tokens[0].tolist(), depth, budget)]
+        return [path.tokens for path in self.propose_scored(tokens, hidden, depth, budget)]
 
 
 def for_model(lm) -> SuffixDrafter:
