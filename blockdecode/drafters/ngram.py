@@ -11,7 +11,7 @@ from blockdecode.core.hf import as_integer, at_least
 from blockdecode.drafters.base import (
     BaseDrafter,
 )
-from blockdecode.drafters.proposals import Scored, Source, loop_source, looped, padded
+from blockdecode.drafters.proposals import Scored, Source, padded, with_loop
 
 
 class ContextNgram:
@@ -139,9 +139,11 @@ class NgramDrafter(BaseDrafter):
                 offered = following.setdefault(tuple(path[:at]), [])
                 offered += [path[at]] if path[at] not in offered else []
         seq = tokens[0].tolist()
-        sources = [[self._source(size, at, following[tuple(path[:at])], t) for at, t in enumerate(path)]
-                   for size, path in paths]  # fmt: skip
-        return [self._looped(seq, path, keys, depth) for (_, path), keys in zip(paths, sources)]
+        return [
+            with_loop(self.name, seq, path, [self._source(size, at, following[tuple(path[:at])], t)
+                                             for at, t in enumerate(path)], depth)
+            for size, path in paths
+        ]  # fmt: skip
 
     def propose(self, tokens: torch.LongTensor, hidden: torch.Tensor, n: int) -> torch.LongTensor:
         return torch.tensor([self.chain_scored(tokens, hidden, n).tokens], dtype=torch.long, device=tokens.device)
@@ -158,13 +160,8 @@ class NgramDrafter(BaseDrafter):
         token (any guess is safe to verify)."""
         seq = tokens[0].tolist()
         size, guess = next(self.matches(seq, n), (0, []))
-        chain = self._looped(seq, guess, [self._source(size, at) for at in range(len(guess))], n)
+        chain = with_loop(self.name, seq, guess, [self._source(size, at) for at in range(len(guess))], n)
         return padded(self.name, chain.tokens, chain.sources, n, seq[-1])
-
-    def _looped(self, seq: list[int], path: list[int], sources: list[Source], depth: int) -> Scored:
-        """`path` gone on with its loop where the occurrence it copies ran into the present (`proposals.looped`)."""
-        loop = looped(seq, path, depth)
-        return Scored(path + loop, sources + [loop_source(self.name)] * len(loop))
 
     def _source(self, size: int, at: int, offered: list[int] = (), token: int = -1) -> Source:
         """The source of index `at` of a `size`-token match's continuation, `token`. At a fork, where the

@@ -73,6 +73,13 @@ def looped(seq: Sequence[int], tokens: list[int], depth: int) -> list[int]:
     return [tokens[j % d] for j in range(d, depth)]
 
 
+def with_loop(drafter: str, seq: Sequence[int], tokens: list[int], sources: list[Source], depth: int) -> Scored:
+    """A lookup's path, `tokens` with their `sources`, gone on to `depth` with its loop where it ran into the present
+    (`looped`), each node past the present from the loop's own source."""
+    loop = looped(seq, tokens, depth)
+    return Scored(tokens + loop, sources + [loop_source(drafter)] * len(loop))
+
+
 def padded(drafter: str, tokens: list[int], sources: list[Source], n: int, newest: int, prior: float = 0.1) -> Scored:
     """A chain of n: `tokens` (each with its source), then its last token repeated (the newest one where it has
     none), which seldom stands, each such node with `prior` as its chance: every row of a batch verifies one width."""

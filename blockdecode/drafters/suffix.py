@@ -39,7 +39,7 @@ import torch
 
 from blockdecode.core.hf import as_integer, at_least
 from blockdecode.drafters.base import BaseDrafter
-from blockdecode.drafters.proposals import Scored, confidence_source, loop_source, looped, padded
+from blockdecode.drafters.proposals import Scored, confidence_source, padded, with_loop
 from blockdecode.drafters.sources import DEPTH, Memory, SuffixArray
 
 
@@ -303,12 +303,9 @@ class SuffixDrafter(BaseDrafter):
     def scored(self, seq: list[int], found: list[tuple[list[int], list[float]]], depth: int) -> list[Scored]:
         """Paths with each node's source its chance's bin (as the heads' probabilities are binned: how often a
         count's share stands is learnt per bin), each that runs into the present gone on with its loop."""
-        out = []
-        for tokens, chances in found:
-            loop = looped(seq, tokens, min(depth, DEPTH))
-            sources = [confidence_source(self.name, c) for c in chances] + [loop_source(self.name)] * len(loop)
-            out.append(Scored(tokens + loop, sources))
-        return out
+        depth = min(depth, DEPTH)
+        return [with_loop(self.name, seq, path, [confidence_source(self.name, c) for c in chances], depth)
+                for path, chances in found]  # fmt: skip
 
     def chain(self, seq: list[int], n: int, row: int | None = None) -> tuple[list[int], list[float]]:
         """The longest match's likeliest continuation token by token (the most frequent next token at each
