@@ -31,14 +31,29 @@ RESULTS = Path(__file__).parent / "results"
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--gguf", default=None, help="a GGUF file, or 'real' for Gemma 3 270M (default: the built-in model)")
     p.add_argument("--ks", default="8,12,16", help="the default's k, compared with the first")
-    p.add_argument("--windows", type=int, default=12, help="built-in model: code windows at each prompt length")
-    p.add_argument("--rounds", type=int, default=2)
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--new-tokens", type=int, default=None, help="default: 128 on the built-in model, 96 on a GGUF")
+    window_args(p, rounds=2)
     p.add_argument("--out", type=Path, default=None, help="default: results/lookup_depth[_real].json")
     return p.parse_args(argv)
+
+
+def window_args(p: argparse.ArgumentParser, rounds: int) -> None:
+    """The model, windows and timing settings this study shares with `fallback_margin`."""
+    p.add_argument("--gguf", default=None, help="a GGUF file, or 'real' for Gemma 3 270M (default: the built-in model)")
+    p.add_argument("--windows", type=int, default=12, help="built-in model: code windows at each prompt length")
+    p.add_argument("--rounds", type=int, default=rounds)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--new-tokens", type=int, default=None, help="default: 128 on the built-in model, 96 on a GGUF")
+
+
+def load_model(args: argparse.Namespace) -> tuple[object, object, int]:
+    """The model `window_args` name (bf16, at their thread count), its tokenizer, and the new tokens a window."""
+    if args.gguf == "real":
+        args.gguf = str(real_model_file(None))
+    torch.set_num_threads(args.threads)
+    lm, tokenizer = load(args.gguf or DEFAULT_MODEL, dtype=torch.bfloat16)
+    lm.eval()
+    return lm, tokenizer, args.new_tokens or (128 if args.gguf is None else 96)
 
 
 def windows_of(args: argparse.Namespace, tokenizer) -> dict[str, list[Window]]:
@@ -113,12 +128,7 @@ def plot(report: dict, png: Path) -> None:
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     ks = [int(k) for k in args.ks.split(",")]
-    if args.gguf == "real":
-        args.gguf = str(real_model_file(None))
-    torch.set_num_threads(args.threads)
-    lm, tokenizer = load(args.gguf or DEFAULT_MODEL, dtype=torch.bfloat16)
-    lm.eval()
-    n = args.new_tokens or (128 if args.gguf is None else 96)
+    lm, tokenizer, n = load_model(args)
     sets = windows_of(args, tokenizer)
     report = {"model": Path(args.gguf).name if args.gguf else "built-in code model", "machine": cpu_name(),
               "dtype": "bf16", "threads": args.threads, "new_tokens": n, "rounds": args.rounds, "ks": ks,

@@ -38,11 +38,12 @@ from blockdecode.decoding.timing import metered
 from blockdecode.pretraining.bible import read_tsv
 
 LOOPS = 0.5  # a continuation loops when more than this share of its 4-grams stood before
-PARTS = ("n-gram chain", "n-gram chain k=16", "n-gram tree 16", "heads chain")  # the default's drafters alone
+PARTS = ("n-gram chain", "n-gram chain k=16", "n-gram chain k=32", "n-gram tree 16", "heads chain")  # drafters alone
 GREEDY_METHODS = {  # name: (drafter, tree, k) as model.plan takes them (k None: the plan's own)
     "default": ("auto", "default", None),
     "n-gram chain": ("ngram", None, None),
-    "n-gram chain k=16": ("ngram", None, 16),  # as deep as the default's lookup drafts
+    "n-gram chain k=16": ("ngram", None, 16),  # as deep as the default's lookup drafts in a chain (a batch, sampling)
+    "n-gram chain k=32": ("ngram", None, 32),  # and in a tree
     "n-gram tree 16": ("ngram", 16, None),
     "heads chain": ("heads", None, None),
     "heads+ngram ranked": ("heads+ngram", "default", None),

@@ -41,11 +41,13 @@ LOOPS = 0.5  # a continuation loops when more than this share of its 4-grams sto
 CHAINS = {
     "suffix chain": ("suffix", None),
     "suffix chain k=16": ("suffix", 16),
+    "suffix chain k=32": ("suffix", 32),
     "n-gram chain": ("ngram", None),
     "heads chain": ("heads", None),
     "eagle3 chain": ("eagle3", None),
 }  # name: (drafter, k); None: the plan's own
-"""The default's parts: each drafter's chain alone, a lookup's also as deep as the default drafts it."""
+"""The default's parts: each drafter's chain alone, a lookup's also as deep as the default drafts it in a chain (16)
+and in a tree (32)."""
 
 
 def blockdecode_methods(lm, ranked: tuple[str, ...] = ()) -> dict[str, tuple[str, int | None, str | None]]:

@@ -211,7 +211,10 @@ def test_a_batch_or_sampling_with_tree_expected_verifies_chains():
     assert verified[0] == verified[1] and all(v <= 4 for v in verified[0])  # one width a call, a chain of k - 1 at most
     out = lm.generate(ids, 8, k=4, eos_token_id=NO_EOS, tree="expected", do_sample=True)
     assert all(v <= 4 for v in out.stats.verified) and out.stats.sampling
-    assert lm.plan(prompts=[ids]).k == choice.LOOKUP_DEPTH  # k not given: the default's lookup drafts deeper
+    # k not given: the default's lookup drafts deeper, in a tree deeper still (its size is chosen each call)
+    assert lm.plan(prompts=[ids]).k == choice.TREE_DEPTH > choice.LOOKUP_DEPTH
+    assert lm.plan(prompts=[ids], do_sample=True).k == choice.LOOKUP_DEPTH  # a sampled chain: deeper was slower
+    assert lm.plan(prompts=[ids], rows=2).k == choice.LOOKUP_DEPTH  # so is a batch's
 
 
 def test_under_sampling_each_node_whose_parent_stood_learns_its_chance_not_one_draw():
@@ -412,6 +415,21 @@ def test_a_sequence_falls_back_to_its_cheapest_part_where_its_chain_alone_gains_
         ranker.observe([0], gained=[5])
     assert ranker.fallen_to is None and ranker.news[0].startswith("back to the tree from call")
     assert ranker.judged < expected.FALLBACK_CALLS  # judged afresh since
+
+
+def test_a_part_only_a_little_faster_alone_is_not_fallen_back_to():
+    """A fallback on a close call cost more than it saved (a few calls' noise; a text that turns, where the costlier
+    drafter pays again): a part alone is taken only once it gained `FALLBACK_MARGIN` times as much a second."""
+    ngram, heads = [scored([1, 2, 3], "ngram", 0.9)], [Lattice([[7], [8]], [[Source("heads", ("any",), 0.5)]] * 2,
+                                                               [[Source("heads", ("any",), 0.5)]] * 2)]  # fmt: skip
+    for heads_seconds, fallen in ((0.2, None), (0.4, Part("ngram"))):  # the chain alone: 1.2x, then 1.4x as fast
+        ranker = Ranker(FLAT)
+        for _ in range(expected.FALLBACK_CALLS):
+            tree = ranker.tree([*ngram, *heads], cap=64)
+            ranker.compare_parts({"ngram": ngram, "heads": heads}, {"ngram": 0.01, "heads": heads_seconds}, len(tree),
+                                 "ngram")  # fmt: skip
+            ranker.observe([0, 1, 2, 3], gained=[1, 2, 3, 4])  # the n-gram chain stood whole: the heads added nothing
+        assert ranker.fallen_to == fallen, heads_seconds
 
 
 def test_the_time_a_tree_takes_to_rank_counts_against_it():

@@ -7,6 +7,8 @@ import json
 
 from conftest import script, write_gemma3_gguf
 
+from blockdecode.decoding.choice import TREE_DEPTH
+
 
 def test_a_short_run_on_a_gguf_writes_every_figure_and_the_plot(tmp_path):
     gguf = tmp_path / "toy.gguf"
@@ -14,14 +16,14 @@ def test_a_short_run_on_a_gguf_writes_every_figure_and_the_plot(tmp_path):
     out = tmp_path / "real.json"
     args = ["--gguf", str(gguf), "--code", "2", "--prose", "1", "--prompt-len", "48", "--new-tokens", "8"]
     report = script("real").main([*args, "--threads", "1", "--no-llama-cpp", "--ranked", "ngram", "--out", str(out)])
-    assert report["drafters"] == {"shipped": False, "default": "suffix", "k": 16}  # a GGUF no drafter was shipped for
+    assert report["drafters"] == {"shipped": False, "default": "suffix", "k": TREE_DEPTH}  # none shipped for a GGUF
     part = report["threads"]["1"]
     assert [r["kind"] for r in part["per_window"]] == ["code", "code", "prose"]
     summary = part["summary"]
     assert summary["code"]["windows"] == 2 and summary["prose"]["windows"] == 1 and summary["all"]["windows"] == 3
     medians = summary["all"]["median_vs_greedy"]
     assert set(medians) == {"transformers greedy", "transformers prompt lookup", "default", "suffix chain",
-                            "suffix chain k=16", "n-gram chain", "ngram ranked"}  # fmt: skip
+                            "suffix chain k=16", "suffix chain k=32", "n-gram chain", "ngram ranked"}  # fmt: skip
     assert medians["transformers greedy"] == 1.0
     against = summary["all"]["default_vs_fastest_part"]
     assert 0 < against["worst"] <= against["median"] and against["windows"] == 3

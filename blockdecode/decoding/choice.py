@@ -31,8 +31,15 @@ rows."""
 LOOKUP_DEPTH = 16
 """The block a plain model is loaded with (`BlockwiseLM.from_pretrained`): a call of 16 tokens costs about what one
 does on a 270M model with a 262k vocabulary in bf16, and long lookup matches are common (benchmarks/real.py). Also
-the block of a ranked default whose drafters hold a lookup, when k is not given: the lookup drafts this deep, the
-heads their own k-1, and each call's tree keeps only the depth its chances pay for."""
+the block of a ranked default's chains (sampling, a batch) whose drafters hold a lookup, when k is not given."""
+
+TREE_DEPTH = 32
+"""How deep a lookup drafts in the ranked default's greedy trees, when k is not given (the heads their own k-1):
+each call's tree keeps only the depth its chances pay for, so a loop or a long match is taken 31 tokens a call
+where 16 stop at 15 (by median 1.07x / 1.05x the default at 16 on unseen code, 64 / 300-token prompts; on Gemma 3
+270M, whose positions cost 262k rows each, 0.99x on code and 1.09x on prose: benchmarks/lookup_depth.py). Under
+sampling a chain this deep ran slower (1.48x against 1.58x `transformers`' sampling at 0.7): chains keep
+`LOOKUP_DEPTH`."""
 
 
 def default_drafters(lm) -> str:
@@ -138,13 +145,13 @@ def ranked_plan(lm, drafter, k, acceptance, eos_token_id, cache_implementation, 
     cost curve (measured on the first prompt). Sampling verifies a chain, each call's from the drafter
     whose chain is expected to gain the most, its length chosen so; a batch, each row's chain from its
     likeliest drafter, all of one length chosen so (`ranking.batch_width`). `deeper` (k not given): a lookup
-    among the drafters drafts `LOOKUP_DEPTH` deep."""
+    among the drafters drafts `TREE_DEPTH` deep in a tree, `LOOKUP_DEPTH` in a chain."""
     if not prompts:
         raise _no_prompts("expected")
     drafter = default_drafters(lm) if drafter == "auto" else drafter
     names = drafter_names(drafter) if isinstance(drafter, str) else []  # an unknown name: refused
     if deeper and any(n in LOOKUPS for n in names):
-        k = max(k, LOOKUP_DEPTH)
+        k = max(k, LOOKUP_DEPTH if sampling is not None or rows > 1 else TREE_DEPTH)
     check_settings(lm.base, k, None, acceptance, eos_token_id, cache_implementation)  # before anything is timed
     if names and all(n.startswith("heads") for n in names):
         block_size(k, lm.k)  # no deeper than the heads, unless another drafter guesses past them

@@ -47,6 +47,10 @@ _LEARN = 0.2  # how fast a drafter's measured time and yield follow the sequence
 _RETRY = 0.995  # each call a drafter is not asked, its yield keeps this much of its distance from 1
 _REACH_DECAY = 0.8  # each call, how much of a drafter's deepest kept node it is still asked past
 FALLBACK_CALLS = 8  # calls a sequence's tree is judged against its parts before it may fall back to one
+# how much faster a part alone must have been: a fallback on a closer call cost more than it saved (1.03-1.08x the
+# default's total time without one, on the built-in model and Gemma 3 270M): a few calls' noise, and a text that
+# turns, where the costlier drafters paid again
+FALLBACK_MARGIN = 1.3
 _RECENT = 0.8  # how much a chain fallen back to keeps of its past calls' tokens and time, each call
 
 
@@ -328,10 +332,10 @@ class Ranker:
     def _judge_parts(self, gained: Sequence[int]) -> None:
         """What the tree gained for its time, against what each part alone would have: its deepest path that greedy's
         tokens confirm (where one holds all of them, no more than they: a lower bound), plus the model's token, for a
-        call of its size and its drafter's time. Once a part alone has gained more a second over `FALLBACK_CALLS`
-        calls or more, this sequence decodes with that part alone (`fallen_to`); once it, over its recent calls,
-        gains less a second than the tree did, the tree decodes again and is judged afresh (a loop ends, and the
-        costlier drafters pay again)."""
+        call of its size and its drafter's time. Once a part alone has gained `FALLBACK_MARGIN` times as much a
+        second over `FALLBACK_CALLS` calls or more, this sequence decodes with that part alone (`fallen_to`); once
+        it, over its recent calls, gains less a second than the tree did, the tree decodes again and is judged
+        afresh (a loop ends, and the costlier drafters pay again)."""
         if self._parts is None:
             return
         parts, seconds = self._parts
@@ -357,7 +361,7 @@ class Ranker:
             return
         rate = calls[0] / calls[1]
         faster = [(t / s, not part.tree, part) for part, (t, s, n) in self.measured.items()
-                  if part is not None and n == self.judged and t / s > rate]  # fmt: skip  # asked every call
+                  if part is not None and n == self.judged and t / s > FALLBACK_MARGIN * rate]  # fmt: skip
         if faster:  # the fastest; of a chain and a tree as fast, the chain, which needs no ranking
             self.fallen_to, self.fell_at, self._tree_rate = max(faster)[2], self.judged, rate
             self.news.append(f"decoded with one part alone ({self.fallen_to}) from call {self.judged}, "
