@@ -32,6 +32,7 @@ from blockdecode.core.io import read_json
 from blockdecode.core.tree import Tree
 from blockdecode.drafters.proposals import (
     LOOP_PRIOR,
+    PADDING_PRIOR,
     Lattice,
     Scored,
     Source,
@@ -115,10 +116,11 @@ def shipped_rates(folder: str | Path | None, signature: list[float]) -> dict[str
 
 def own_prior(drafter: str, key: tuple) -> float:
     """The prior the drafters here give a source of this key: a confidence bin's middle (half that
-    aside), 0.1 for a chain's padding, `LOOP_PRIOR` for a loop gone on past the present, an even chance otherwise."""
+    aside), `PADDING_PRIOR` for a chain's padding, `LOOP_PRIOR` for a loop gone on past the present, an even chance
+    otherwise."""
     if key[0] == "confidence":
         return _confidence_source(drafter, key[1], len(key) > 2).prior
-    return {"padding": 0.1, "loop": LOOP_PRIOR}.get(key[0], 0.5)
+    return {"padding": PADDING_PRIOR, "loop": LOOP_PRIOR}.get(key[0], 0.5)
 
 
 class Estimates:

@@ -127,8 +127,9 @@ class NgramDrafter(BaseDrafter):
         first token, a fork (earlier occurrences went on differently from here: each branch stands
         less often), or the copied text going on, which often does; this sequence's hit rates say how
         often."""
+        seq = tokens[0].tolist()
         paths: list[tuple[int, list[int]]] = []
-        for size, path in self.matches(tokens[0].tolist(), depth):
+        for size, path in self.matches(seq, depth):
             if all(path != p for _, p in paths):
                 paths.append((size, path))
                 if len(paths) == self.max_paths:
@@ -138,7 +139,6 @@ class NgramDrafter(BaseDrafter):
             for at in range(len(path)):
                 offered = following.setdefault(tuple(path[:at]), [])
                 offered += [path[at]] if path[at] not in offered else []
-        seq = tokens[0].tolist()
         return [
             with_loop(self.name, seq, path, [self._source(size, at, following[tuple(path[:at])], t)
                                              for at, t in enumerate(path)], depth)

@@ -54,6 +54,7 @@ class Lattice:
 
 
 LOOP_PRIOR = 0.8  # a loop's next period: how often it stands before this sequence says otherwise
+PADDING_PRIOR = 0.1  # a chain's padding, the last token repeated: how often it stands before this sequence says
 
 
 @functools.cache
@@ -80,7 +81,9 @@ def with_loop(drafter: str, seq: Sequence[int], tokens: list[int], sources: list
     return Scored(tokens + loop, sources + [loop_source(drafter)] * len(loop))
 
 
-def padded(drafter: str, tokens: list[int], sources: list[Source], n: int, newest: int, prior: float = 0.1) -> Scored:
+def padded(
+    drafter: str, tokens: list[int], sources: list[Source], n: int, newest: int, prior: float = PADDING_PRIOR
+) -> Scored:
     """A chain of n: `tokens` (each with its source), then its last token repeated (the newest one where it has
     none), which seldom stands, each such node with `prior` as its chance: every row of a batch verifies one width."""
     pad = n - len(tokens)
