@@ -101,7 +101,7 @@ def decode(
                 owners = [c.owners[i - 1] for i in a.path[1:]]
                 run.gain(row, a.gained, a.path, verified=len(c) + 1, owners=owners, top2=a.top2)
             last = [a.path[-1] for a in accepted]
-            newest = torch.stack([a.after[i] for a, i in zip(accepted, last)]).view(-1, 1)
+            newest = torch.stack([a.after for a in accepted]).view(-1, 1)
             h_last = h[torch.arange(len(last)), last]
             newest, h_last = run.drop_finished(base, newest, h_last)
         return run.output(base)
@@ -237,7 +237,7 @@ class Accepted(NamedTuple):
 
     path: list[int]  # the deepest path of candidates that stands, as node indices from the newest token (0)
     gained: list[int]  # its tokens, ending with the model's own token after the path
-    after: torch.Tensor  # the token the model takes after every node
+    after: torch.Tensor  # the model's token after the path (0-dim, on the device): the next call's newest
     chances: torch.Tensor | None  # under sampling, each candidate's chance to stand if its parent does
     stood: list[int]  # every node that stands with its whole path: the path's, and siblings a relaxed rule keeps
     top2: torch.Tensor | None  # exact greedy: the two best scores [len(path), 2] where each gained token was chosen
@@ -263,7 +263,7 @@ def accept(
         probs = plan.sampling.probs(scores)
         right, after = speculative_sample(probs, ids, None, generator)  # a drafter's guess is certain
         chances = probs[torch.tensor(candidates.parents, dtype=torch.long, device=scores.device), ids]
-    host = torch.cat([right.long(), after]).tolist()
+    host = torch.cat([right.long(), after.view(-1)]).tolist()
     m = len(candidates)
     path = candidates.accepted_path(host[:m])
     stood = [i for i, ok in enumerate(candidates.standing(host[:m])) if ok]
@@ -271,8 +271,9 @@ def accept(
     if plan.sampling is None and plan.acceptance.rule == "exact":  # the rows each gained token is the argmax of
         rows = scores[: len(path)] if path[-1] == len(path) - 1 else scores[path]  # a prefix (a chain's): a view
         top2 = rows.topk(2, dim=-1).values
-    gained = [candidates.tokens[i - 1] for i in path[1:]] + [host[m + path[-1]]]
-    return Accepted(path, gained, after, chances, stood, top2)
+    last = path[-1] if plan.sampling is None else 0  # sampling drew only the token after the path
+    gained = [candidates.tokens[i - 1] for i in path[1:]] + [host[m + last]]
+    return Accepted(path, gained, after.view(-1)[last], chances, stood, top2)
 
 
 class Run:

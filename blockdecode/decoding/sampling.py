@@ -146,18 +146,22 @@ def speculative_sample(
     """probs [n+1, V]: the distribution at the newest token and after each proposal; draft [n]: the
     proposals, drawn from q [n, V] (None: certain guesses, q one-hot at each, as every drafter here makes).
     Returns which proposals stand on their own (bool [n]: kept with probability min(1, p(x) / q(x))) and the
-    token each position takes if the chain stops there (long [n+1]: a draw from the residual, the last from p
-    itself). All of it is drawn at once from `generator`; the caller keeps the leading proposals that stand and
-    the token after them."""
+    token after the leading ones that stand (a 0-dim long): at the first rejected position a draw from the
+    residual, after a chain kept whole a draw from p itself. Only that one row is drawn from, on the device:
+    the rows past it are never reached, and a draw costs a running sum over the whole vocabulary."""
     n = draft.shape[0]
     rows = torch.arange(n, device=probs.device)
     u = torch.rand(n, generator=generator, device=probs.device)
     if q is None:  # kept with p(x); a rejected position draws from p without x (`draw` normalises a row)
         kept = u < probs[rows, draft]
-        left = probs[:n].clone()
-        left[rows, draft] = 0
-        rest = torch.where(left.sum(-1, keepdim=True) > 0, left, probs[:n])  # p(x) = 1: never rejected
     else:
         kept = u * q[rows, draft] < probs[rows, draft]  # u < p(x) / q(x), without dividing by a zero q(x)
-        rest = residual(probs[:n], q)
-    return kept, draw(torch.cat([rest, probs[n:]]), generator)
+    stop = torch.cat([kept, kept.new_zeros(1)]).to(torch.uint8).argmin()  # the first not kept; n: all were
+    p = probs[stop]
+    if q is None:
+        guess = torch.cat([draft, draft.new_full((1,), -1)])[stop]  # none after the chain
+        left = p.masked_fill(torch.arange(p.shape[0], device=p.device) == guess, 0)
+        rest = torch.where(left.sum() > 0, left, p)  # p(x) held all the mass: p itself, still a token
+    else:
+        rest = residual(p, torch.cat([q, q.new_zeros(1, q.shape[1])])[stop])  # after the chain: p itself
+    return kept, draw(rest[None], generator)[0]
