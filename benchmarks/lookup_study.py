@@ -276,28 +276,40 @@ def study_translation(bible: Path, verses: int, rounds: int, model=None, extra: 
     }
 
 
-def study_sampling(lm, windows: list[Window], new_tokens: int, temperatures: tuple[float, ...]) -> dict:
-    """(d): the default's sampling against `transformers`', the same seeds for both, time a token."""
-    base, out = lm.base, {}
-    for t in temperatures:
-        plan = lm.plan(do_sample=True, temperature=t, prompts=[windows[0].ids])
-        ours = theirs = 0.0
-        ours_tokens = theirs_tokens = calls = 0
-        for i, w in enumerate(windows):
-            seed = torch.Generator().manual_seed(i)
-            run = timed(base, w.ids.shape[1], lm.generate, w.ids, new_tokens, plan=plan, remember=False, generator=seed)
-            ours, ours_tokens, calls = ours + run.seconds, ours_tokens + len(run.tokens), calls + run.calls
-            torch.manual_seed(i)
-            mask = torch.ones_like(w.ids)
-            run = timed(base, w.ids.shape[1], base.generate, w.ids, attention_mask=mask, do_sample=True,
-                        temperature=t, max_new_tokens=new_tokens)  # fmt: skip
-            theirs, theirs_tokens = theirs + run.seconds, theirs_tokens + len(run.tokens)
-        out[str(t)] = {
-            "plan": f"{plan.drafter_name}, {plan.setting}",
-            "vs_transformers": (theirs / theirs_tokens) / (ours / ours_tokens),
-            "tokens_per_call": ours_tokens / calls,
-        }
-    return out
+def study_sampling(lm, windows: list[Window], new_tokens: int, temperatures: tuple[float, ...], rounds=1) -> dict:
+    """(d): the default's sampling against `transformers`', the same seed for both on a window, so that every round
+    of it draws the same tokens: time a token over all windows, the best of `rounds` interleaved runs a window."""
+    return {str(t): sampled(lm, windows, new_tokens, t, rounds) for t in temperatures}
+
+
+def sampled(lm, windows: list[Window], new_tokens: int, temperature: float, rounds: int) -> dict:
+    """(d) at one temperature."""
+    base = lm.base
+    plan = lm.plan(do_sample=True, temperature=temperature, prompts=[windows[0].ids])
+
+    def ours(w: Window, seed: int):
+        return lm.generate(w.ids, new_tokens, plan=plan, remember=False, generator=torch.Generator().manual_seed(seed))
+
+    def theirs(w: Window, seed: int):
+        torch.manual_seed(seed)
+        return base.generate(w.ids, attention_mask=torch.ones_like(w.ids), do_sample=True, temperature=temperature,
+                             max_new_tokens=new_tokens)  # fmt: skip
+
+    rows = []
+    for i, w in enumerate(windows):
+        runs: dict[str, list[Timed]] = {"blockdecode": [], "transformers": []}
+        for _ in range(rounds):
+            runs["blockdecode"].append(timed(base, w.ids.shape[1], ours, w, i))
+            runs["transformers"].append(timed(base, w.ids.shape[1], theirs, w, i))
+        rows.append(best_of(runs))
+    mine, hf = summary(rows, "blockdecode", "transformers"), summary(rows, "transformers")
+    return {
+        "plan": f"{plan.drafter_name}, {plan.setting}",
+        "vs_transformers": hf["ms_per_token"] / mine["ms_per_token"],
+        "tokens_per_call": 1 / mine["calls_per_token"],
+        **{key: mine[key] for key in ("median_vs_transformers", "forward_ms_per_call", "loop_ms_per_call")},
+        "transformers_ms_per_token": hf["ms_per_token"],
+    }
 
 
 def plot(report: dict, png: Path) -> None:
@@ -362,7 +374,7 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"(a) {length}-token prompts: done, {time.perf_counter() - started:.0f} s")
     report["code"]["corpus"] = study_code(lm, windows, args, corpus=True)
     print(f"(b) with a corpus: done, {time.perf_counter() - started:.0f} s")
-    report["sampling"] = study_sampling(lm, windows, args.new_tokens, (0.7, 1.0))
+    report["sampling"] = study_sampling(lm, windows, args.new_tokens, (0.7, 1.0), args.rounds)
     print(f"(d) sampling: done, {time.perf_counter() - started:.0f} s")
     if args.bible:
         report["translation"] = study_translation(Path(args.bible), args.verses, args.rounds)

@@ -1,0 +1,90 @@
+#!/usr/bin/env python
+"""The default's sampling against `transformers`' own sampling (issue 57), at each temperature: the same seed for
+both on a window, so every round of it draws the same tokens; speed is time a token over all windows (and the
+median window's), the best of `--rounds` interleaved runs a window.
+
+On the built-in code model: `lookup_study`'s unseen third-party code, 12 windows of 64 and 12 of 300 tokens; with
+`--gguf` (Gemma 3 270M: `--gguf real`): `real.py`'s 6 code and 4 prose windows of 256 tokens, where every scored
+position costs a row of 262,144 logits, and a draw a running sum over them.
+
+    python benchmarks/sampling_speed.py                 # the built-in model, about 4 min on 2 cores
+    python benchmarks/sampling_speed.py --gguf real     # Gemma 3 270M, about 8 min
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from lookup_depth import load_model, window_args, windows_of
+from lookup_study import study_sampling
+
+from blockdecode.bench.report import cpu_name, write_results
+from blockdecode.core.io import save_figure
+
+RESULTS = Path(__file__).parent / "results"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--temperatures", default="0.7,1.0", help="comma-separated, each > 0")
+    window_args(p, rounds=2)
+    p.add_argument("--out", type=Path, default=None, help="default: results/sampling_speed[_real].json")
+    return p.parse_args(argv)
+
+
+def temperatures(spelt: str) -> tuple[float, ...]:
+    """--temperatures as numbers > 0, or one line naming the first that is not."""
+    found = []
+    for item in spelt.split(","):
+        try:
+            value = float(item)
+        except ValueError:
+            value = 0.0
+        if not value > 0:
+            raise SystemExit(f"error: --temperatures takes numbers > 0, got {item!r}")
+        found.append(value)
+    return tuple(found)
+
+
+def plot(report: dict, png: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sets = list(report["sets"])
+    temps = list(report["sets"][sets[0]])
+    fig, ax = plt.subplots(figsize=(7, 4))
+    width = 0.8 / len(temps)
+    for j, t in enumerate(temps):
+        ax.bar([i + j * width for i in range(len(sets))], [report["sets"][s][t]["vs_transformers"] for s in sets],
+               width, label=f"temperature {t}")  # fmt: skip
+    ax.axhline(1.0, color="grey", lw=0.8)
+    ax.set_xticks([i + width * (len(temps) - 1) / 2 for i in range(len(sets))], sets)
+    ax.set_ylabel("speed against transformers' sampling")
+    ax.set_title(f"{report['model']}, {report['dtype']}, {report['threads']} threads: sampling", fontsize=9)
+    ax.legend(fontsize=8)
+    fig.suptitle(report["machine"], fontsize=8)
+    fig.tight_layout()
+    save_figure(fig, png)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse_args(argv)
+    temps = temperatures(args.temperatures)  # checked before anything loads
+    lm, tokenizer, n = load_model(args)
+    report = {"model": Path(args.gguf).name if args.gguf else "built-in code model", "machine": cpu_name(),
+              "dtype": "bf16", "threads": args.threads, "new_tokens": n, "rounds": args.rounds, "sets": {}}  # fmt: skip
+    for name, windows in windows_of(args, tokenizer).items():
+        found = report["sets"][name] = study_sampling(lm, windows, n, temps, args.rounds)
+        for t, v in found.items():
+            print(f"{name}, temperature {t}: {v['vs_transformers']:.3f}x transformers' sampling, "
+                  f"{v['tokens_per_call']:.2f} tokens a call")  # fmt: skip
+    out = args.out or RESULTS / ("sampling_speed.json" if args.gguf is None else "sampling_speed_real.json")
+    write_results(report, out, plot)
+    return report
+
+
+if __name__ == "__main__":
+    main()
