@@ -20,11 +20,10 @@ import math
 import statistics
 from pathlib import Path
 
-from lookup_depth import load_model, window_args, windows_of
+from lookup_depth import load_model, plot_bars, window_args, windows_of
 from lookup_study import Timed, Window, best_of, speed, timed
 
 from blockdecode.bench.report import cpu_name, write_results
-from blockdecode.core.io import save_figure
 from blockdecode.decoding import ranking
 
 RESULTS = Path(__file__).parent / "results"
@@ -90,27 +89,9 @@ def summarize(rows: list[dict[str, Timed]], margins: list[str], fell: dict) -> d
 
 
 def plot(report: dict, png: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     sets = list(report["sets"])
-    margins = report["margins"][1:]
-    fig, ax = plt.subplots(figsize=(8, 4))
-    width = 0.8 / len(margins)
-    for j, margin in enumerate(margins):
-        totals = [report["sets"][s]["vs_first"][margin]["total"] for s in sets]
-        ax.bar([i + j * width for i in range(len(sets))], totals, width, label=f"margin {margin}")
-    ax.axhline(1.0, color="grey", lw=0.8)
-    ax.set_xticks([i + width * (len(margins) - 1) / 2 for i in range(len(sets))], sets)
-    ax.set_ylabel(f"total speed against margin {report['margins'][0]}")
-    title = f"{report['model']}, {report['dtype']}, {report['threads']} threads: the fallback's margin"
-    ax.set_title(title, fontsize=9)
-    ax.legend(fontsize=8)
-    fig.suptitle(report["machine"], fontsize=8)
-    fig.tight_layout()
-    save_figure(fig, png)
+    bars = {f"margin {m}": [report["sets"][s]["vs_first"][m]["total"] for s in sets] for m in report["margins"][1:]}
+    plot_bars(report, sets, bars, f"total speed against margin {report['margins'][0]}", "the fallback's margin", png)
 
 
 def main(argv: list[str] | None = None) -> dict:

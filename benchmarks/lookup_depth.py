@@ -102,23 +102,30 @@ def summarize(rows: list[dict[str, Timed]], windows: list[Window], ks: list[int]
 
 
 def plot(report: dict, png: Path) -> None:
+    sets = list(report["sets"])
+    methods = list(report["sets"][sets[0]]["median_vs_greedy"])
+    bars = {name: [report["sets"][name]["median_vs_greedy"][m] for m in methods] for name in sets}
+    plot_bars(report, methods, bars, "median speed against transformers' greedy", "the default's depth", png,
+              size=(10, 4.2), rotation=30, ha="right", fontsize=8)  # fmt: skip
+
+
+def plot_bars(report: dict, groups: list[str], bars: dict[str, list[float]], ylabel: str, what: str, png: Path,
+              size: tuple[float, float] = (8, 4), **ticks) -> None:  # fmt: skip
+    """The studies' plot: for each label of `bars`, a bar in every group, a line at 1.0; titled with `what` and the
+    report's model, dtype, threads and machine. `ticks`: how the groups' names are set (matplotlib's text options)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    sets = list(report["sets"])
-    methods = list(report["sets"][sets[0]]["median_vs_greedy"])
-    fig, ax = plt.subplots(figsize=(10, 4.2))
-    width = 0.8 / len(sets)
-    for j, name in enumerate(sets):
-        values = [report["sets"][name]["median_vs_greedy"][m] for m in methods]
-        ax.bar([i + j * width for i in range(len(methods))], values, width, label=name)
+    fig, ax = plt.subplots(figsize=size)
+    width = 0.8 / len(bars)
+    for j, (label, values) in enumerate(bars.items()):
+        ax.bar([i + j * width for i in range(len(groups))], values, width, label=label)
     ax.axhline(1.0, color="grey", lw=0.8)
-    ax.set_xticks([i + width * (len(sets) - 1) / 2 for i in range(len(methods))], methods, rotation=30, ha="right",
-                  fontsize=8)  # fmt: skip
-    ax.set_ylabel("median speed against transformers' greedy")
-    ax.set_title(f"{report['model']}, {report['dtype']}, {report['threads']} threads: the default's depth", fontsize=9)
+    ax.set_xticks([i + width * (len(bars) - 1) / 2 for i in range(len(groups))], groups, **ticks)
+    ax.set_ylabel(ylabel)
+    ax.set_title(f"{report['model']}, {report['dtype']}, {report['threads']} threads: {what}", fontsize=9)
     ax.legend(fontsize=8)
     fig.suptitle(report["machine"], fontsize=8)
     fig.tight_layout()

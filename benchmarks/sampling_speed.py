@@ -16,11 +16,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from lookup_depth import load_model, window_args, windows_of
+from lookup_depth import load_model, plot_bars, window_args, windows_of
 from lookup_study import study_sampling
 
 from blockdecode.bench.report import cpu_name, write_results
-from blockdecode.core.io import save_figure
 
 RESULTS = Path(__file__).parent / "results"
 
@@ -48,26 +47,10 @@ def temperatures(spelt: str) -> tuple[float, ...]:
 
 
 def plot(report: dict, png: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     sets = list(report["sets"])
-    temps = list(report["sets"][sets[0]])
-    fig, ax = plt.subplots(figsize=(7, 4))
-    width = 0.8 / len(temps)
-    for j, t in enumerate(temps):
-        ax.bar([i + j * width for i in range(len(sets))], [report["sets"][s][t]["vs_transformers"] for s in sets],
-               width, label=f"temperature {t}")  # fmt: skip
-    ax.axhline(1.0, color="grey", lw=0.8)
-    ax.set_xticks([i + width * (len(temps) - 1) / 2 for i in range(len(sets))], sets)
-    ax.set_ylabel("speed against transformers' sampling")
-    ax.set_title(f"{report['model']}, {report['dtype']}, {report['threads']} threads: sampling", fontsize=9)
-    ax.legend(fontsize=8)
-    fig.suptitle(report["machine"], fontsize=8)
-    fig.tight_layout()
-    save_figure(fig, png)
+    temps = report["sets"][sets[0]]
+    bars = {f"temperature {t}": [report["sets"][s][t]["vs_transformers"] for s in sets] for t in temps}
+    plot_bars(report, sets, bars, "speed against transformers' sampling", "sampling", png, size=(7, 4))
 
 
 def main(argv: list[str] | None = None) -> dict:
