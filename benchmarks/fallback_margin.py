@@ -20,13 +20,11 @@ import math
 import statistics
 from pathlib import Path
 
-from lookup_depth import load_model, plot_bars, window_args, windows_of
+from lookup_depth import load_model, plot_bars, report_head, results_path, window_args, windows_of
 from lookup_study import Timed, Window, best_of, speed, timed
 
-from blockdecode.bench.report import cpu_name, write_results
+from blockdecode.bench.report import write_results
 from blockdecode.decoding import ranking
-
-RESULTS = Path(__file__).parent / "results"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -100,9 +98,7 @@ def main(argv: list[str] | None = None) -> dict:
     for margin in margins:
         margin_of(margin)  # each checked before anything loads
     lm, tokenizer, n = load_model(args)
-    report = {"model": Path(args.gguf).name if args.gguf else "built-in code model", "machine": cpu_name(),
-              "dtype": "bf16", "threads": args.threads, "new_tokens": n, "rounds": args.rounds, "margins": margins,
-              "sets": {}}  # fmt: skip
+    report = report_head(args, n, margins=margins)
     every: list[dict[str, Timed]] = []
     fell_all = dict.fromkeys(margins, 0)
     for name, windows in windows_of(args, tokenizer).items():
@@ -114,7 +110,7 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"{name}: " + ", ".join(f"margin {m} {v['median']:.3f}x median, {v['total']:.3f}x total"
                                       for m, v in found.items()))  # fmt: skip
     report["sets"]["all"] = summarize(every, margins, fell_all)
-    out = args.out or RESULTS / ("fallback_margin.json" if args.gguf is None else "fallback_margin_real.json")
+    out = results_path(args, "fallback_margin")
     write_results(report, out, plot)
     return report
 

@@ -38,7 +38,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def window_args(p: argparse.ArgumentParser, rounds: int) -> None:
-    """The model, windows and timing settings this study shares with `fallback_margin`."""
+    """The model, windows and timing settings this study shares with `fallback_margin` and `sampling_speed`."""
     p.add_argument("--gguf", default=None, help="a GGUF file, or 'real' for Gemma 3 270M (default: the built-in model)")
     p.add_argument("--windows", type=int, default=12, help="built-in model: code windows at each prompt length")
     p.add_argument("--rounds", type=int, default=rounds)
@@ -54,6 +54,19 @@ def load_model(args: argparse.Namespace) -> tuple[object, object, int]:
     lm, tokenizer = load(args.gguf or DEFAULT_MODEL, dtype=torch.bfloat16)
     lm.eval()
     return lm, tokenizer, args.new_tokens or (128 if args.gguf is None else 96)
+
+
+def report_head(args: argparse.Namespace, n: int, **settings) -> dict:
+    """What a study of `window_args`' model and windows opens its report with, its own `settings` after, then its
+    window sets (filled by the study)."""
+    model = Path(args.gguf).name if args.gguf else "built-in code model"
+    return {"model": model, "machine": cpu_name(), "dtype": "bf16", "threads": args.threads, "new_tokens": n,
+            "rounds": args.rounds, **settings, "sets": {}}  # fmt: skip
+
+
+def results_path(args: argparse.Namespace, study: str) -> Path:
+    """Where a study writes its report: --out, else results/<study>.json (<study>_real.json on a GGUF)."""
+    return args.out or RESULTS / (f"{study}.json" if args.gguf is None else f"{study}_real.json")
 
 
 def windows_of(args: argparse.Namespace, tokenizer) -> dict[str, list[Window]]:
@@ -137,9 +150,7 @@ def main(argv: list[str] | None = None) -> dict:
     ks = [int(k) for k in args.ks.split(",")]
     lm, tokenizer, n = load_model(args)
     sets = windows_of(args, tokenizer)
-    report = {"model": Path(args.gguf).name if args.gguf else "built-in code model", "machine": cpu_name(),
-              "dtype": "bf16", "threads": args.threads, "new_tokens": n, "rounds": args.rounds, "ks": ks,
-              "sets": {}}  # fmt: skip
+    report = report_head(args, n, ks=ks)
     every: tuple[list, list] = ([], [])
     for name, windows in sets.items():
         rows = measure(lm, windows, ks, n, args.rounds)
@@ -148,7 +159,7 @@ def main(argv: list[str] | None = None) -> dict:
         every[1].extend(windows)
         print(f"{name}: " + ", ".join(f"{m} {v:.2f}x" for m, v in report["sets"][name]["median_vs_greedy"].items()))
     report["sets"]["all"] = summarize(*every, ks)
-    out = args.out or RESULTS / ("lookup_depth.json" if args.gguf is None else "lookup_depth_real.json")
+    out = results_path(args, "lookup_depth")
     write_results(report, out, plot)
     return report
 

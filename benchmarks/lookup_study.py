@@ -276,7 +276,9 @@ def study_translation(bible: Path, verses: int, rounds: int, model=None, extra: 
     }
 
 
-def study_sampling(lm, windows: list[Window], new_tokens: int, temperatures: tuple[float, ...], rounds=1) -> dict:
+def study_sampling(
+    lm, windows: list[Window], new_tokens: int, temperatures: tuple[float, ...], rounds: int = 1
+) -> dict:
     """(d): the default's sampling against `transformers`', the same seed for both on a window, so that every round
     of it draws the same tokens: time a token over all windows, the best of `rounds` interleaved runs a window."""
     return {str(t): sampled(lm, windows, new_tokens, t, rounds) for t in temperatures}

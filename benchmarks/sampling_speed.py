@@ -16,12 +16,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from lookup_depth import load_model, plot_bars, window_args, windows_of
+from lookup_depth import load_model, plot_bars, report_head, results_path, window_args, windows_of
 from lookup_study import study_sampling
 
-from blockdecode.bench.report import cpu_name, write_results
-
-RESULTS = Path(__file__).parent / "results"
+from blockdecode.bench.report import write_results
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -57,14 +55,13 @@ def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     temps = temperatures(args.temperatures)  # checked before anything loads
     lm, tokenizer, n = load_model(args)
-    report = {"model": Path(args.gguf).name if args.gguf else "built-in code model", "machine": cpu_name(),
-              "dtype": "bf16", "threads": args.threads, "new_tokens": n, "rounds": args.rounds, "sets": {}}  # fmt: skip
+    report = report_head(args, n)
     for name, windows in windows_of(args, tokenizer).items():
         found = report["sets"][name] = study_sampling(lm, windows, n, temps, args.rounds)
         for t, v in found.items():
             print(f"{name}, temperature {t}: {v['vs_transformers']:.3f}x transformers' sampling, "
                   f"{v['tokens_per_call']:.2f} tokens a call")  # fmt: skip
-    out = args.out or RESULTS / ("sampling_speed.json" if args.gguf is None else "sampling_speed_real.json")
+    out = results_path(args, "sampling_speed")
     write_results(report, out, plot)
     return report
 
