@@ -24,9 +24,9 @@ from blockdecode.core.hf import (
 )
 from blockdecode.core.io import CheckpointError, saving_folder, write_text
 from blockdecode.decoding.acceptance import Acceptance
-from blockdecode.decoding.adapter import check_attention_mask, check_prompt, row_tokens
 from blockdecode.decoding.choice import LOOKUP_DEPTH, choose_plan
 from blockdecode.decoding.healing import check_healing, heal_prompts
+from blockdecode.decoding.inputs import check_attention_mask, check_prompt, row_tokens
 from blockdecode.decoding.loop import decode
 from blockdecode.decoding.output import BlockwiseOutput
 from blockdecode.decoding.plan import DecodePlan

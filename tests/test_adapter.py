@@ -8,7 +8,8 @@ import pytest
 import torch
 from conftest import make_prompt, tiny, vocab_size
 
-from blockdecode.decoding.adapter import CausalAdapter, Seq2seqAdapter, check_prompt
+from blockdecode.decoding.adapter import CausalAdapter, Seq2seqAdapter
+from blockdecode.decoding.inputs import check_prompt
 
 ARCHS = ("llama", "gpt2", "qwen2", "gpt_neox", "opt", "phi", "gemma3")
 TOL = 1e-5

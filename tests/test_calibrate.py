@@ -12,7 +12,7 @@ from conftest import NO_EOS, assert_greedy_equal, hf_greedy, make_prompt, pertur
 from blockdecode import BlockwiseLM, NgramDrafter
 from blockdecode.core.hf import weights_digest
 from blockdecode.core.toy import toy_model
-from blockdecode.decoding import calibrate
+from blockdecode.decoding import calibrate, stored
 from blockdecode.decoding.acceptance import parse_acceptance
 
 
@@ -36,7 +36,7 @@ def measured(monkeypatch: pytest.MonkeyPatch) -> list:
         calibrate, "acceptance_statistics", lambda lm, p, spec, k, trees, rule: {"spec": str(spec), "rule": rule.spec}
     )
     monkeypatch.setattr(calibrate, "loop_seconds", lambda *a: 1e-3)
-    monkeypatch.setattr(calibrate, "forward_cost", lambda model, context, qs, reps: {1: 1e-3})
+    monkeypatch.setattr(calibrate, "cost_curve", lambda base, context: {1: 1e-3})
     return calls
 
 
@@ -60,7 +60,7 @@ def test_the_cache_is_read_once_per_process_and_bounded(
     cache.write_text("{}")  # what is on disk is not read again in this process
     calibrate.calibrate(lm, prompts, "heads")
     assert len(measured) == 1
-    monkeypatch.setattr(calibrate, "CACHE_ENTRIES", 3)
+    monkeypatch.setattr(stored, "CACHE_ENTRIES", 3)
     for k in (1, 2, 3, 4):
         calibrate.calibrate(lm, prompts, "heads", k)
     kept = json.loads(cache.read_text())
@@ -78,7 +78,7 @@ def test_another_model_dtype_or_drafter_is_measured_anew(
     assert calibrate.calibrate(lm, prompts, "ngram").key != key
     assert calibrate.calibrate(lm.to(torch.bfloat16), prompts, "heads").key != key
     assert len(measured) == 4
-    calibrate._CACHE.clear()  # a new process
+    stored._CACHE.clear()  # a new process
     cache.write_text("{not json")  # a damaged cache is measured again, never trusted
     calibrate.calibrate(lm, prompts, "heads")
     assert len(measured) == 5
@@ -308,14 +308,14 @@ def test_a_damaged_cache_is_noted_once_naming_the_file_and_measured_again(
     content = DAMAGED[damage](lm)
     cache.parent.mkdir(parents=True)
     cache.write_bytes(content if isinstance(content, bytes) else json.dumps(content).encode())
-    calibrate._CACHE.clear()  # a new process
+    stored._CACHE.clear()  # a new process
     ids = make_prompt(5, 512)
     found = calibrate.calibrate(lm, [ids], "heads", show=False)
     assert (found.drafter, found.budget, len(measured)) == ("heads", 16, 1)
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 1 and err[0].startswith(f"blockdecode: {cache} ") and "measuring again" in err[0], err
     assert json.loads(cache.read_text())[found.key]["budget"] == 16
-    calibrate._CACHE.clear()
+    stored._CACHE.clear()
     out = lm.generate(ids, 12, eos_token_id=NO_EOS, drafter="heads", tree="auto")
     assert_greedy_equal(lm.base, ids, out.sequences, hf_greedy(lm.base, ids, 12, eos_token_id=NO_EOS))
     assert len(measured) == 1 and not capsys.readouterr().err  # served from the repaired file
@@ -342,16 +342,16 @@ import sys, time
 from pathlib import Path
 import torch
 from blockdecode import BlockwiseLM
-from blockdecode.decoding import calibrate
+from blockdecode.decoding import calibrate, stored
 from blockdecode.core.toy import toy_model
 
 k, ready = int(sys.argv[1]), Path(sys.argv[2])
 calibrate.predict = lambda stats, t, lt, lc: {b: 100.0 + b for b in range(calibrate.LARGEST + 1)}
 calibrate.acceptance_statistics = lambda *a: {}
 calibrate.loop_seconds = lambda *a: 1e-3
-calibrate.forward_cost = lambda *a, **kw: {1: 1e-3}
+calibrate.cost_curve = lambda *a, **kw: {1: 1e-3}
 lm = BlockwiseLM.from_base(toy_model("llama", seed=2), k=4)
-calibrate._entries()  # each reads the cache before either stores: the race of two `calibrate` runs
+stored.entries()  # each reads the cache before either stores: the race of two `calibrate` runs
 (ready / str(k)).touch()
 while len(list(ready.iterdir())) < 2:
     time.sleep(0.02)
@@ -398,7 +398,7 @@ def test_a_read_only_cache_still_decodes_and_warns_once(
         def read_only(path: Path, data: object) -> None:
             raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(path))
 
-        monkeypatch.setattr(calibrate, "write_json", read_only)
+        monkeypatch.setattr(stored, "write_json", read_only)
     try:
         model = toy_model("llama", seed=6)
         lm = BlockwiseLM.from_base(model, k=4)

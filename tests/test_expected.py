@@ -12,20 +12,13 @@ from conftest import NO_EOS, assert_greedy_equal, hf_greedy, make_prompt, pertur
 from blockdecode import BaseDrafter, BlockwiseLM, BlockwiseOutput, NgramDrafter, ScriptedDrafter
 from blockdecode.core.hf import weights_signature
 from blockdecode.core.toy import TOY_ARCHITECTURES, toy_model
+from blockdecode.core.tree import Tree
 from blockdecode.decoding import choice
 from blockdecode.decoding import ranking as expected
 from blockdecode.decoding.calibrate import explain_ranking, record_rates
+from blockdecode.decoding.estimates import PRIOR_WEIGHT, PRIORS, Estimates, shipped_rates
 from blockdecode.decoding.plan import make_plan
-from blockdecode.decoding.ranking import (
-    PRIOR_WEIGHT,
-    PRIORS,
-    Estimates,
-    Part,
-    Ranker,
-    Ranking,
-    batch_width,
-    shipped_rates,
-)
+from blockdecode.decoding.ranking import Part, Ranker, Ranking, batch_width
 from blockdecode.decoding.sampling import sampling_settings
 from blockdecode.drafters.heads import HeadsDrafter
 from blockdecode.drafters.proposals import Lattice, Scored, Source
@@ -465,7 +458,7 @@ def test_a_sequence_falls_back_to_its_cheapest_parts_own_tree_where_its_second_p
 
 
 def test_a_tree_of_paths_in_order_holds_at_most_its_budget_and_confirms_the_path_greedy_took():
-    tree = expected.paths_tree([scored([1, 2, 3], "a", 0.5), scored([1, 4], "a", 0.5), scored([5], "a", 0.5)], 4)
+    tree = Tree.of_paths([scored([1, 2, 3], "a", 0.5), scored([1, 4], "a", 0.5), scored([5], "a", 0.5)], 4)
     assert tree.tokens == [1, 2, 3, 4] and tree.parents == [0, 1, 2, 1]  # [5] found no room
     assert tree.confirmed([1, 4, 7]) == 2 and tree.confirmed([1, 2, 3]) == 3 and tree.confirmed([5]) == 0
 

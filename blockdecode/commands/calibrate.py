@@ -17,7 +17,8 @@ from blockdecode.core.hf import DTYPE_CHOICES, dtype_for
 
 def run(args: argparse.Namespace) -> None:
     from blockdecode.commands.demo import PROMPTS
-    from blockdecode.decoding.calibrate import cache_file, calibrate
+    from blockdecode.decoding.calibrate import calibrate
+    from blockdecode.decoding.stored import cache_file
     from blockdecode.model import load
 
     model, tokenizer = load(args.model, dtype_for(args.dtype), args.k)
@@ -60,7 +61,7 @@ def add_parser(sub) -> None:
 def print_ranking(model, ids: torch.LongTensor, drafter: str, k: int | None, new_tokens: int = 96) -> None:
     """What --tree expected starts from, and how one decode of `ids` moves it."""
     from blockdecode.decoding.calibrate import explain_ranking
-    from blockdecode.decoding.ranking import PRIORS
+    from blockdecode.decoding.estimates import PRIORS
 
     plan = model.plan(drafter, k, "expected", prompts=[ids])
     rows, mean_tree = explain_ranking(model, plan, ids, new_tokens)

@@ -31,8 +31,8 @@ from blockdecode.drafters.heads import HEAD_TYPES
 def run(args: argparse.Namespace) -> None:
     from blockdecode.core.hf import vocab_size
     from blockdecode.decoding.acceptance import parse_acceptance
-    from blockdecode.decoding.adapter import check_prompt
     from blockdecode.decoding.healing import heal_prompts
+    from blockdecode.decoding.inputs import check_prompt
     from blockdecode.decoding.reference import first_divergence, greedy_generate
     from blockdecode.model import load
 

@@ -29,6 +29,17 @@ def cpu_flags() -> frozenset[str]:
     return frozenset()
 
 
+@functools.cache
+def cpu_name() -> str:
+    """The CPU's model name (Linux), or "" where /proc/cpuinfo gives none: two machines of one instruction set
+    still differ in speed, and a cost measured on one is not the other's."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return ""
+    return next((line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("model name")), "")
+
+
 def native_bf16(device: torch.device | str = "cpu") -> bool:
     """Whether `device` multiplies bf16 matrices in hardware: a GPU that supports it, or a CPU whose
     flags say AVX512-BF16 or AMX and on which a bf16 product, measured, is no slower than fp32's."""

@@ -58,6 +58,15 @@ class Tree:
         tree.add_path(tokens, len(tokens), len(tokens))
         return tree
 
+    @classmethod
+    def of_paths(cls, paths: Sequence, budget: int) -> Tree:
+        """Scored `paths` (tokens, and sources naming their drafter) merged in their order into a tree of at most
+        `budget` nodes, as an unranked tree takes them."""
+        tree = cls()
+        for path in paths:
+            tree.add_path(path.tokens, budget, len(path.tokens), path.sources[0].drafter if path.sources else "")
+        return tree
+
     def confirmed(self, tokens: Sequence[int]) -> int:
         """How deep a path from the root follows `tokens`: what of this tree stands where they are the model's."""
         node = 0

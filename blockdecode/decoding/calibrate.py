@@ -18,14 +18,12 @@ What a call gains is measured under the acceptance rule the decode will use: a r
 stand (a model ships exact acceptance's statistics only). The fastest prediction is kept in the user's
 cache under a key naming the model's weights, dtype, device, threads, CPU, drafters, acceptance rule
 and k, so another model or setting is measured anew, never served another's choice. The cache is
-read once per process and holds at most `CACHE_ENTRIES` choices, the oldest dropped. It can never
-stop a decode: a damaged file or entry is noted and measured again, a choice is merged into the file
-under a lock (two calibrations at once both stay), and one that cannot be stored is used anyway."""
+kept as `stored` keeps every entry: a damaged one is measured again, and one that cannot be stored is used anyway.
+t(q) is the base's cost curve (`costs.cost_curve`), measured once per base and machine and checked."""
 
 from __future__ import annotations
 
 import functools
-import math
 import statistics
 import sys
 import threading
@@ -41,28 +39,20 @@ from blockdecode.core.hf import (
     check_loaded,
     check_model,
     context_length,
-    dtype_name,
     same_weights,
     weights_digest,
     weights_key,
     weights_signature,
 )
-from blockdecode.core.io import cache_root, locked, read_json, write_json
+from blockdecode.core.io import read_json, write_json
+from blockdecode.decoding import stored
 from blockdecode.decoding.acceptance import EXACT, Acceptance
 from blockdecode.decoding.adapter import takes_tree_masks
+from blockdecode.decoding.costs import cost_curve, machine_key, t_at
+from blockdecode.decoding.estimates import PRIORS, Estimates, own_prior, source_name
 from blockdecode.decoding.loop import decode
 from blockdecode.decoding.plan import block_size, make_plan, max_tree
-from blockdecode.decoding.ranking import (
-    CAP,
-    PRIORS,
-    Estimates,
-    Ranker,
-    Ranking,
-    own_prior,
-    shipped_rates,
-    source_name,
-)
-from blockdecode.decoding.timing import forward_cost
+from blockdecode.decoding.ranking import CAP, Ranker, Ranking
 from blockdecode.drafters.proposals import Source
 from blockdecode.drafters.registry import CHOICES, drafter_names
 
@@ -70,8 +60,6 @@ LARGEST = 64  # the largest tree, decoded to predict every smaller one
 STAT_TOKENS = 48  # decoded per prompt for the acceptance statistics
 STAT_PROMPTS = 4
 COST_TOKENS = 40  # decoded to time a setting's own cost per call
-COST_POINTS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 65)  # t(q) is measured here and interpolated between
-CACHE_ENTRIES = 256
 STATISTICS = "calibration.json"  # beside a saved model: its acceptance statistics
 
 
@@ -100,76 +88,6 @@ class Calibration:
         return max(chains, key=chains.get) if chains else drafter_names(self.drafter)[0]
 
 
-def cache_file() -> Path:
-    return cache_root() / "calibration.json"
-
-
-_CACHE: dict[str, dict] = {}  # cache file -> its entries, read once per process
-_UNWRITABLE: set[str] = set()  # cache files already warned about
-
-
-def note(message: str) -> None:
-    """One line on stderr: what was wrong with a file (named in `message`), and that it is measured again."""
-    print(f"blockdecode: {message}; measuring again", file=sys.stderr)
-
-
-def read_cache(path: Path, quiet: bool = False) -> dict:
-    """The cached choices in `path`: none when it is missing, or damaged (then noted unless `quiet`),
-    so that everything it held is measured again, never trusted."""
-    if not path.is_file():
-        return {}
-    try:
-        stored = read_json(path)
-        if not isinstance(stored, dict):
-            raise ValueError(f"{path} holds a JSON {type(stored).__name__}, not an object of choices")
-    except ValueError as err:
-        if not quiet:
-            note(str(err))
-        return {}
-    return stored
-
-
-def _entries() -> dict:
-    path = cache_file()
-    if str(path) not in _CACHE:
-        _CACHE[str(path)] = read_cache(path)
-    return _CACHE[str(path)]
-
-
-def _stored_at(entry: object) -> float:
-    stored = entry.get("stored") if isinstance(entry, dict) else None
-    return stored if is_number(stored) else 0.0
-
-
-def _store(result: Calibration) -> str:
-    """Add `result` to the cache file, merged under its folder's lock with what other processes stored
-    meanwhile; "" once stored, else why not. Kept in memory either way, so it is not measured again
-    in this process."""
-    return _store_entry(result.key, result.entry())
-
-
-def _store_entry(key: str, entry: dict) -> str:
-    """`_store` of any entry under `key`: a calibration's choice, or a cost curve."""
-    path, entry = cache_file(), {**entry, "stored": time.time()}
-    _entries()[key] = entry
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with locked(path.parent):
-            entries = {k: v for k, v in read_cache(path, quiet=True).items() if k != key}
-            entries[key] = entry
-            for old in sorted(entries, key=lambda k: _stored_at(entries[k]))[: max(0, len(entries) - CACHE_ENTRIES)]:
-                del entries[old]
-            write_json(path, entries)
-    except OSError as err:
-        return f"not cached: {path} cannot be written ({err.strerror or err})"
-    _CACHE[str(path)] = entries
-    return ""
-
-
-def is_number(value: object) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-
-
 def is_budget(value: object, largest: int) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= largest
 
@@ -177,7 +95,9 @@ def is_budget(value: object, largest: int) -> bool:
 def is_curve(curve: object) -> bool:
     """Whether `curve` maps budgets 0..LARGEST (as JSON keys) to tokens/s, as `predict`'s do."""
     budgets = {str(b) for b in range(LARGEST + 1)}
-    return isinstance(curve, dict) and bool(curve) and all(b in budgets and is_number(v) for b, v in curve.items())
+    return (
+        isinstance(curve, dict) and bool(curve) and all(b in budgets and stored.is_number(v) for b, v in curve.items())
+    )
 
 
 def cached(entry: object, key: str, spec: dict, largest: int) -> Calibration:
@@ -200,7 +120,7 @@ def cached(entry: object, key: str, spec: dict, largest: int) -> Calibration:
         or not all(name in spec and is_curve(curve) for name, curve in predicted.items())
     ):
         raise ValueError("holds predictions that are not tokens/s per drafter and budget")
-    if not is_number(entry.get("seconds")) or entry.get("statistics") not in ("measured", "shipped"):
+    if not stored.is_number(entry.get("seconds")) or entry.get("statistics") not in ("measured", "shipped"):
         raise ValueError("holds a bad time or statistics source")
     return Calibration(key, drafter, budget, predicted, entry["seconds"], entry["statistics"])
 
@@ -218,93 +138,11 @@ def fingerprint(model: torch.nn.Module) -> str:
     return known[1]
 
 
-def machine_key(lm) -> list[str]:
-    """What a measurement of `lm` here hangs on: its weights, dtype, device, threads and CPU (or GPU)."""
-    device = next(lm.parameters()).device
-    machine = torch.backends.cpu.get_cpu_capability() if device.type == "cpu" else torch.cuda.get_device_name(device)
-    return [fingerprint(lm.measured), dtype_name(lm.base.dtype), str(device), f"{torch.get_num_threads()} threads",
-            machine]  # fmt: skip
-
-
 def calibration_key(lm, drafter: str, k: int, acceptance: Acceptance = EXACT) -> str:
+    """What a choice hangs on: what the base and its heads accept (their weights), and the machine's costs."""
     chosen_among = "auto:" + ",".join(CHOICES) if drafter == "auto" else drafter  # a new source is measured anew
-    return "|".join([*machine_key(lm), chosen_among, f"acceptance={acceptance.key}", f"k={k}"])
-
-
-def cost_curve(lm, context: torch.LongTensor, cache_implementation: str = "dynamic") -> dict[int, float]:
-    """t(q) of `lm`'s base here, one forward of q tokens over a cached context: from the calibration cache where
-    this model, dtype, device, thread count, CPU and cache kind were measured before, else measured over `context`
-    (under a second) and stored. Read, not timed afresh, it decides the same in every process: a ranked sampled
-    chain's seed repeats its tokens. A damaged entry is one line, then measured again."""
-    room = context_length(lm.base)  # a short context holds fewer tokens a call: t(q) is extrapolated past them
-    points = [q for q in COST_POINTS if room is None or context.shape[1] + q <= room] or [1]
-    key = "|".join(["cost", *machine_key(lm), cache_implementation])
-    entry = _entries().get(key)
-    if entry is not None:
-        cost = entry.get("cost") if isinstance(entry, dict) else None
-        if (
-            isinstance(cost, dict)
-            and sorted(cost) == sorted(map(str, points))
-            and all(is_number(t) and t > 0 for t in cost.values())
-        ):
-            return {int(q): float(t) for q, t in cost.items()}
-        note(f"{cache_file()} entry for the cost curve is not positive seconds at {points}")
-    cost = forward_cost(lm.base, context[:1], points, reps=5, cache_implementation=cache_implementation)
-    why = _store_entry(key, {"key": key, "cost": {str(q): t for q, t in cost.items()}})
-    if why and str(cache_file()) not in _UNWRITABLE:
-        _UNWRITABLE.add(str(cache_file()))
-        print(f"blockdecode: {why}; ranking with it anyway", file=sys.stderr)
-    return cost
-
-
-def heads_cost(lm, context: torch.LongTensor, k: int) -> float:
-    """Seconds the heads take to propose a chain of k-1 here: from the calibration cache as the cost curve is, else
-    timed on `context` (the median of 20) and stored. Read, not timed afresh, it lets a sampled decode ask the
-    heads only where they pay, and still repeat its seed in another process. A damaged entry is measured again."""
-    key = "|".join(["heads", *machine_key(lm), f"k={k}"])
-    entry = _entries().get(key)
-    if entry is not None:
-        seconds = entry.get("seconds") if isinstance(entry, dict) else None
-        if is_number(seconds) and seconds > 0:
-            return float(seconds)
-        note(f"{cache_file()} entry for the heads' cost is not positive seconds")
-    drafter, depth = lm.drafter(), min(k, lm.k) - 1
-    width = lm.base.get_output_embeddings().weight.shape[1]
-    hidden = torch.zeros(1, width, dtype=lm.base.dtype, device=context.device)
-    samples = []
-    for _ in range(21):  # the first warms up
-        start = time.perf_counter()
-        drafter.chain_scored(context[:1], hidden, depth)
-        samples.append(time.perf_counter() - start)
-    seconds = statistics.median(samples[1:])
-    _store_entry(key, {"key": key, "seconds": seconds})
-    return seconds
-
-
-_RANKINGS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # BlockwiseLM -> (key, Ranking)
-
-
-def model_ranking(lm, context: torch.LongTensor, cache_implementation: str = "dynamic") -> Ranking:
-    """The ranking for BlockwiseLM `lm` on this machine: its base's cost curve (`cost_curve`) and the rates shipped
-    beside it (`shipped_rates`), found once per set of weights, thread count and cache kind in a process, not at
-    every `generate`."""
-    key = (weights_key(lm.parameters()), torch.get_num_threads(), cache_implementation)
-    known = _RANKINGS.get(lm)
-    if known is None or known[0] != key:
-        cost = cost_curve(lm, context, cache_implementation)
-        rates = shipped_rates(lm.base_location, weights_signature(lm.measured))
-        _RANKINGS[lm] = known = (key, Ranking(tuple(sorted(cost.items())), tuple(sorted(rates.items()))))
-    return known[1]
-
-
-def t_at(t: dict[int, float], q: int) -> float:
-    """t(q), linear between the measured points, flat past the last."""
-    points = sorted(t)
-    upper = next((p for p in points if p >= q), points[-1])
-    lower = max((p for p in points if p <= q), default=points[0])
-    if upper == lower:
-        return t[upper]
-    return t[lower] + (t[upper] - t[lower]) * (q - lower) / (upper - lower)
+    return "|".join([fingerprint(lm.measured), *machine_key(lm.base), chosen_among, f"acceptance={acceptance.key}",
+                     f"k={k}"])  # fmt: skip
 
 
 def predict(stats: dict, t: dict[int, float], loop_tree: float, loop_chain: float) -> dict[int, float]:
@@ -402,17 +240,19 @@ def shipped_statistics(lm, k: int, names: Sequence[str]) -> dict | None:
         if not isinstance(saved, dict):
             raise ValueError(f"{path} holds a JSON {type(saved).__name__}, not an object")
         signature, sources = saved.get("signature"), saved.get("sources")
-        if not (isinstance(signature, list) and all(is_number(x) for x in signature) and isinstance(sources, dict)):
+        if not (
+            isinstance(signature, list) and all(stored.is_number(x) for x in signature) and isinstance(sources, dict)
+        ):
             raise ValueError(f"{path} holds no weights signature or no statistics")
     except ValueError as err:
-        note(str(err))
+        stored.note(str(err))
         return None
     if saved.get("k") != k or not same_weights(signature, weights_signature(lm.measured)):
         return None
     if any(n not in sources for n in names):
         return None
     if not all(is_statistics(sources[n]) for n in names):
-        note(f"{path} holds acceptance statistics that are not lists of counts")
+        stored.note(f"{path} holds acceptance statistics that are not lists of counts")
         return None
     return {n: sources[n] for n in names}
 
@@ -468,12 +308,12 @@ def calibrate(
     key = calibration_key(lm, name, k, acceptance)
     names = CHOICES if name == "auto" else (name,)
     spec = {n: (n if isinstance(drafter, str) else drafter) for n in names}
-    entry = _entries().get(key)
+    entry = stored.entries().get(key)
     if not refresh and entry is not None:
         try:
             return cached(entry, key, spec, min(LARGEST, max_tree(lm.base)))
         except ValueError as err:
-            note(f"{cache_file()} entry for {name}, k={k} {err}")
+            stored.note(f"{stored.cache_file()} entry for {name}, k={k} {err}")
     if not prompts:
         raise ValueError("calibration needs at least one prompt")
     limit = context_length(lm.base)
@@ -492,7 +332,7 @@ def calibrate(
             return Calibration(key, name, LARGEST, {}, note=f"{why}; nothing is cached")
     began = time.perf_counter()
     if show:
-        where = f"once; cached in {cache_file()}"
+        where = f"once; cached in {stored.cache_file()}"
         print(f"blockdecode: choosing drafters and tree for this model and machine ({where})", file=sys.stderr)
     prompts = [ids[:, -room:] if room else ids for ids in prompts[:STAT_PROMPTS]]
     device = next(lm.parameters()).device
@@ -500,7 +340,7 @@ def calibrate(
     exact = isinstance(drafter, str) and acceptance.rule == "exact"  # what a model ships was measured so
     shipped = shipped_statistics(lm, k, names) if exact else None
     stats = shipped or {n: acceptance_statistics(lm, prompts, spec[n], k, trees, acceptance) for n in names}
-    t = forward_cost(lm.base, prompts[0], COST_POINTS, reps=5)
+    t = cost_curve(lm.base, prompts[0])
     predicted = {}
     for n in names:
         loop_tree = loop_seconds(lm, prompts[0], spec[n], k, LARGEST, t, acceptance) if trees else 0.0
@@ -515,10 +355,8 @@ def calibrate(
         time.perf_counter() - began,
         "shipped" if shipped else "measured",
     )
-    result.note = _store(result)
-    if result.note and str(cache_file()) not in _UNWRITABLE:
-        _UNWRITABLE.add(str(cache_file()))
-        print(f"blockdecode: {result.note}; decoding with this choice anyway", file=sys.stderr)
+    result.note = stored.store(result.key, result.entry())
+    stored.say_once(result.note, "decoding with this choice anyway")
     return result
 
 

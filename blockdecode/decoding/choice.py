@@ -13,7 +13,8 @@ from blockdecode.core.hf import check_loaded
 from blockdecode.decoding import ranking
 from blockdecode.decoding.acceptance import Acceptance, parse_acceptance
 from blockdecode.decoding.adapter import takes_tree_masks
-from blockdecode.decoding.calibrate import calibrate, heads_cost, model_ranking
+from blockdecode.decoding.calibrate import calibrate
+from blockdecode.decoding.costs import heads_cost, model_ranking
 from blockdecode.decoding.plan import DecodePlan, block_size, check_settings, make_plan, max_tree
 from blockdecode.decoding.sampling import sampling_settings
 from blockdecode.drafters.base import Drafter
@@ -37,7 +38,7 @@ TREE_DEPTH = 32
 """How deep a lookup drafts in the ranked default's greedy trees, when k is not given (the heads their own k-1):
 each call's tree keeps only the depth its chances pay for, so a loop or a long match is taken 31 tokens a call
 where 16 stop at 15 (by median 1.07x / 1.05x the default at 16 on unseen code, 64 / 300-token prompts; on Gemma 3
-270M, whose positions cost 262k rows each, 0.99x on code and 1.09x on prose: benchmarks/lookup_depth.py). Under
+270M, whose positions cost 262k rows each, 0.99x on code and 1.09x on prose: docs/results.md). Under
 sampling a chain this deep ran slower (1.48x against 1.58x `transformers`' sampling at 0.7): chains keep
 `LOOKUP_DEPTH`."""
 

@@ -11,9 +11,7 @@ distribution of `transformers`' sampling.
 from __future__ import annotations
 
 import time
-import warnings
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import replace
 from typing import NamedTuple
 
 import torch
@@ -22,16 +20,20 @@ from transformers import PreTrainedModel
 from blockdecode.core.hf import dtype_name, eval_mode, is_seq2seq, vocab_size
 from blockdecode.core.tree import Tree
 from blockdecode.decoding.acceptance import Acceptance
-from blockdecode.decoding.adapter import check_attention_mask, check_prompt, open_decoder, row_tokens, token_budget
+from blockdecode.decoding.adapter import open_decoder
+from blockdecode.decoding.costs import remeasured
 from blockdecode.decoding.healing import Healing, check_healing
+from blockdecode.decoding.inputs import check_attention_mask, check_prompt, row_tokens, token_budget
 from blockdecode.decoding.output import BlockwiseOutput, DecodeStats, per_call, ties_note
-from blockdecode.decoding.plan import DecodePlan, make_plan
+from blockdecode.decoding.plan import DecodePlan, make_plan, plan_for_rows
 from blockdecode.decoding.ranking import OFFERED, Ranker, batch_width
 from blockdecode.decoding.reference import near_tie
 from blockdecode.decoding.rules import greedy_rules
 from blockdecode.decoding.sampling import check_generator, sampling_settings, speculative_sample
 from blockdecode.drafters.base import Drafter, check_ids, check_paths, check_proposal
 from blockdecode.drafters.proposals import Lattice, Scored
+
+COST_CONTEXT = 256  # tokens of the sequence a cost curve measured again mid-decode is timed over
 
 
 @torch.inference_mode()
@@ -87,6 +89,7 @@ def decode(
             depth = min(plan.k - 1, min(run.left(row) for row in run.active) - 1)  # never past any row's budget
             depth = 0 if any(a is not None for a in allowed) else depth  # what may follow hangs on that token
             candidates = predict(plan, run, h_last, depth)
+            began = time.perf_counter()
             scores, h = verify(base, run, newest, candidates, allowed)
             accepted = [accept(plan, c, s, generator) for c, s in zip(candidates, scores)]
             if run.rankers:  # what stood teaches each row's ranking
@@ -95,6 +98,7 @@ def decode(
                     ranker.observe(a.path, chances, a.stood, a.gained)
                     while ranker.news:
                         run.say(row, ranker.news.pop(0))
+                run.clock(model, len(candidates[0]) + 1, time.perf_counter() - began)
             run.feed(base, [a.path for a in accepted])
             base.keep_paths([a.path for a in accepted])  # each row: the newest token and its accepted path
             for row, c, a in zip(run.active, candidates, accepted):
@@ -105,19 +109,6 @@ def decode(
             h_last = h[torch.arange(len(last)), last]
             newest, h_last = run.drop_finished(base, newest, h_last)
         return run.output(base)
-
-
-def plan_for_rows(plan: DecodePlan, rows: int) -> DecodePlan:
-    """The plan a batch of `rows` decodes with: as it is for one row; for several, one chain a row, a
-    tree asked for replaced by the first drafter's chain, with a warning and a note."""
-    if rows == 1 or plan.tree is None:
-        return plan
-    ranked = plan.ranking is not None  # then each row takes its likeliest drafter's chain, all rows one width
-    drafters = plan.drafters if ranked else plan.drafters[:1]
-    whose = "each row's likeliest drafter" if ranked else repr(plan.drafters[0])
-    note = f"a batch verifies one chain a row, not a tree: decoding with one chain from {whose}"
-    warnings.warn(note, stacklevel=3)
-    return replace(plan, tree=None, drafters=drafters, note="; ".join(filter(None, [plan.note, note])))
 
 
 def predict(plan: DecodePlan, run: Run, hidden: torch.Tensor, depth: int) -> list[Tree]:
@@ -319,6 +310,23 @@ class Run:
             features = base.features[i, path]
             for drafter in self.readers:
                 drafter.see(row, features)
+
+    def clock(self, model: PreTrainedModel, q: int, seconds: float) -> None:
+        """One sequence's call verified `q` tokens in `seconds`: where its ranking checks the machine's cost curve
+        (`Ranker.clock`) and these calls disprove it, the curve is measured again over this sequence's last tokens,
+        replaces the cached one (`costs.remeasured`), and is what this decode and later ones rank with."""
+        if len(self.rankers) != 1:
+            return
+        ranker = self.rankers[0]
+        off = ranker.clock(q, seconds)
+        if off is None:
+            return
+        n = self.length(0)
+        context = self.seq[:1, max(0, n - COST_CONTEXT) : n]
+        curve = remeasured(model, context, self.plan.cache_implementation, ranker.clocked, off)
+        ranker.recost(curve)
+        self.plan.ranking.learnt["cost"] = tuple(sorted(curve.items()))
+        self.say(0, f"the cost curve was measured again: calls took {off:.2g}x what it said")
 
     def say(self, row: int, note: str) -> None:
         """Add `note` to row `row`'s stats: where its decode went otherwise than planned."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from transformers import PreTrainedModel
 
@@ -199,3 +199,16 @@ def make_plan(
             "min-block with tree=None"
         )
     return DecodePlan(drafters, k, tree, rule, eos, cache_implementation, sampling, ranking, note)
+
+
+def plan_for_rows(plan: DecodePlan, rows: int) -> DecodePlan:
+    """The plan a batch of `rows` decodes with: as it is for one row; for several, one chain a row, a
+    tree asked for replaced by the first drafter's chain, with a warning and a note."""
+    if rows == 1 or plan.tree is None:
+        return plan
+    ranked = plan.ranking is not None  # then each row takes its likeliest drafter's chain, all rows one width
+    drafters = plan.drafters if ranked else plan.drafters[:1]
+    whose = "each row's likeliest drafter" if ranked else repr(plan.drafters[0])
+    note = f"a batch verifies one chain a row, not a tree: decoding with one chain from {whose}"
+    warnings.warn(note, stacklevel=3)
+    return replace(plan, tree=None, drafters=drafters, note="; ".join(filter(None, [plan.note, note])))

@@ -22,28 +22,16 @@ from __future__ import annotations
 
 import heapq
 import itertools
-import sys
+import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 
-from blockdecode.core.hf import same_weights
-from blockdecode.core.io import read_json
 from blockdecode.core.tree import Tree
-from blockdecode.drafters.proposals import (
-    LOOP_PRIOR,
-    PADDING_PRIOR,
-    Lattice,
-    Scored,
-    Source,
-    _confidence_source,
-    offered_by,
-)
+from blockdecode.decoding.estimates import DECAY, Estimates
+from blockdecode.drafters.proposals import Lattice, Scored, Source, offered_by
 
 CAP = 64  # the most candidates a ranked tree holds unless told fewer
 OFFERED = 24  # paths a drafter offers a ranked tree: more than a call keeps of one drafter, for less work
-DECAY = 0.93  # every call, past outcomes count this much less: a drafter dropped for a while is tried again
-PRIOR_WEIGHT = 4.0  # trials a prior counts for: a few dozen calls of outcomes outweigh it
 _LEARN = 0.2  # how fast a drafter's measured time and yield follow the sequence
 _RETRY = 0.995  # each call a drafter is not asked, its yield keeps this much of its distance from 1
 _REACH_DECAY = 0.8  # each call, how much of a drafter's deepest kept node it is still asked past
@@ -53,6 +41,10 @@ FALLBACK_CALLS = 8  # calls a sequence's tree is judged against its parts before
 # turns, where the costlier drafters paid again
 FALLBACK_MARGIN = 1.3
 _RECENT = 0.8  # how much a chain fallen back to keeps of its past calls' tokens and time, each call
+STANDS = 0.6  # a best candidate this likely is verified whatever the cost curve says: a wrong curve cannot make a
+# decode greedy for good, and the calls it then times show the curve wrong
+CHECK_CALLS = 8  # calls a greedy decode times (after its first) before it judges the cost curve it ranks with
+OFF_BY = 2.0  # calls that took more than this many times the curve's t(q), or less than its inverse, disprove it
 
 
 @dataclass(frozen=True)
@@ -71,13 +63,17 @@ class Ranking:
     # None: each drafter's time is measured as it proposes; else the seconds of those drafters read from the cache,
     # and any other drafter asked every call: what decides never hangs on this process's timings (sampling's seed)
     drafting: tuple[tuple[str, float], ...] | None = None
+    measured: bool = False  # the curve was measured on this machine (`costs.cost_curve`): greedy decodes check it
     learnt: dict[str, dict[str, float]] = field(default_factory=dict, compare=False, repr=False)
 
     def start(self, decay: float | None = None) -> Ranker:
-        ranker = Ranker(dict(self.cost), dict(self.rates), DECAY if decay is None else decay)
         if self.drafting is not None:  # nothing carried from earlier sequences: a seed repeats its run in-process too
+            ranker = Ranker(dict(self.cost), dict(self.rates), DECAY if decay is None else decay)
             ranker.fixed = dict(self.drafting)
             return ranker
+        cost = self.learnt.get("cost", self.cost)  # a curve a decode here measured again (`costs.remeasured`)
+        ranker = Ranker(dict(cost), dict(self.rates), DECAY if decay is None else decay)
+        ranker.clocked = [] if self.measured else None
         ranker.seconds_of.update(self.learnt.get("seconds", {}))
         ranker.yields.update(self.learnt.get("yields", {}))
         return ranker
@@ -85,77 +81,6 @@ class Ranking:
     def keep(self, ranker: Ranker) -> None:
         """What a finished sequence's ranker learnt of its drafters' time and yield, for the next one."""
         self.learnt.update(seconds=dict(ranker.seconds_of), yields=dict(ranker.yields))
-
-
-def source_name(drafter: str, key: tuple) -> str:
-    """A source's name in a priors file: "heads confidence 3", "ngram match 2"."""
-    return " ".join(map(str, (drafter, *key)))
-
-
-PRIORS = "ranking.json"  # beside a saved model: its drafters' acceptance rates, by source
-
-
-def shipped_rates(folder: str | Path | None, signature: list[float]) -> dict[str, float]:
-    """The acceptance rates saved beside a model (`calibrate.record_rates`) if they are for these weights
-    (`hf.weights_signature`); none otherwise. A damaged file is one line on stderr, then ignored: the
-    drafters' own priors serve, and the sequence teaches the rest."""
-    path = Path(folder) / PRIORS if folder else None
-    if path is None or not path.is_file():
-        return {}
-    try:
-        saved = read_json(path)
-        rates = saved.get("rates") if isinstance(saved, dict) else None
-        if not isinstance(rates, dict) or not all(isinstance(v, float) and 0 <= v <= 1 for v in rates.values()):
-            raise ValueError(f"{path} holds no acceptance rates between 0 and 1")
-    except ValueError as err:
-        print(f"blockdecode: {err}; ranking from the drafters' own priors", file=sys.stderr)
-        return {}
-    found = saved.get("signature")
-    return rates if isinstance(found, list) and same_weights(found, signature) else {}
-
-
-def own_prior(drafter: str, key: tuple) -> float:
-    """The prior the drafters here give a source of this key: a confidence bin's middle (half that
-    aside), `PADDING_PRIOR` for a chain's padding, `LOOP_PRIOR` for a loop gone on past the present, an even chance
-    otherwise."""
-    if key[0] == "confidence":
-        return _confidence_source(drafter, key[1], len(key) > 2).prior
-    return {"padding": PADDING_PRIOR, "loop": LOOP_PRIOR}.get(key[0], 0.5)
-
-
-class Estimates:
-    """Per (drafter, key), hits and trials of this sequence on top of the prior (a Beta posterior
-    whose prior counts `PRIOR_WEIGHT` trials): the rate shipped with the model for that source if
-    `rates` holds it, else the drafter's own prior."""
-
-    def __init__(self, rates: Mapping[str, float] | None = None, decay: float = DECAY) -> None:
-        self.counts: dict[tuple[str, tuple], list[float]] = {}
-        self.rates = dict(rates or {})
-        self.decay = decay
-
-    def prior(self, source: Source) -> float:
-        return self.rates.get(source_name(source.drafter, source.key), source.prior)
-
-    def chance(self, source: Source) -> float:
-        hits, trials = self.counts.get((source.drafter, source.key), (0.0, 0.0))
-        return (self.prior(source) * PRIOR_WEIGHT + hits) / (PRIOR_WEIGHT + trials)
-
-    def update(self, source: Source, stood: float) -> None:
-        """One trial of `source`: 1 if it stood, 0 if not, or its chance to have stood where known."""
-        counts = self.counts.setdefault((source.drafter, source.key), [0.0, 0.0])
-        counts[0] += stood
-        counts[1] += 1
-
-    def forget(self) -> None:
-        """Every outcome so far counts DECAY as much: estimates follow a sequence whose text changes,
-        and one whose nodes were dropped drifts back to its prior, to be tried again."""
-        for counts in self.counts.values():
-            counts[0] *= self.decay
-            counts[1] *= self.decay
-
-    def rates_seen(self, least: float = 5.0) -> dict[str, float]:
-        """The hit rate of every source with at least `least` trials, by `source_name`."""
-        return {source_name(*k): h / t for k, (h, t) in sorted(self.counts.items()) if t >= least}
 
 
 @dataclass
@@ -176,14 +101,10 @@ class Ranker:
     seconds; a measured curve is made non-decreasing (a call of more tokens never costs less)."""
 
     def __init__(self, cost: Mapping[int, float], rates: Mapping[str, float] | None = None, decay: float = DECAY):
-        if not cost or any(q < 1 or not t > 0 for q, t in cost.items()):
-            raise ValueError("the cost curve needs positive seconds for token counts >= 1")
-        points = sorted(cost.items())
-        floor = [min(t for _, t in points[i:]) for i in range(len(points))]  # timing noise never makes more cheaper
-        self.points = [(q, t) for (q, _), t in zip(points, floor)]
+        self.recost(cost)
+        self.clocked: list[tuple[int, float]] | None = None  # where checked, this sequence's (tokens, seconds)
         self.estimates = Estimates(rates, decay)
         self._kept: list[tuple[int, Source]] = []  # the last tree's nodes: (parent in the tree, deciding source)
-        self._rates: list[float] = [0.0]  # _rates[n]: 1 / t(n), filled as far as a tree has needed
         self.sizes: list[int] = []  # each call's tree size
         self.seconds_of: dict[str, float] = {}  # each drafter's time to propose, lately
         self.fixed: dict[str, float] | None = None  # drafters' times read, not measured (`Ranking.drafting`)
@@ -200,6 +121,32 @@ class Ranker:
         self.judged = 0  # calls judged so far
         self._tree_rate = 0.0  # the tree's tokens a second when this sequence fell back to a part
         self.news: list[str] = []  # what the decode should say of its falling back, not yet said
+
+    def recost(self, cost: Mapping[int, float]) -> None:
+        """Rank with cost curve `cost` from now on (made non-decreasing: timing noise never makes more cheaper)."""
+        if not cost or any(q < 1 or not t > 0 for q, t in cost.items()):
+            raise ValueError("the cost curve needs positive seconds for token counts >= 1")
+        points = sorted(cost.items())
+        floor = [min(t for _, t in points[i:]) for i in range(len(points))]
+        self.points = [(q, t) for (q, _), t in zip(points, floor)]
+        self._rates: list[float] = [0.0]  # _rates[n]: 1 / t(n), filled as far as a tree has needed
+        self._last = None
+
+    def clock(self, q: int, seconds: float) -> float | None:
+        """One call of this sequence verified `q` tokens in `seconds` (verify and accept): once, after CHECK_CALLS
+        calls past the first, how many times the curve's t(q) they took by median, where that is off by more than
+        OFF_BY either way (the curve then wants measuring again); None otherwise."""
+        if self.clocked is None:
+            return None
+        self.clocked.append((q, seconds))
+        if len(self.clocked) <= CHECK_CALLS:
+            return None
+        calls, self.clocked = self.clocked[1:], None  # the first call warms up; judged once
+        off = statistics.median(s / self.seconds(q) for q, s in calls)
+        if 1 / OFF_BY <= off <= OFF_BY:
+            return None
+        self.clocked = calls  # what a new curve is checked against
+        return off
 
     def seconds(self, q: int) -> float:
         """t(q), linear between the measured points: the first point's below them, proportional to q past them."""
@@ -323,7 +270,7 @@ class Ranker:
         drafted = spent.get(cheapest, 0.0)
         parts = {Part(cheapest): (Tree.chain(chain_of(found)) if found else Tree(), drafted)}  # none: the model's token
         if not found or not isinstance(found[0], Lattice):
-            parts[Part(cheapest, tree=True)] = (paths_tree(found, size), drafted)
+            parts[Part(cheapest, tree=True)] = (Tree.of_paths(found, size), drafted)
         self._parts = (parts, self.seconds(size + 1) + sum(spent.values()) + ranking)
 
     def alone(self, size: int, spent: float) -> None:
@@ -467,7 +414,9 @@ class Ranker:
             # Stop once no larger tree can pay: the next nodes are no likelier than the best left, and on
             # each straight piece of the cost curve the ratio is largest at one of its ends.
             n, next_best = len(order), -heap[0][0]
-            if all((1.0 + total + (m - n) * next_best) * rates[m + 1] <= rate for m in ends if m > n):
+            if (n or next_best < STANDS) and all(
+                (1.0 + total + (m - n) * next_best) * rates[m + 1] <= rate for m in ends if m > n
+            ):
                 break
             minus, _, parent, above, kids, i = heapq.heappop(heap)
             _, token, sources, at, on = kids[i]
@@ -476,7 +425,7 @@ class Ranker:
             offer(parent, above, kids, i + 1)
             offer(len(order), -minus, children(at, depths[-1], on), 0)
             total += -minus
-            if (1.0 + total) * rates[n + 2] > rate:
+            if (1.0 + total) * rates[n + 2] > rate or (n == 0 and total >= STANDS):
                 best, rate = n + 1, (1.0 + total) * rates[n + 2]
         return order, best, rate / rates[best + 1], memo
 
@@ -524,14 +473,6 @@ class Part:
 
     def __str__(self) -> str:
         return f"{self.drafter} {'tree' if self.tree else 'chain'}"
-
-
-def paths_tree(paths: Sequence[Scored], budget: int) -> Tree:
-    """`paths` merged in their order into a tree of at most `budget` nodes, as an unranked tree takes them."""
-    tree = Tree()
-    for path in paths:
-        tree.add_path(path.tokens, budget, len(path.tokens), path.sources[0].drafter if path.sources else "")
-    return tree
 
 
 def chain_of(found: Sequence[Scored | Lattice]) -> list[int]:
