@@ -3,13 +3,10 @@ folder holds read from it: the base, its tokenizer, the heads, the prompts it sh
 
 from __future__ import annotations
 
-import hashlib
 import importlib
 import json
 import logging
 import os
-import sys
-import time
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -26,7 +23,6 @@ from transformers import (
     AutoModelForCausalLM,
     AutoModelForSeq2SeqLM,
     AutoTokenizer,
-    GgufConfig,
     PretrainedConfig,
     PreTrainedModel,
 )
@@ -34,25 +30,22 @@ from transformers import (
 from blockdecode import builtin
 from blockdecode.core.hf import (
     check_dtype,
-    dtype_name,
     same_weights,
     weights_signature,
 )
 from blockdecode.core.io import (
     CheckpointError,
-    cache_root,
     one_line,
     read_json,
     read_prompts,
     read_tensors,
     reading_folder,
-    saving_folder,
-    write_json,
 )
 from blockdecode.drafters.dflash.model import DFlash
 from blockdecode.drafters.eagle3.model import Eagle3
 from blockdecode.drafters.heads import HeadsConfig
 from blockdecode.drafters.registry import drafter_names
+from blockdecode.gguf_cache import GGUF_MAGIC, gguf_folder, magic
 
 # What transformers raises for config values it refuses, or that cannot build a model from the weights given.
 CONFIG_FAULTS = (StrictDataclassError, ValueError, TypeError, KeyError, IndexError, ZeroDivisionError, RuntimeError)
@@ -85,7 +78,7 @@ def model_folder(name: str | os.PathLike, dtype: torch.dtype | None = None) -> P
     path = Path(name)
     if path.is_dir():
         return path
-    if path.is_file() and (path.suffix.lower() == ".gguf" or _magic(path) == GGUF_MAGIC):
+    if path.is_file() and (path.suffix.lower() == ".gguf" or magic(path) == GGUF_MAGIC):
         return gguf_folder(path, dtype)
     if path.exists():
         raise CheckpointError(
@@ -117,98 +110,6 @@ def model_folder(name: str | os.PathLike, dtype: torch.dtype | None = None) -> P
             f"{name} is not a folder here, and the hub ({hub}) cannot be reached ({type(err).__name__}: "
             f"{one_line(err)}): check the connection, or download the model yourself"
         ) from None
-
-
-GGUF_MAGIC = b"GGUF"
-GGUF_SOURCE = "source.json"  # written last into a GGUF's folder: the file it was made from, and what it holds
-GGUF_HEAD = 1 << 20  # bytes of a GGUF file hashed into its folder's key, beside its size and time
-
-
-def _magic(path: Path) -> bytes:
-    with open(path, "rb") as f:
-        return f.read(4)
-
-
-def gguf_folder(file: Path, dtype: torch.dtype | None = None) -> Path:
-    """The plain model folder a GGUF file is dequantized into once, through transformers' GGUF reader: in
-    the cache, keyed by the file's size, time and a hash of its head (a changed file gets a new folder),
-    in `dtype` (None: whichever was made before, else fp32). It is checked on every read and remade if
-    damaged; a GGUF transformers cannot read is one line naming the file and its architecture."""
-    file = file.resolve()
-    stat = file.stat()
-    with open(file, "rb") as f:
-        start = f.read(GGUF_HEAD)
-    if start[:4] != GGUF_MAGIC:
-        raise CheckpointError(f"{file} is not a GGUF file (it does not begin with the bytes GGUF)")
-    head = hashlib.sha256(f"{stat.st_size}:{stat.st_mtime_ns}:".encode() + start).hexdigest()[:16]
-    source = {"gguf": str(file), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "key": head}
-    choices = [dtype] if dtype is not None else [torch.float32, torch.bfloat16]
-    folders = [cache_root() / "gguf" / f"{file.stem}-{head}-{dtype_name(d)}" for d in choices]
-    for folder in folders:
-        if _holds(folder, source):
-            return folder
-    _dequantize(file, folders[0], choices[0], source)
-    return folders[0]
-
-
-def _holds(folder: Path, source: dict) -> bool:
-    """Whether `folder` is a whole conversion of the GGUF `source` describes: its source.json names that
-    file, and every file it lists is there at the size it was written."""
-    if not (folder / GGUF_SOURCE).is_file():
-        return False
-    with reading_folder(folder, GGUF_SOURCE):
-        try:
-            made = read_json(folder / GGUF_SOURCE)
-        except ValueError:
-            made = None
-        whole = isinstance(made, dict) and isinstance(made.get("files"), dict)
-        if whole and all(made.get(k) == v for k, v in source.items()):
-            files = [(folder / name, size) for name, size in made["files"].items()]
-            if all(path.is_file() and path.stat().st_size == size for path, size in files):
-                return True
-    print(f"blockdecode: {folder} is damaged: making it again", file=sys.stderr, flush=True)
-    return False
-
-
-def _dequantize(file: Path, folder: Path, dtype: torch.dtype, source: dict) -> None:
-    """Read `file` through transformers' GGUF reader and save it as a plain folder, written whole or not at all."""
-    print(
-        f"blockdecode: dequantizing {file} ({source['size'] / 1e6:.0f} MB) once into {folder} ({dtype_name(dtype)})",
-        file=sys.stderr,
-        flush=True,
-    )
-    start = time.perf_counter()
-    where = {"pretrained_model_name_or_path": str(file.parent), "gguf_file": file.name}
-    try:
-        config = AutoConfig.from_pretrained(**where)
-        auto = AutoModelForSeq2SeqLM if getattr(config, "is_encoder_decoder", False) else AutoModelForCausalLM
-        model = auto.from_pretrained(**where, dtype=dtype, quantization_config=GgufConfig(dequantize=True))
-        tokenizer = AutoTokenizer.from_pretrained(**where)
-    except torch.OutOfMemoryError:
-        raise
-    except Exception as err:  # the gguf reader and transformers' mappings raise what they like
-        raise CheckpointError(
-            f"{file}: transformers cannot read this GGUF (architecture {_gguf_architecture(file)}): {one_line(err)}"
-        ) from err
-    model.hf_quantizer = None  # its weights are plain tensors now: saved as such
-    model.config.__dict__.pop("quantization_config", None)
-    with saving_folder(folder, GGUF_SOURCE, whole=True) as staging:
-        model.save_pretrained(staging)
-        tokenizer.save_pretrained(staging)
-        files = {p.name: p.stat().st_size for p in staging.iterdir() if p.is_file()}
-        write_json(staging / GGUF_SOURCE, {**source, "dtype": dtype_name(dtype), "files": files})
-    print(f"blockdecode: {folder.name} made in {time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
-
-
-def _gguf_architecture(file: Path) -> str:
-    """general.architecture of a GGUF file, or why it cannot be read."""
-    try:
-        from gguf import GGUFReader
-
-        field = GGUFReader(file).fields["general.architecture"]
-        return bytes(field.parts[field.data[0]]).decode("utf-8", "replace")
-    except Exception as err:  # a truncated or foreign file: its reader's own words
-        return f"unreadable: {type(err).__name__}: {one_line(err)}"
 
 
 def transport_errors() -> tuple[type[Exception], ...]:
@@ -264,7 +165,9 @@ def load_config(path: str) -> PretrainedConfig:
     """A model's config; a config.json that is not a JSON object, or holds values transformers
     refuses (a string for a width, say), is a CheckpointError naming the file."""
     file = Path(path) / "config.json"
-    if file.is_file() and not isinstance(read_json(file, CheckpointError), dict):
+    if not file.is_file():  # else transformers calls it invalid
+        raise CheckpointError(f"{path} holds no config.json: not a model folder")
+    if not isinstance(read_json(file, CheckpointError), dict):
         raise CheckpointError(f"{file} does not hold a JSON object")
     try:
         return AutoConfig.from_pretrained(path)
@@ -432,9 +335,15 @@ def _read_saved(folder: Path, base: PreTrainedModel | None, **base_kwargs) -> Sa
     saved.default_drafters = meta.get("default_drafters")
     if saved.default_drafters is not None:
         try:
-            drafter_names(saved.default_drafters)
+            names = drafter_names(saved.default_drafters)
         except ValueError as err:
             raise CheckpointError(f"{config_path}: default_drafters: {err}") from err
+        for name, drafter_folder in (("eagle3", saved.eagle3_folder), ("dflash", saved.dflash_folder)):
+            if name in names and not drafter_folder.is_dir():  # else the first generate fails, far from this file
+                raise CheckpointError(
+                    f"{config_path}: default_drafters names {name}, and the model holds no {drafter_folder}: save it "
+                    f"with its {name} drafter, or name drafters it holds"
+                )
     if saved.eagle3_folder.is_dir():
         saved.eagle3 = Eagle3.load(saved.eagle3_folder)
     if saved.dflash_folder.is_dir():

@@ -1,12 +1,14 @@
-"""A GGUF file taken wherever a model is: dequantized once into a cached folder, checked on reading, and
-decoded exactly as transformers decodes the same file. The file is a tiny random Gemma 3 written here
-with the `gguf` package: sliding-window layers (window 8) and a full one, Q8_0 weights, a byte-fallback
+"""A GGUF file taken wherever a model is: dequantized once into a folder cached by its content, checked on
+reading, and decoded exactly as transformers decodes the same file. The file is a tiny random Gemma 3 written
+here with the `gguf` package: sliding-window layers (window 8) and a full one, Q8_0 weights, a byte-fallback
 vocabulary."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -14,11 +16,12 @@ import torch
 from conftest import NO_EOS, assert_greedy_equal, hf_greedy, make_cfg, perturb_heads, write_gemma3_gguf
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from blockdecode import BlockwiseLM, builtin, load
+from blockdecode import BlockwiseLM, builtin, gguf_cache, load
 from blockdecode.cli import main as cli_main
 from blockdecode.core.io import CheckpointError, cache_root
 from blockdecode.core.toy import toy_model
-from blockdecode.loading import HEADS_CONFIG, gguf_folder
+from blockdecode.gguf_cache import gguf_folder
+from blockdecode.loading import HEADS_CONFIG
 from blockdecode.pretraining.corpus import train_tokenizer
 from blockdecode.training.train import train
 
@@ -56,40 +59,180 @@ def test_a_gguf_decodes_exactly_as_transformers_reads_it(toy_gguf: Path) -> None
     assert torch.equal(out.sequences, expected)
 
 
+def conversions(monkeypatch) -> list[Path]:
+    """Where each GGUF conversion of the test goes: `_dequantize` counted, then called."""
+    made = []
+
+    def counted(file, folder, *args):
+        made.append(folder)
+        return dequantize(file, folder, *args)
+
+    dequantize = gguf_cache._dequantize
+    monkeypatch.setattr(gguf_cache, "_dequantize", counted)
+    return made
+
+
+def cached_folders() -> set[str]:
+    return {p.name for p in (cache_root() / "gguf").iterdir() if p.is_dir()}
+
+
 def test_the_second_load_reads_the_cache_and_a_damaged_one_is_made_again(toy_gguf: Path, monkeypatch, capsys) -> None:
     folder = gguf_folder(toy_gguf, torch.float32)
     assert folder.parent == cache_root() / "gguf" and (folder / "source.json").is_file()
     source = json.loads((folder / "source.json").read_text())
     assert source["gguf"] == str(toy_gguf.resolve()) and "model.safetensors" in source["files"]
-
-    def no_conversion(*args):
-        raise AssertionError("converted again")
-
-    monkeypatch.setattr("blockdecode.loading._dequantize", no_conversion)
+    made = conversions(monkeypatch)
     assert gguf_folder(toy_gguf, torch.float32) == folder
     assert gguf_folder(toy_gguf) == folder  # no dtype asked: whichever is there
-    monkeypatch.undo()
+    assert made == []
     weights = folder / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:1000])  # cut short, as a killed copy would leave it
     capsys.readouterr()
     model, _ = load(toy_gguf)
-    assert "damaged: making it again" in capsys.readouterr().err
-    assert weights.stat().st_size == source["files"]["model.safetensors"]
+    assert "is damaged: model.safetensors holds 1000 bytes" in capsys.readouterr().err and made == [folder]
+    assert weights.stat().st_size == source["files"]["model.safetensors"]["size"]
     bf16 = gguf_folder(toy_gguf, torch.bfloat16)
     assert bf16 != folder and load(toy_gguf, dtype=torch.bfloat16)[0].base.dtype == torch.bfloat16
 
 
-def test_a_changed_file_gets_a_folder_of_its_own(tmp_path: Path) -> None:
+def test_a_copy_at_another_path_reuses_the_conversion(toy_gguf: Path, tmp_path: Path, monkeypatch, capsys) -> None:
+    folder = gguf_folder(toy_gguf)
+    copy = tmp_path / "elsewhere.gguf"
+    shutil.copy(toy_gguf, copy)
+    made = conversions(monkeypatch)
+    capsys.readouterr()
+    for path in (copy, toy_gguf, copy, toy_gguf):  # switching between the two
+        assert gguf_folder(path) == folder
+    assert made == [] and capsys.readouterr().err == ""
+    model, _ = load(copy)
+    assert made == [] and model.base_location == str(copy.resolve())
+
+
+def flip_byte(path: Path, at: int) -> None:
+    """One byte of `path` changed in place, its size and modification time as they were."""
+    info, data = path.stat(), bytearray(path.read_bytes())
+    data[at] ^= 0xFF
+    path.write_bytes(bytes(data))
+    os.utime(path, ns=(info.st_atime_ns, info.st_mtime_ns))
+
+
+def test_a_flipped_byte_in_the_cached_weights_is_caught_before_decoding(toy_gguf: Path, monkeypatch, capsys) -> None:
+    folder = gguf_folder(toy_gguf)
+    weights = folder / "model.safetensors"
+    good = weights.read_bytes()
+    flip_byte(weights, len(good) // 2)
+    made = conversions(monkeypatch)
+    capsys.readouterr()
+    assert gguf_folder(toy_gguf) == folder and made == [folder]
+    assert capsys.readouterr().err.startswith(
+        f"blockdecode: {folder} (blockdecode's own conversion cache, safe to delete) is damaged: model.safetensors "
+        "does not match the sha256 written when it was made; making it again\n"
+    )
+    assert weights.read_bytes() == good
+
+
+@pytest.mark.parametrize("damage", ["safetensors header", "config.json", "a missing file", "source.json"])
+def test_a_damaged_conversion_is_made_again_in_one_line(toy_gguf: Path, damage: str, monkeypatch, capsys) -> None:
+    folder = gguf_folder(toy_gguf)
+    if damage == "safetensors header":
+        (folder / "model.safetensors").write_bytes(b"\xff" * 16 + (folder / "model.safetensors").read_bytes()[16:])
+    elif damage == "config.json":
+        (folder / "config.json").write_text("{" + (folder / "config.json").read_text()[1:].replace("{", "["))
+    elif damage == "a missing file":
+        (folder / "tokenizer.json").unlink()
+    else:
+        (folder / "source.json").write_text("{ not json")
+    made = conversions(monkeypatch)
+    capsys.readouterr()
+    model, tokenizer = load(toy_gguf)
+    err = capsys.readouterr().err
+    assert made == [folder] and err.count("is damaged") == 1
+    line = next(line for line in err.splitlines() if "is damaged" in line)
+    assert "safe to delete" in line and line.endswith("; making it again")
+    assert type(model.base).__name__ == "Gemma3ForCausalLM" and tokenizer("the def").input_ids
+
+
+@pytest.mark.parametrize("where", ["a file in place of the cache", "XDG_CACHE_HOME a file", "an unwritable cache"])
+def test_an_unusable_cache_is_said_before_converting_and_the_model_loads_uncached(
+    toy_gguf: Path, tmp_path: Path, where: str, monkeypatch, capsys
+) -> None:
+    xdg = tmp_path / "xdg"
+    if where == "a file in place of the cache":
+        (xdg / "blockdecode").mkdir(parents=True)
+        (xdg / "blockdecode" / "gguf").write_text("")
+    elif where == "XDG_CACHE_HOME a file":
+        xdg.write_text("")
+    else:
+        (xdg / "blockdecode" / "gguf").mkdir(parents=True)
+        (xdg / "blockdecode" / "gguf").chmod(0o500)
+        if os.geteuid() == 0:  # root writes through a read-only mode: here the write fails as it would for anyone
+            real = gguf_cache.tempfile.mkstemp
+
+            def refused(*args, dir=None, **kwargs):
+                if dir is not None and Path(dir).is_relative_to(xdg):
+                    raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(dir))
+                return real(*args, dir=dir, **kwargs)
+
+            monkeypatch.setattr(gguf_cache.tempfile, "mkstemp", refused)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(xdg))
+    path = tmp_path / "m.gguf"  # a path of its own: this process has not converted it uncached before
+    shutil.copy(toy_gguf, path)
+    made = conversions(monkeypatch)
+    capsys.readouterr()
+    model, _ = load(path)
+    err = capsys.readouterr().err
+    assert "Errno" not in err and len(made) == 1 and made[0] is None
+    note = err.splitlines()[0]
+    assert note.startswith("blockdecode: the GGUF conversion cache ") and " cannot be used (" in note
+    assert note.endswith("into a temporary folder, going on uncached")
+    assert model.base_location == str(path.resolve()) and type(model.base).__name__ == "Gemma3ForCausalLM"
+    assert load(path)[0] is not None and len(made) == 1  # the same process reuses what it converted
+
+
+def test_a_same_size_edit_with_its_time_put_back_is_converted_again_in_place_of_the_old(
+    tmp_path: Path, monkeypatch
+) -> None:
     path = tmp_path / "m.gguf"
     write_gemma3_gguf(path, seed=1)
     first = gguf_folder(path)
-    write_gemma3_gguf(path, seed=2)
-    os.utime(path, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns + 10**9))
+    flip_byte(path, path.stat().st_size - 100)  # inside the last tensor's data
+    made = conversions(monkeypatch)
     second = gguf_folder(path)
-    assert second != first
-    weights = [AutoModelForCausalLM.from_pretrained(f).model.embed_tokens.weight for f in (first, second)]
-    assert not torch.equal(*weights)
-    assert torch.equal(BlockwiseLM.from_pretrained(path).base.model.embed_tokens.weight, weights[1])
+    assert made == [second] and second != first and not first.exists()
+    weights = AutoModelForCausalLM.from_pretrained(second).lm_head.weight
+    assert torch.equal(BlockwiseLM.from_pretrained(path).base.lm_head.weight, weights)
+    write_gemma3_gguf(path, seed=2)  # rewritten whole: again one conversion, in place of the last
+    third = gguf_folder(path)
+    assert made == [second, third] and not second.exists() and third.exists()
+
+
+def test_a_touch_or_a_rename_reuses_the_conversion_and_leaves_nothing_behind(tmp_path: Path, monkeypatch) -> None:
+    path = tmp_path / "m.gguf"
+    write_gemma3_gguf(path, seed=3)
+    folder = gguf_folder(path)
+    before = cached_folders()
+    made = conversions(monkeypatch)
+    os.utime(path, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns + 10**9))  # touch
+    assert gguf_folder(path) == folder
+    renamed = path.rename(tmp_path / "renamed.gguf")
+    assert gguf_folder(renamed) == folder and made == [] and cached_folders() == before
+    index = json.loads((cache_root() / "gguf" / "index.json").read_text())
+    assert str(renamed.resolve()) in index and str(path.resolve()) not in index
+
+
+@pytest.mark.parametrize("keep", [5000, -5000])
+def test_a_gguf_cut_short_is_said_so_with_the_architecture_its_header_names(
+    toy_gguf: Path, tmp_path: Path, keep: int
+) -> None:
+    cut = tmp_path / "cut.gguf"
+    data = toy_gguf.read_bytes()
+    cut.write_bytes(data[:keep])
+    if keep > 0:  # within the header: its token list
+        why = r"its header runs past the end of the file \(5000 bytes\)"
+    else:
+        why = rf"\({len(data) - 5000} of \d+ bytes: its tensors run past the end of the file\)"
+    with pytest.raises(CheckpointError, match=rf"^{cut} is cut short:? {why}; its header names architecture gemma3$"):
+        load(cut)
 
 
 def test_what_is_not_a_readable_gguf_is_one_line_naming_it(tmp_path: Path) -> None:
@@ -103,15 +246,17 @@ def test_what_is_not_a_readable_gguf_is_one_line_naming_it(tmp_path: Path) -> No
         CheckpointError, match=r"other.gguf: transformers cannot read this GGUF \(architecture nonesuch\)"
     ):
         load(other)
-    cut = tmp_path / "cut.gguf"
-    write_gemma3_gguf(cut)
-    cut.write_bytes(cut.read_bytes()[:5000])
-    with pytest.raises(CheckpointError, match="cut.gguf: transformers cannot read this GGUF"):
-        load(cut)
     plain = tmp_path / "notes.txt"
     plain.write_text("hello")
     with pytest.raises(CheckpointError, match="is a file, not a model folder .* nor a GGUF file"):
         load(plain)
+
+
+def test_a_folder_without_config_json_is_not_a_model_folder(tmp_path: Path) -> None:
+    with pytest.raises(CheckpointError, match=rf"^{tmp_path} holds no config.json: not a model folder$"):
+        load(tmp_path)
+    with pytest.raises(SystemExit, match=rf"^error: {tmp_path} holds no config.json: not a model folder$"):
+        cli_main(["generate", "--model", str(tmp_path), "--prompt", "the def"])
 
 
 def test_the_command_line_takes_a_gguf(toy_gguf: Path, capsys) -> None:

@@ -42,7 +42,7 @@ from pathlib import Path
 
 import numpy as np
 
-from blockdecode.core.io import atomic_write, cache_root, load_npy, read_json, save_npy, write_json
+from blockdecode.core.io import atomic_write, cache_root, file_stamp, load_npy, read_json, save_npy, write_json
 
 SORTED = 128  # the tokens each suffix is sorted by: a match and the continuation read after it, at most
 DEPTH = 64  # the deepest continuation counted (blockdecode.drafters.suffix reads no deeper)
@@ -383,11 +383,9 @@ def corpus_stamp(items: str | os.PathLike | Sequence[str | os.PathLike]) -> tupl
             continue
         for file in sorted(path.rglob("*")) if path.is_dir() else [path]:
             try:
-                info = file.stat()
+                stamp.append((str(file), *file_stamp(file)))
             except OSError:  # reading it says why
                 stamp.append(str(file))
-                continue
-            stamp.append((str(file), info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns))  # ctime: any write
     return tuple(stamp)
 
 
