@@ -21,6 +21,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
+from common import heading  # noqa: E402
 from transformers import AutoTokenizer  # noqa: E402
 
 from blockdecode import DEFAULT_MODEL  # noqa: E402
@@ -93,7 +94,7 @@ def main() -> None:
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     rows = continuations(model, tokenizer, [*PROMPTS, FIB], args.new_tokens)
     report = {
-        "model": args.model,
+        **heading(args.model, torch.float32, threads=torch.get_num_threads()),
         "continuations": rows,
         "without_a_loop": sum(r["loop"] is None for r in rows),
         "without_a_repeated_line": sum(r["repeated_line"] is None for r in rows),

@@ -9,8 +9,8 @@ a drafting pass costs beside a bare forward, and tokens a second, windows that l
 - Cost: one DFlash pass (the whole block guessed) against a bare base forward of the same block and of one token
   over a cached context; EAGLE-3's one drafting step beside it.
 - Speed: tokens/s of transformers' greedy, each drafter's chain, the default and DFlash ranked with n-gram lookup,
-  each method in turns on the same windows (one dtype, `--dtype`); the median over windows of each method's speed
-  against greedy's, over the windows that loop and those that do not.
+  each method in turns on the same windows, in the dtype `auto` picks for this CPU (`--dtype`); the median over
+  windows of each method's speed against greedy's, over the windows that loop and those that do not.
 
     python benchmarks/dflash_study.py --corpus runs/e3/corpus --dflash runs/dflash/dflash --run runs/dflash
 """
@@ -24,20 +24,18 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from common import RESULTS, dtype_flag, heading, title
 from eagle3_study import blocks, plot_blocks, step_cost
 from lookup_study import LOOPS, loops
 from paper_table import THIRD_PARTY, heldout_prompts, third_party_prompts
 from transformers import AutoTokenizer, DynamicCache
 
 from blockdecode import DEFAULT_MODEL
-from blockdecode.bench.report import cpu_name, write_results
-from blockdecode.core.hardware import native_bf16
-from blockdecode.core.hf import layer_inputs
+from blockdecode.bench.report import write_results
+from blockdecode.core.hf import cache_argument, dtype_for, dtype_name, layer_inputs
 from blockdecode.core.io import read_jsonl, save_figure
 from blockdecode.decoding.loop import decode_prompts
 from blockdecode.model import BlockwiseLM
-
-RESULTS = Path(__file__).parent / "results"
 
 
 def with_dflash(model: str, dflash: str, dtype: torch.dtype) -> BlockwiseLM:
@@ -69,11 +67,12 @@ def pass_cost(lm: BlockwiseLM, context: torch.LongTensor, reps: int = 50) -> dic
         return statistics.median(samples[2:]) * 1e3
 
     cache = DynamicCache(config=lm.base.config)
-    lm.base(tokens, past_key_values=cache)
+    name = cache_argument(lm.base)  # transformers 5.x renamed past_key_values
+    lm.base(tokens, **{name: cache})
 
     def call(n: int):
         def forward() -> None:
-            lm.base(context[:, -1:].expand(1, n), past_key_values=cache)
+            lm.base(context[:, -1:].expand(1, n), **{name: cache})
             cache.crop(-n)  # transformers 5: a negative count removes that many
 
         return forward
@@ -168,6 +167,7 @@ def plot(report: dict, png: Path) -> None:
     ax.axvline(1.0, color="grey", lw=0.8)
     ax.set(xlabel=f"median × transformers' greedy ({speed['dtype']})", title="speed")
     ax.legend(fontsize="x-small")
+    fig.suptitle(title(report), fontsize=9)
     fig.tight_layout()
     save_figure(fig, png)
 
@@ -184,12 +184,12 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--prompt-len", type=int, default=64)
     p.add_argument("--new-tokens", type=int, default=128)
     p.add_argument("--speed-prompts", type=int, default=6, help="of each set, timed")
-    p.add_argument("--dtype", default="bfloat16", help="the dtype timed (blocks are measured in fp32)")
+    dtype_flag(p, "the dtype timed (blocks are measured in fp32)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--out", default=str(RESULTS / "dflash_study.json"))
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
-    ks = [int(k) for k in args.ks.split(",")]
+    ks, dtype = [int(k) for k in args.ks.split(",")], dtype_for(args.dtype)
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     prompt_sets = {
         "stdlib held-out": heldout_prompts(Path(args.corpus), args.prompts, args.prompt_len),
@@ -199,12 +199,12 @@ def main(argv: list[str] | None = None) -> dict:
     model = with_dflash(args.model, dflash, torch.float32)
     cfg = model.dflash.config
     report = {
-        "machine": {
-            "cpu": cpu_name(),
-            "threads": args.threads,
-            "native_bf16": native_bf16(),
-            "torch": torch.__version__,
-        },
+        **heading(
+            "built-in code model" if args.model == DEFAULT_MODEL else Path(args.model).name,
+            dtype,
+            threads=args.threads,
+            torch=torch.__version__,
+        ),
         "settings": vars(args),
         "dflash": {
             "target_layer_ids": list(cfg.target_layer_ids),
@@ -227,18 +227,18 @@ def main(argv: list[str] | None = None) -> dict:
         run = Path(folder).parent / "metrics.jsonl"
         if run.is_file():
             report.setdefault("variant_curves", {})[name] = training_curve(run.parent)
-    timed_model = with_dflash(args.model, dflash, getattr(torch, args.dtype))
+    timed_model = with_dflash(args.model, dflash, dtype)
     context = torch.cat(prompt_sets["stdlib held-out"][:5], dim=1)
     report["cost"] = {
         "dflash": pass_cost(timed_model, context),
-        "eagle3": step_cost(args.model, context, 8, args.dtype),
+        "eagle3": step_cost(args.model, context, 8, dtype),
     }
-    report["cost"]["dtype"] = args.dtype
+    report["cost"]["dtype"] = dtype_name(dtype)
     print(report["cost"], flush=True)
     timed = [p for prompts in prompt_sets.values() for p in prompts[:: max(1, len(prompts) // args.speed_prompts)]]
     refs = [timed_model.base.generate(ids, max_new_tokens=args.new_tokens, do_sample=False) for ids in timed]
     looping = [loops(r[0, ids.shape[1] :].tolist(), ids[0].tolist()) > LOOPS for r, ids in zip(refs, timed)]
-    report["speed"] = speed(timed_model, timed, args.new_tokens, looping) | {"dtype": args.dtype}
+    report["speed"] = speed(timed_model, timed, args.new_tokens, looping) | {"dtype": dtype_name(dtype)}
     print(report["speed"], flush=True)
     if args.run:
         report["training"] = training_curve(Path(args.run))

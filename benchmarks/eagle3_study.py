@@ -7,12 +7,10 @@ costs.
   chance to stand given the one before, the share of windows whose greedy text loops, and the eagle3 chain's
   output checked against transformers' greedy; again over the first `--short-tokens`, before most loops.
 - Speed: tokens/s of transformers' greedy, the heads' chain, the eagle3 chain, the default (heads and n-gram
-  lookup, ranked) and eagle3 with n-gram lookup ranked the same way, each dtype in turns on the same prompts, so
-  that the ratios compare the best dtype of each.
+  lookup, ranked) and eagle3 with n-gram lookup ranked the same way, in the dtype `auto` picks for this CPU; with
+  `--dtypes bf16,fp32`, each dtype in turns on the same prompts, the ratios comparing the best dtype of each.
 - Cost: one drafting step (a pass of the drafter's layer and its draft vocabulary) against a one-token call of
   the base and a verify call of k tokens, over a cached context.
-- The mask pilot's protocol (issue 37): each drafter's chain from every anchor of 64 distilled held-out
-  windows, scored against greedy's tokens, beside the figures the pilot reported for masks and heads.
 - Training: the held-out top-1 accuracy of each draft step over the run (`--run`, its metrics.jsonl).
 
     python benchmarks/eagle3_study.py --corpus runs/e3/corpus --run runs/e3/eagle3
@@ -27,26 +25,19 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from common import RESULTS, heading, title
 from lookup_study import LOOPS, loops
-from mask_pilot import heads_guesses, scores
 from paper_table import THIRD_PARTY, heldout_prompts, third_party_prompts
 from transformers import AutoTokenizer, DynamicCache
 
 from blockdecode import DEFAULT_MODEL
-from blockdecode.bench.report import cpu_name
-from blockdecode.core.hardware import native_bf16
-from blockdecode.core.hf import layer_inputs, resolve_eos
-from blockdecode.core.io import cache_root, read_jsonl, save_figure, write_json
+from blockdecode.core.hf import DTYPE_CHOICES, cache_argument, dtype_for, dtype_name, layer_inputs
+from blockdecode.core.io import read_jsonl, save_figure, write_json
 from blockdecode.decoding.loop import decode_prompts
 from blockdecode.decoding.reference import first_divergence, greedy_generate
 from blockdecode.drafters.eagle3.drafting import Eagle3Drafter
-from blockdecode.drafters.masks import anchor_targets
 from blockdecode.model import BlockwiseLM, load
-from blockdecode.training.config import TrainConfig
-from blockdecode.training.data import load_tokens, pack
-from blockdecode.training.distill import distill_sequences
 
-RESULTS = Path(__file__).parent / "results"
 DRAFTERS = ("heads", "eagle3")
 MIN_PROBS = (0.02, 0.1, 0.5)  # where else a chain might stop drafting (the drafter's default: 0.3)
 
@@ -93,9 +84,10 @@ def blocks(
     return found
 
 
-def speed(folder: str, prompts: list[torch.LongTensor], new_tokens: int, k: int, dtypes: list[str]) -> dict:
-    """tokens/s of each method and dtype, the methods in turns on every prompt (after one warm-up each)."""
-    models = {d: load(folder, getattr(torch, d))[0] for d in dtypes}  # with the prompts its default plan measures
+def speed(folder: str, prompts: list[torch.LongTensor], new_tokens: int, k: int, dtypes: list[torch.dtype]) -> dict:
+    """tokens/s of each method and dtype (by name), the methods in turns on every prompt (after one warm-up each)."""
+    models = {dtype_name(d): load(folder, d)[0] for d in dtypes}  # with the prompts its default plan measures
+    dtypes = list(models)
     plans = {
         d: {
             "heads chain": m.plan("heads", k, tree=None, eos_token_id=[]),
@@ -146,9 +138,9 @@ def speed(folder: str, prompts: list[torch.LongTensor], new_tokens: int, k: int,
 
 
 @torch.inference_mode()
-def step_cost(folder: str, context: torch.LongTensor, k: int, dtype: str, reps: int = 50) -> dict:
+def step_cost(folder: str, context: torch.LongTensor, k: int, dtype: torch.dtype, reps: int = 50) -> dict:
     """Median ms of one drafting step, of a one-token base call and of a k-token verify call over `context`."""
-    model = BlockwiseLM.from_pretrained(folder, dtype=getattr(torch, dtype)).eval()
+    model = BlockwiseLM.from_pretrained(folder, dtype=dtype).eval()
     drafter = model.eagle3_drafter()
     drafter.min_prob = 0.0
     tokens = context[:, :-1]
@@ -168,11 +160,12 @@ def step_cost(folder: str, context: torch.LongTensor, k: int, dtype: str, reps: 
 
     one, deep = timed(lambda: drafter._beam(0, tokens, 1, 1)), timed(lambda: drafter._beam(0, tokens, k - 1, 1))
     cache = DynamicCache(config=model.base.config)
-    model.base(tokens, past_key_values=cache)
+    name = cache_argument(model.base)  # transformers 5.x renamed past_key_values
+    model.base(tokens, **{name: cache})
 
     def call(n: int):
         def forward() -> None:
-            model.base(context[:, -1:].expand(1, n), past_key_values=cache)
+            model.base(context[:, -1:].expand(1, n), **{name: cache})
             cache.crop(-n)  # transformers 5: a negative count removes that many
 
         return forward
@@ -180,7 +173,7 @@ def step_cost(folder: str, context: torch.LongTensor, k: int, dtype: str, reps: 
     step = (deep - one) / max(1, k - 2)
     base_one, base_k = timed(call(1)), timed(call(k))
     return {
-        "dtype": dtype,
+        "dtype": dtype_name(dtype),
         "draft_step_ms": step,
         "first_guess_ms": one,
         "base_call_ms": base_one,
@@ -188,25 +181,6 @@ def step_cost(folder: str, context: torch.LongTensor, k: int, dtype: str, reps: 
         "step_against_base_call": step / base_one,
         "step_against_verify_call": step / base_k,
     }
-
-
-@torch.inference_mode()
-def pilot(model: BlockwiseLM, corpus: Path, out: Path, k: int, rows: int = 64, prompt_len: int = 32) -> dict:
-    """The mask pilot's protocol (`mask_pilot.py`, issue 37): 64 held-out windows of 32 tokens continued greedily
-    by the base for 160, every anchor whose k-1 targets lie in the continuation, each drafter's chain from there
-    scored against greedy's tokens (per offset, and the chain's block): the figures the pilot reports for masks
-    and heads, for the eagle3 drafter and the heads here."""
-    eos = sorted(resolve_eos(model.base, None))
-    cfg = TrainConfig(base=str(out), data=[str(corpus / "heldout.npy")], out=str(out), mode="distill", k=k,
-                      seq_len=prompt_len + 160, distill_prompts=rows, distill_prompt_len=prompt_len,
-                      distill_new_tokens=160, distill_cache=str(out / "distill-cache"))  # fmt: skip
-    held = distill_sequences(model.base, pack(load_tokens(cfg.data, None, eos[0] if eos else None), cfg.seq_len), cfg)
-    anchors, targets = anchor_targets(held, k, prompt_len)
-    with layer_inputs(model.base, model.eagle3.config.aux_layers) as aux:
-        model.base(held.clamp(min=0))
-    embed = model.base.get_input_embeddings()
-    guesses = model.eagle3.guesses(embed, aux[0], held.clamp(min=0), k - 1)[:, anchors]
-    return {"eagle3": scores(guesses, targets), "heads": scores(*heads_guesses(model, held, prompt_len, k))}
 
 
 def training_curve(run: Path) -> list[dict]:
@@ -253,6 +227,7 @@ def plot(report: dict, png: Path) -> None:
     ax.axvline(1.0, color="grey", lw=0.8)
     ax.set(xlabel="× transformers' greedy (each at its best dtype)", title="speed")
     ax.tick_params(axis="y", labelsize="small")
+    fig.suptitle(title(report), fontsize=9)
     fig.tight_layout()
     save_figure(fig, png)
 
@@ -268,12 +243,12 @@ def main() -> None:
     p.add_argument("--new-tokens", type=int, default=128)
     p.add_argument("--short-tokens", type=int, default=32, help="the blocks at k=max again over this many new tokens")
     p.add_argument("--speed-prompts", type=int, default=8, help="of each set, timed")
-    p.add_argument("--dtypes", default="bfloat16,float32")
+    p.add_argument("--dtypes", default="auto", help=f"comma-separated, of {', '.join(DTYPE_CHOICES)}: each timed")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--out", default=str(RESULTS / "eagle3_study.json"))
     args = p.parse_args()
     torch.set_num_threads(args.threads)
-    ks, dtypes = [int(k) for k in args.ks.split(",")], args.dtypes.split(",")
+    ks, dtypes = [int(k) for k in args.ks.split(",")], [dtype_for(d) for d in args.dtypes.split(",")]
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     prompt_sets = {
         "stdlib held-out": heldout_prompts(Path(args.corpus), args.prompts, args.prompt_len),
@@ -281,12 +256,12 @@ def main() -> None:
     }
     model = BlockwiseLM.from_pretrained(args.model, dtype=torch.float32).eval()
     report = {
-        "machine": {
-            "cpu": cpu_name(),
-            "threads": args.threads,
-            "native_bf16": native_bf16(),
-            "torch": torch.__version__,
-        },
+        **heading(
+            "built-in code model" if args.model == DEFAULT_MODEL else Path(args.model).name,
+            dtypes,
+            threads=args.threads,
+            torch=torch.__version__,
+        ),
         "settings": vars(args),
         "eagle3": {
             "aux_layers": list(model.eagle3.config.aux_layers),
@@ -297,13 +272,11 @@ def main() -> None:
         # the built-in base's greedy text loops within 128 tokens: before it has, fewer windows do
         "blocks_short": blocks(model, prompt_sets, [max(ks)], args.short_tokens),
     }
-    report["pilot"] = pilot(model, Path(args.corpus), cache_root() / "eagle3_study", max(ks))  # its distilled rows
-    print(report["pilot"], flush=True)
     timed = [p for prompts in prompt_sets.values() for p in prompts[:: max(1, len(prompts) // args.speed_prompts)]]
     report["speed"] = speed(args.model, timed, args.new_tokens, max(ks), dtypes)
     print(report["speed"], flush=True)
     context = torch.cat([p for p in prompt_sets["stdlib held-out"][:5]], dim=1)
-    report["cost"] = {d: step_cost(args.model, context, max(ks), d) for d in dtypes}
+    report["cost"] = {dtype_name(d): step_cost(args.model, context, max(ks), d) for d in dtypes}
     print(report["cost"], flush=True)
     if args.run:
         report["training"] = training_curve(Path(args.run))

@@ -2,8 +2,10 @@
 """What choosing a setting costs the first `blockdecode generate`, and whether the choice is stable.
 
 1. Whole commands, as a user runs them: `blockdecode generate` with `--tree off`, then with the
-   default `--tree auto` and an empty cache (cold: the setting is chosen), then again (warm: read
-   from the cache); each `--repeats` times, interleaved, the medians kept.
+   default and an empty cache (cold: the setting is chosen), then again (warm: read from the
+   cache); each `--repeats` times, interleaved, the medians kept.
+
+Everything runs in the dtype `auto` picks for this CPU (`--dtype`).
 2. The choice itself, made `--calibrations` times afresh on the built-in model; then every distinct
    setting chosen is decoded on the model's prompts in interleaved rounds, so their speeds can be
    compared (the target: within 10 % of each other).
@@ -26,10 +28,10 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
+from common import dtype_flag, heading, title  # noqa: E402
 
 from blockdecode import DEFAULT_MODEL, load  # noqa: E402
-from blockdecode.core.hardware import auto_dtype  # noqa: E402
-from blockdecode.core.hf import dtype_name  # noqa: E402
+from blockdecode.core.hf import dtype_for  # noqa: E402
 from blockdecode.core.io import save_figure, write_json  # noqa: E402
 from blockdecode.decoding.calibrate import calibrate  # noqa: E402
 
@@ -43,20 +45,20 @@ def command_seconds(extra: list[str], cache: str) -> float:
     return time.perf_counter() - start
 
 
-def commands(repeats: int) -> dict[str, float]:
-    """Median seconds of the whole command: --tree off, cold (empty cache) and warm."""
+def commands(repeats: int, dtype: str) -> dict[str, float]:
+    """Median seconds of the whole command in `dtype` (a --dtype name): --tree off, cold (empty cache) and warm."""
     times: dict[str, list[float]] = {"tree off": [], "cold": [], "warm": []}
     for _ in range(repeats):
         with tempfile.TemporaryDirectory() as cache:
-            times["tree off"].append(command_seconds(["--tree", "off"], cache))
-            times["cold"].append(command_seconds([], cache))
-            times["warm"].append(command_seconds([], cache))
+            times["tree off"].append(command_seconds(["--dtype", dtype, "--tree", "off"], cache))
+            times["cold"].append(command_seconds(["--dtype", dtype], cache))
+            times["warm"].append(command_seconds(["--dtype", dtype], cache))
     return {name: statistics.median(values) for name, values in times.items()}
 
 
-def stability(calibrations: int, rounds: int) -> dict:
+def stability(calibrations: int, rounds: int, dtype: torch.dtype) -> dict:
     """The settings chosen by fresh calibrations, and each one's tokens/s on the model's prompts."""
-    lm, tokenizer = load(DEFAULT_MODEL, auto_dtype())
+    lm, tokenizer = load(DEFAULT_MODEL, dtype)
     texts = json.loads((Path(DEFAULT_MODEL) / "prompts.json").read_text())[:4]
     prompts = [tokenizer(t, return_tensors="pt").input_ids for t in texts]
     chosen = []
@@ -81,15 +83,16 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--calibrations", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=3)
+    dtype_flag(parser)
     parser.add_argument("--out", default="benchmarks/results/first_call.json")
     args = parser.parse_args()
     torch.set_num_threads(2)
-    whole = commands(args.repeats)
-    stable = stability(args.calibrations, args.rounds)
+    dtype = dtype_for(args.dtype)
+    whole = commands(args.repeats, args.dtype)
+    stable = stability(args.calibrations, args.rounds, dtype)
     report = {
-        "dtype": dtype_name(auto_dtype()),
-        "cpu": torch.backends.cpu.get_cpu_capability(),
-        "command": " ".join(COMMAND[1:]),
+        **heading("built-in code model", dtype, threads=2),
+        "command": " ".join([*COMMAND[1:], "--dtype", args.dtype]),
         "seconds": whole,
         "cold_over_tree_off": whole["cold"] - whole["tree off"],
         "warm_over_tree_off": whole["warm"] - whole["tree off"],
@@ -109,6 +112,7 @@ def main() -> None:
     right.bar(list(stable["tokens_per_s"]), list(stable["tokens_per_s"].values()))
     right.set_ylabel("tokens/s")
     right.set_title(f"settings chosen by {args.calibrations} calibrations")
+    fig.suptitle(title(report), fontsize=9)
     save_figure(fig, Path(args.out).with_suffix(".png"))
 
 

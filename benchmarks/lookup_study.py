@@ -4,12 +4,13 @@
 same windows with the package's other files as a corpus; (c) translation of held-out verses in book order, with
 and without remembered outputs; (d) sampling at temperatures 0.7 and 1.0 against `transformers`' sampling.
 
-Every method decodes every window; times are the best of `--rounds` interleaved runs, so a method is never timed
-while the machine is busier than for the others. `loop ms/call` is a call's wall time outside the model's forward
-(timed from outside, `blockdecode.decoding.timing.metered`). A window "loops" when more than half of its greedy
-continuation's 4-grams stood before it (`benchmarks/repetition.py`), which flatters every lookup drafter: each
-figure is given on the windows that do not loop too. With llama.cpp installed (`pip install .[llama]`), its greedy
-of the same model (a bf16 GGUF as `benchmarks/sizes.py` writes it) is timed on (a) too.
+Every method decodes every window, in the dtype `auto` picks for this CPU (`--dtype`); times are the best of
+`--rounds` interleaved runs, so a method is never timed while the machine is busier than for the others.
+`loop ms/call` is a call's wall time outside the model's forward (timed from outside,
+`blockdecode.decoding.timing.metered`). A window "loops" when more than half of its greedy continuation's 4-grams
+stood before it (`benchmarks/repetition.py`), which flatters every lookup drafter: each figure is given on the
+windows that do not loop too. With llama.cpp installed (`pip install .[llama]`), its greedy of the same model (a
+GGUF as `benchmarks/sizes.py` writes it) is timed on (a) too.
 
     python benchmarks/lookup_study.py --windows 12 --bible /tmp/bible   # about 15 min on 2 cores
 """
@@ -25,14 +26,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from common import dtype_flag, heading, title
 from paper_table import THIRD_PARTY
 from repetition import repetition
 from sizes import llama_cpp_greedy, llama_cpp_installed, write_gguf
 
 from blockdecode import DEFAULT_MODEL, DEFAULT_TRANSLATION_MODEL, load
-from blockdecode.bench.report import cpu_name, write_results
-from blockdecode.core.hardware import auto_dtype
-from blockdecode.core.hf import generate_length
+from blockdecode.bench.report import write_results
+from blockdecode.core.hf import dtype_for, generate_length
 from blockdecode.core.io import save_figure
 from blockdecode.decoding.timing import metered
 from blockdecode.pretraining.bible import read_tsv
@@ -232,7 +233,7 @@ def study_translation(bible: Path, verses: int, rounds: int, model=None, extra: 
     """(c): held-out verses in book order, greedy against the default with and without remembered outputs, and
     `extra`'s methods (name: `generate`'s settings) on `model` (lm, tokenizer; default: the built-in translation
     model)."""
-    lm, tokenizer = model or load(DEFAULT_TRANSLATION_MODEL, dtype=auto_dtype())
+    lm, tokenizer = model or load(DEFAULT_TRANSLATION_MODEL, dtype=dtype_for("auto"))
     pairs = read_tsv(bible / "test.tsv")[:verses]
     sources = [torch.tensor([tokenizer(p.source).input_ids]) for p in pairs]
     limits = [min(lm.base.config.max_position_embeddings - 1, int(1.5 * s.shape[1]) + 10) for s in sources]
@@ -344,6 +345,7 @@ def plot(report: dict, png: Path) -> None:
     axes[2].bar([f"T={t}" for t in found], [v["vs_transformers"] for v in found.values()])
     axes[2].axhline(1.0, color="grey", lw=0.8)
     axes[2].set_title("(d) sampling, against\ntransformers' sampling")
+    fig.suptitle(title(report), fontsize=9)
     fig.tight_layout()
     save_figure(fig, png)
 
@@ -357,6 +359,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--bible", default=None, help="the folder `blockdecode bible` wrote: (c) reads its test.tsv")
     p.add_argument("--verses", type=int, default=100)
     p.add_argument("--no-llama-cpp", dest="llama_cpp", action="store_false")
+    dtype_flag(p)
     p.add_argument("--out", default="benchmarks/results/lookup_study.json")
     args = p.parse_args(argv)
     for name in ("windows", "new_tokens", "rounds", "threads", "verses"):
@@ -366,10 +369,11 @@ def main(argv: list[str] | None = None) -> dict:
         p.error(f"--bible {args.bible} holds no test.tsv: write it with `blockdecode bible --out {args.bible}`")
     torch.set_num_threads(args.threads)
     started = time.perf_counter()
-    lm, tokenizer = load(DEFAULT_MODEL, dtype=auto_dtype())
-    report: dict = {"model": "built-in code model", "dtype": str(lm.base.dtype).removeprefix("torch."),
-                    "threads": args.threads, "machine": cpu_name(), "new_tokens": args.new_tokens,
-                    "rounds": args.rounds, "code": {}}  # fmt: skip
+    dtype = dtype_for(args.dtype)
+    lm, tokenizer = load(DEFAULT_MODEL, dtype=dtype)
+    report = heading("built-in code model", dtype, threads=args.threads, new_tokens=args.new_tokens,
+                     rounds=args.rounds, code={})  # fmt: skip
+    print(title(report), flush=True)
     for length in (64, 300):
         windows = code_windows(tokenizer, args.windows, length)
         report["code"][str(length)] = study_code(lm, windows, args, corpus=False)
@@ -379,7 +383,8 @@ def main(argv: list[str] | None = None) -> dict:
     report["sampling"] = study_sampling(lm, windows, args.new_tokens, (0.7, 1.0), args.rounds)
     print(f"(d) sampling: done, {time.perf_counter() - started:.0f} s")
     if args.bible:
-        report["translation"] = study_translation(Path(args.bible), args.verses, args.rounds)
+        translator = load(DEFAULT_TRANSLATION_MODEL, dtype=dtype)
+        report["translation"] = study_translation(Path(args.bible), args.verses, args.rounds, translator)
         print(f"(c) translation: done, {time.perf_counter() - started:.0f} s")
     report["seconds"] = time.perf_counter() - started
     out = Path(args.out)

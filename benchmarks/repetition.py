@@ -14,6 +14,7 @@ import argparse
 from pathlib import Path
 
 import torch
+from common import heading, title
 from paper_table import THIRD_PARTY, third_party_prompts
 from transformers import AutoTokenizer
 
@@ -48,9 +49,10 @@ def measure(model: str, prompts: list[torch.LongTensor], new_tokens: int) -> dic
     return {"repeated_4grams": repeated / total, "distinct_tokens": sum(distinct) / len(distinct)}
 
 
-def plot(rows: list[dict]):
+def plot(report: dict):
     import matplotlib.pyplot as plt
 
+    rows = report["rows"]
     fig, ax = plt.subplots(figsize=(7, 3.5))
     sets, models = list(dict.fromkeys(r["prompts"] for r in rows)), list(dict.fromkeys(r["model"] for r in rows))
     width = 0.8 / len(models)
@@ -60,6 +62,7 @@ def plot(rows: list[dict]):
     ax.set_xticks([i + width * (len(models) - 1) / 2 for i in range(len(sets))], sets)
     ax.set_ylabel("generated 4-grams seen before")
     ax.set_ylim(0, 1)
+    ax.set_title(f"greedy text, {title(report)}", fontsize=9)
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3, axis="y")
     fig.tight_layout()
@@ -89,8 +92,10 @@ def main() -> None:
             print(f"{name} {model}: repeated 4-grams {rows[-1]['repeated_4grams']:.3f}, "
                   f"distinct tokens {rows[-1]['distinct_tokens']:.3f}")  # fmt: skip
     out = Path(args.out)
-    write_json(out.with_suffix(".json"), {"config": vars(args), "rows": rows})
-    save_figure(plot(rows), out.with_suffix(".png"))
+    report = {**heading(", ".join(Path(m).name for m in args.models), torch.float32, threads=args.threads),
+              "config": vars(args), "rows": rows}  # fmt: skip
+    write_json(out.with_suffix(".json"), report)
+    save_figure(plot(report), out.with_suffix(".png"))
 
 
 if __name__ == "__main__":

@@ -16,16 +16,25 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from lookup_depth import load_model, plot_bars, report_head, results_path, window_args, windows_of
-from lookup_study import study_sampling
+import torch
+from common import RESULTS, dtype_flag, heading, plot_bars
+from lookup_study import Window, code_windows, study_sampling
+from real import prose_windows, real_model_file
 
+from blockdecode import DEFAULT_MODEL, load
 from blockdecode.bench.report import write_results
+from blockdecode.core.hf import dtype_for
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--temperatures", default="0.7,1.0", help="comma-separated, each > 0")
-    window_args(p, rounds=2)
+    p.add_argument("--gguf", default=None, help="a GGUF file, or 'real' for Gemma 3 270M (default: the built-in model)")
+    p.add_argument("--windows", type=int, default=12, help="built-in model: code windows at each prompt length")
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--new-tokens", type=int, default=None, help="default: 128 on the built-in model, 96 on a GGUF")
+    dtype_flag(p)
     p.add_argument("--out", type=Path, default=None, help="default: results/sampling_speed[_real].json")
     return p.parse_args(argv)
 
@@ -44,6 +53,13 @@ def temperatures(spelt: str) -> tuple[float, ...]:
     return tuple(found)
 
 
+def windows_of(gguf: str | None, n: int, tokenizer) -> dict[str, list[Window]]:
+    """The sets of windows, by name: n of code at each prompt length on the built-in model, code and prose on a GGUF."""
+    if gguf is None:
+        return {str(length): code_windows(tokenizer, n, length) for length in (64, 300)}
+    return {"code": code_windows(tokenizer, 6, 256), "prose": prose_windows(tokenizer, 4, 256)}
+
+
 def plot(report: dict, png: Path) -> None:
     sets = list(report["sets"])
     temps = report["sets"][sets[0]]
@@ -54,15 +70,19 @@ def plot(report: dict, png: Path) -> None:
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     temps = temperatures(args.temperatures)  # checked before anything loads
-    lm, tokenizer, n = load_model(args)
-    report = report_head(args, n)
-    for name, windows in windows_of(args, tokenizer).items():
+    gguf = str(real_model_file(None)) if args.gguf == "real" else args.gguf
+    torch.set_num_threads(args.threads)
+    lm, tokenizer = load(gguf or DEFAULT_MODEL, dtype=dtype_for(args.dtype))
+    lm.eval()
+    n = args.new_tokens or (128 if gguf is None else 96)
+    model = Path(gguf).name if gguf else "built-in code model"
+    report = {**heading(model, lm.base.dtype, threads=args.threads, new_tokens=n, rounds=args.rounds), "sets": {}}
+    for name, windows in windows_of(gguf, args.windows, tokenizer).items():
         found = report["sets"][name] = study_sampling(lm, windows, n, temps, args.rounds)
         for t, v in found.items():
             print(f"{name}, temperature {t}: {v['vs_transformers']:.3f}x transformers' sampling, "
                   f"{v['tokens_per_call']:.2f} tokens a call")  # fmt: skip
-    out = results_path(args, "sampling_speed")
-    write_results(report, out, plot)
+    write_results(report, args.out or RESULTS / f"sampling_speed{'_real' if gguf else ''}.json", plot)
     return report
 
 

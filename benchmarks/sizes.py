@@ -34,13 +34,13 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 
 import torch  # noqa: E402
+from common import dtype_flag, heading, title  # noqa: E402
 from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
 from transformers.utils import logging as hf_logging  # noqa: E402
 
 from blockdecode import DEFAULT_MODEL, BlockwiseLM, ScriptedDrafter  # noqa: E402
 from blockdecode.bench.methods import Method, Run, blockwise_run, measure, transformers_run  # noqa: E402
-from blockdecode.bench.report import cpu_name  # noqa: E402
-from blockdecode.core.hardware import auto_dtype  # noqa: E402
+from blockdecode.core.hf import dtype_for  # noqa: E402
 from blockdecode.core.io import read_prompts, save_figure, write_json  # noqa: E402
 from blockdecode.decoding.loop import decode_prompts  # noqa: E402
 from blockdecode.decoding.plan import make_plan  # noqa: E402
@@ -79,7 +79,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--prompts", type=int, default=2)
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--threads", type=int, default=torch.get_num_threads())
-    p.add_argument("--dtype", choices=("auto", "bf16", "fp32"), default="auto", help="auto: bf16 where native")
+    dtype_flag(p)
     p.add_argument("--device", default="cpu", help="cpu, or cuda: the models and every engine but llama.cpp there")
     p.add_argument(
         "--embed-scale",
@@ -331,12 +331,13 @@ def measure_size(size: str, args: argparse.Namespace, dtype: torch.dtype, profil
     return row
 
 
-def plot(rows: list[dict], png: Path) -> None:
+def plot(report: dict, png: Path) -> None:
     """Speedup against model size: blockdecode's best over transformers' greedy and over llama.cpp's, and
     llama.cpp's greedy over transformers'."""
     from blockdecode.core.plots import _pyplot
 
     plt = _pyplot()
+    rows = report["sizes"]
     fig, ax = plt.subplots(figsize=(7, 4.2))
     sizes = [r["parameters"] / 1e6 for r in rows]
     best = [max(v for k, v in r["speedup_over_transformers"].items() if k.startswith("blockdecode")) for r in rows]
@@ -351,7 +352,7 @@ def plot(rows: list[dict], png: Path) -> None:
     ax.set_xlabel("parameters (millions)")
     ax.set_ylabel("speedup")
     ax.legend()
-    ax.set_title("Greedy decoding on this CPU, by model size")
+    ax.set_title(f"Greedy decoding by model size\n{title(report)}", fontsize=9)
     save_figure(fig, png)
 
 
@@ -359,18 +360,12 @@ def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     hf_logging.set_verbosity_error()
     torch.set_num_threads(args.threads)
-    dtype = {"auto": auto_dtype(), "bf16": torch.bfloat16, "fp32": torch.float32}[args.dtype]
+    dtype = dtype_for(args.dtype, args.device)
     profiles = drafter_profiles(args.k, args.profile_prompts, args.profile_tokens)
     print(f"drafters' accuracy by depth on held-out code: {profiles}")
     rows = [measure_size(size, args, dtype, profiles) for size in args.sizes.split(",")]
     report = {
-        "environment": {
-            "cpu": cpu_name(),
-            "device": torch.cuda.get_device_name(args.device) if args.device.startswith("cuda") else "cpu",
-            "threads": args.threads,
-            "dtype": str(dtype).removeprefix("torch."),
-            "torch": torch.__version__,
-        },  # fmt: skip
+        **heading("Llama by size, random weights", dtype, args.device, threads=args.threads, torch=torch.__version__),
         "settings": {k: v for k, v in vars(args).items() if k != "out"},
         "profiles": profiles,
         "note": "random weights: meaningless text, honest timing",
@@ -378,7 +373,8 @@ def main(argv: list[str] | None = None) -> dict:
     }
     out = Path(args.out)
     write_json(out, report)
-    plot(rows, out.with_suffix(".png"))
+    plot(report, out.with_suffix(".png"))
+    print(title(report))
     for r in rows:
         print(f"{r['size']:>8} {r['parameters'] / 1e6:8.1f}M  t(8)/t(1) {r['cost_ratio'][8]:.2f}  "
               f"t(32)/t(1) {r['cost_ratio'][32]:.2f}  " + "  ".join(f"{k}: {v:.2f}x" for k, v in

@@ -5,8 +5,8 @@ decoder's layers, which the source reaches through cross-attention) on held-out 
 - Blocks: the mean accepted block of the DFlash chain and of the paper's heads' chain at each k, in fp32, every
   translation checked against `transformers`' greedy.
 - Speed: `transformers`' greedy, the default, the DFlash chain and DFlash ranked with n-gram lookup and with the
-  heads, each verse's methods in turn, best of `--rounds` (`lookup_study.study_translation`), in the machine's
-  dtype; against greedy, with calls a token.
+  heads, each verse's methods in turn, best of `--rounds` (`lookup_study.study_translation`), in the dtype `auto`
+  picks for this CPU (`--dtype`); against greedy, with calls a token.
 
     python benchmarks/translation_dflash.py --bible runs/bible --dflash runs/translation-dflash/dflash   # ~10 min
 """
@@ -18,17 +18,16 @@ import time
 from pathlib import Path
 
 import torch
+from common import RESULTS, dtype_flag, heading, title
 from lookup_study import study_translation
 
 from blockdecode import DEFAULT_TRANSLATION_MODEL, load
-from blockdecode.bench.report import cpu_name, write_results
-from blockdecode.core.hardware import auto_dtype
-from blockdecode.core.hf import generate_length
+from blockdecode.bench.report import write_results
+from blockdecode.core.hf import dtype_for, generate_length
 from blockdecode.core.io import save_figure
 from blockdecode.decoding.output import DecodeStats
 from blockdecode.pretraining.bible import read_tsv
 
-RESULTS = Path(__file__).parent / "results"
 SPEED = {  # name: generate's settings
     "dflash chain, k = 8": dict(drafter="dflash", tree=None, k=8),
     "dflash+ngram ranked": dict(drafter="dflash+ngram"),
@@ -87,7 +86,8 @@ def plot(report: dict, png: Path) -> None:
     right.set_xticks(range(len(found)), list(found), rotation=30, ha="right", fontsize=8)
     right.axhline(1.0, color="grey", lw=0.8)
     right.set_ylabel("speed against transformers' greedy")
-    right.set_title(f"verses in order, {report['dtype']}, {report['threads']} threads")
+    right.set_title("verses in order")
+    fig.suptitle(title(report), fontsize=9)
     fig.tight_layout()
     save_figure(fig, png)
 
@@ -100,6 +100,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--ks", default="4,8")
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--threads", type=int, default=2)
+    dtype_flag(p, "the dtype timed (blocks are measured in fp32)")
     p.add_argument("--out", default=str(RESULTS / "translation_dflash.json"))
     args = p.parse_args(argv)
     if not (Path(args.bible) / "test.tsv").is_file():
@@ -109,12 +110,11 @@ def main(argv: list[str] | None = None) -> dict:
     lm, tokenizer = loaded(args.dflash, torch.float32)
     pairs = read_tsv(Path(args.bible) / "test.tsv")[: args.verses]
     sources = [torch.tensor([tokenizer(p.source).input_ids]) for p in pairs]
-    report: dict = {"model": "built-in translation model", "machine": cpu_name(), "threads": args.threads,
-                    "verses": len(pairs), "dflash": args.dflash or "shipped"}  # fmt: skip
+    dtype = dtype_for(args.dtype)
+    report = heading("built-in translation model", dtype, threads=args.threads, verses=len(pairs),
+                     dflash=args.dflash or "shipped")  # fmt: skip
     report["blocks"] = blocks(lm, sources, [int(k) for k in args.ks.split(",")])
     print(f"blocks: done, {time.perf_counter() - started:.0f} s")
-    dtype = auto_dtype()
-    report["dtype"] = str(dtype).removeprefix("torch.")
     report["speed"] = study_translation(Path(args.bible), args.verses, args.rounds, loaded(args.dflash, dtype), SPEED)
     for name, found in report["speed"]["methods"].items():
         print(f"  {name}: {found['vs_greedy']:.2f}x greedy, {1 / found['calls_per_token']:.2f} tokens a call")

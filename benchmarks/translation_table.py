@@ -20,18 +20,17 @@ from pathlib import Path
 import numpy as np
 import sacrebleu
 import torch
+from common import RESULTS, heading
 from results_doc import DOC, update_section
 from ship import install
 from tqdm.auto import tqdm
 from transformers import AutoTokenizer
 
-from blockdecode.bench.report import cpu_name
 from blockdecode.core.io import save_figure, write_json
 from blockdecode.decoding.loop import decode
 from blockdecode.model import BlockwiseLM
 from blockdecode.pretraining.bible import read_tsv
 
-RESULTS = Path(__file__).parent / "results"
 PAPER = {"frozen": {8: 1.76}, "distill": {8: 1.91}, "finetune+distill": {8: 4.69, 10: 4.95}}
 """Stern et al. (2018), Table 1, WMT En-De: k̂ of Regular, Distillation and Both, as cited here."""
 
@@ -73,7 +72,7 @@ def markdown(rows: list[dict], ks: list[int]) -> str:
     return "\n".join(lines)
 
 
-def plot(rows: list[dict], ks: list[int], png: Path) -> None:
+def plot(rows: list[dict], ks: list[int], png: Path, conditions: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -90,6 +89,7 @@ def plot(rows: list[dict], ks: list[int], png: Path) -> None:
         )
     ax.set_xlabel("k (block size)")
     ax.set_ylabel("mean accepted block k̂")
+    ax.set_title(conditions, fontsize=9)
     ax.legend(fontsize="small")
     save_figure(fig, png)
 
@@ -151,6 +151,7 @@ def main() -> None:
         by_k = {str(k): v for k, v in row["by_k"].items()}
         rows.append({"run": run, "mode": mode, "trained_k": lm.k, "training": record, **row, "by_k": by_k})
     result = {
+        **heading(", ".join(Path(run).name for run in args.runs), torch.float32, threads=args.threads),
         "what": "BLEU of exact greedy translations (sacrebleu) and mean accepted block at each k, fp32",
         "verses": len(pairs),
         "ks": ks,
@@ -158,12 +159,12 @@ def main() -> None:
         "rows": rows,
         "seconds": time.perf_counter() - start,
         "torch": torch.__version__,
-        "machine": cpu_name(),
     }
     out = Path(args.out)
     write_json(out, result)
-    plot(rows, ks, out.with_suffix(".png"))
-    table = markdown(rows, ks)
+    conditions = f"{len(pairs)} held-out verses, exact greedy in {result['dtype']}; {result['machine']}"
+    plot(rows, ks, out.with_suffix(".png"), conditions)
+    table = f"{conditions}\n\n{markdown(rows, ks)}"
     print(table)
     if args.doc:
         update_section(Path(args.doc), "translation-table", table)

@@ -31,7 +31,7 @@ prepare_corpus(CorpusConfig(out='$RUNS/mask_pilot/corpus', tokenizer=DEFAULT_MOD
 #    heads; recipes/translation.sh). Both goes on from it, base and heads, for 1,200 more steps of 32 pairs (about 1.2M
 #    target tokens, to 1.7M in all), the heads on the base's own greedy translations of 8,192 training verses
 #    (greedy and 4-beam targets teach these heads alike, docs/results.md), every 100 steps measured; the doubling rule is
-#    read on all the tokens the heads have seen (benchmarks/both_curve.py), BLEU by benchmarks/translation_table.py.
+#    read on all the tokens the heads have seen (docs/results.md), BLEU by benchmarks/translation_table.py.
 TR_STEPS=${TR_STEPS:-1200}
 if [ ! -f "$RUNS/bible/train.tsv" ]; then
   echo "translation: run recipes/translation.sh's first stage (the verse pairs) first"

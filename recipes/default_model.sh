@@ -16,7 +16,7 @@ BD=".venv/bin/blockdecode --threads ${THREADS:-2}"
 K=10
 
 # 1. Corpus (file-level held-out split, byte-level BPE of 8192) and the base model: 5200 steps of 16 x 512 tokens
-#    (4 x 384: benchmarks/base_shapes.py measured it ahead of 6 x 384 at equal FLOPs), bf16 where the CPU has
+#    (4 x 384: measured ahead of 6 x 384 at equal FLOPs, docs/results.md), bf16 where the CPU has
 #    it natively.
 [ -f "$RUNS/base/model/config.json" ] || $BD pretrain --corpus "$RUNS/corpus" --out "$RUNS/base" --resume \
   --layers 4 --steps "${BASE_STEPS:-5200}" --warmup-steps 100 --eval-every 200 --checkpoint-every 25

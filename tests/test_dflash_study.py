@@ -11,6 +11,8 @@ import torch
 from conftest import script
 
 from blockdecode import DEFAULT_MODEL, BlockwiseLM
+from blockdecode.core.hardware import auto_dtype
+from blockdecode.core.hf import dtype_name
 from blockdecode.drafters.dflash.config import config_for
 from blockdecode.drafters.dflash.model import DFlash
 
@@ -39,6 +41,7 @@ def test_a_short_run_writes_every_part_and_the_plot(tmp_path) -> None:
     cost = report["cost"]["dflash"]
     assert cost["block_size"] == 8 and cost["pass_ms"] > 0 and cost["pass_against_block_call"] > 0
     speed = report["speed"]
+    assert report["dtype"] == speed["dtype"] == report["cost"]["dtype"] == dtype_name(auto_dtype())  # timed as `auto`
     assert speed["median_against_greedy"]["greedy"] == 1.0 and speed["windows"] == 2
     assert {"default", "dflash chain, block 8", "dflash+ngram ranked"} <= set(speed["tokens_per_s"])
     assert json.loads(out.read_text())["speed"] == speed and out.with_suffix(".png").stat().st_size > 0

@@ -6,12 +6,16 @@ import json
 
 from conftest import script
 
+from blockdecode.core.hardware import auto_dtype
+from blockdecode.core.hf import dtype_name
+
 
 def test_a_short_run_writes_every_part_and_the_plot(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # the corpora's indexes
     out = tmp_path / "study.json"
     report = script("lookup_study").main(["--windows", "2", "--new-tokens", "8", "--rounds", "1", "--threads", "1",
                                           "--no-llama-cpp", "--out", str(out)])  # fmt: skip
+    assert report["dtype"] == dtype_name(auto_dtype()) and report["machine"]  # the heading every study opens with
     for length in ("64", "300"):
         found = report["code"][length]
         methods = found["methods"]["all"]

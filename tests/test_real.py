@@ -5,17 +5,22 @@ from __future__ import annotations
 
 import json
 
+import torch
 from conftest import script, write_gemma3_gguf
 
+from blockdecode.core import hardware
 from blockdecode.decoding.choice import TREE_DEPTH
 
 
-def test_a_short_run_on_a_gguf_writes_every_figure_and_the_plot(tmp_path):
+def test_a_short_run_on_a_gguf_writes_every_figure_and_the_plot(tmp_path, monkeypatch):
+    monkeypatch.setattr(hardware, "native_bf16", lambda device="cpu": False)  # a CPU that emulates bf16
     gguf = tmp_path / "toy.gguf"
     write_gemma3_gguf(gguf)
     out = tmp_path / "real.json"
     args = ["--gguf", str(gguf), "--code", "2", "--prose", "1", "--prompt-len", "48", "--new-tokens", "8"]
     report = script("real").main([*args, "--threads", "1", "--no-llama-cpp", "--ranked", "ngram", "--out", str(out)])
+    assert report["dtype"] == "fp32"  # what `auto` picks there, not bf16
+    assert report["machine"].endswith(f"({torch.backends.cpu.get_cpu_capability()})")
     assert report["drafters"] == {"shipped": False, "default": "suffix", "k": TREE_DEPTH}  # none shipped for a GGUF
     part = report["threads"]["1"]
     assert [r["kind"] for r in part["per_window"]] == ["code", "code", "prose"]

@@ -8,12 +8,16 @@ import json
 import pytest
 from conftest import script
 
+from blockdecode.core import hardware
 
-def test_a_short_run_times_each_temperature_on_both_sets_and_writes_the_plot(tmp_path):
+
+def test_a_short_run_times_each_temperature_on_both_sets_and_writes_the_plot(tmp_path, monkeypatch):
+    monkeypatch.setattr(hardware, "native_bf16", lambda device="cpu": False)  # a CPU that emulates bf16
     out = tmp_path / "sampling.json"
     report = script("sampling_speed").main(["--windows", "1", "--rounds", "1", "--threads", "1", "--new-tokens", "8",
                                             "--temperatures", "0.7,1.0", "--out", str(out)])  # fmt: skip
     assert list(report["sets"]) == ["64", "300"]
+    assert report["dtype"] == "fp32" and report["model"] == "built-in code model"  # what `auto` picks there
     for found in report["sets"].values():
         assert list(found) == ["0.7", "1.0"]
         for t in found.values():

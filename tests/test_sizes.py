@@ -9,6 +9,8 @@ import pytest
 import torch
 from conftest import script
 
+from blockdecode.core.hardware import auto_dtype
+from blockdecode.core.hf import dtype_name
 from blockdecode.decoding.reference import greedy_generate
 
 
@@ -31,6 +33,7 @@ def test_a_tiny_sweep_writes_every_figure_and_its_plot(sizes, tmp_path):
                          "--profile-prompts", "1", "--profile-tokens", "24", "--k", "4", "--tree", "6",
                          "--threads", "1", "--out", str(out)])  # fmt: skip
     assert set(report["profiles"]) == {"heads", "ngram"}
+    assert report["dtype"] == dtype_name(auto_dtype()) and report["machine"]  # named in the JSON and the plot
     assert all(len(rates) == 3 and all(0 <= r <= 1 for r in rates) for rates in report["profiles"].values())
     rows = report["sizes"]
     assert [r["size"] for r in rows] == ["tiny:32x1", "tiny:64x2"] and rows[0]["parameters"] < rows[1]["parameters"]

@@ -1,0 +1,65 @@
+"""What the scripts here share: the dtype `auto` picks on this machine, and the heading that names the machine and
+the dtype in every report, table and plot. A speed means little without both: bf16 runs at about half fp32's speed
+on a CPU that emulates it, where `auto` picks fp32."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from blockdecode.bench.report import cpu_name
+from blockdecode.core.hf import DTYPE_CHOICES, dtype_name
+from blockdecode.core.io import save_figure
+
+RESULTS = Path(__file__).parent / "results"
+
+
+def dtype_flag(p: argparse.ArgumentParser, what: str = "the dtype timed") -> None:
+    """`--dtype`, defaulting to what the package picks here (`blockdecode.core.hf.dtype_for` reads it)."""
+    p.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto", help=f"{what}; auto: bf16 where native, else fp32")
+
+
+def machine(device: str = "cpu") -> str:
+    """The CPU's model name and torch's kernels on it (AVX2 has no native bf16; AVX512 may), or the GPU's name."""
+    if device.startswith("cuda"):
+        return f"{torch.cuda.get_device_name(device)} (host {cpu_name()})"
+    return f"{cpu_name()} ({torch.backends.cpu.get_cpu_capability()})"
+
+
+def heading(model: str, dtype: torch.dtype | Sequence[torch.dtype], device: str = "cpu", **settings) -> dict:
+    """What every report opens with: the model, the machine, the dtype (or dtypes) it ran in, then the study's own
+    `settings` (threads among them where one count is used)."""
+    dtypes = [dtype] if isinstance(dtype, torch.dtype) else list(dtype)
+    return {"model": model, "machine": machine(device), "dtype": "/".join(map(dtype_name, dtypes)), **settings}
+
+
+def title(report: dict, threads: int | str | None = None) -> str:
+    """One line naming a `heading`'s conditions, for a plot or a table: model, dtype, threads and machine."""
+    threads = threads or report.get("threads")
+    count = f", {threads} thread{'s' * (int(threads) != 1)}" if isinstance(threads, int | str) else ""
+    return f"{report['model']}, {report['dtype']}{count}; {report['machine']}"
+
+
+def plot_bars(report: dict, groups: list[str], bars: dict[str, list[float]], ylabel: str, what: str, png: Path,
+              size: tuple[float, float] = (8, 4), **ticks) -> None:  # fmt: skip
+    """A study's grouped bars: for each label of `bars`, a bar in every group, a line at 1.0; titled with `what`
+    and the report's `title`. `ticks`: how the groups' names are set (matplotlib's text options)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=size)
+    width = 0.8 / len(bars)
+    for j, (label, values) in enumerate(bars.items()):
+        ax.bar([i + j * width for i in range(len(groups))], values, width, label=label)
+    ax.axhline(1.0, color="grey", lw=0.8)
+    ax.set_xticks([i + width * (len(bars) - 1) / 2 for i in range(len(groups))], groups, **ticks)
+    ax.set_ylabel(ylabel)
+    ax.set_title(f"{what}\n{title(report)}", fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    save_figure(fig, png)
