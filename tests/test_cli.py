@@ -6,7 +6,6 @@ import argparse
 import json
 import re
 import shutil
-import time
 import warnings
 from pathlib import Path
 
@@ -336,18 +335,22 @@ def run_cli(args: list[str], env: dict | None = None, **kw):
     return subprocess.Popen(cmd, env=base, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
 
 
-def test_a_hub_name_fails_within_seconds_offline(tmp_path: Path) -> None:
-    """Without HF_HUB_OFFLINE set at all, the command still stays offline and names the model."""
-    import time
+def test_a_hub_name_offline_fails_without_reaching_the_hub(tmp_path: Path) -> None:
+    """Without HF_HUB_OFFLINE set at all, the command still stays offline and names the model: the hub is a
+    local port that listens and never answers, and no connection reaches it (one would sit in its queue)."""
+    import socket
 
     (tmp_path / "c.txt").write_text("x = 1\n" * 50)
-    start = time.perf_counter()
-    proc = run_cli(["train", "--base", "someone/no-such-model", "--data", str(tmp_path / "c.txt"),
-                    "--out", str(tmp_path / "o")])  # fmt: skip
-    _, err = proc.communicate(timeout=120)
+    with socket.create_server(("127.0.0.1", 0)) as hub:
+        endpoint = f"http://127.0.0.1:{hub.getsockname()[1]}"
+        proc = run_cli(["train", "--base", "someone/no-such-model", "--data", str(tmp_path / "c.txt"),
+                        "--out", str(tmp_path / "o")], env={"HF_ENDPOINT": endpoint})  # fmt: skip
+        _, err = proc.communicate(timeout=600)  # a guard against a hang, not a bound on speed
+        hub.setblocking(False)
+        with pytest.raises(BlockingIOError):
+            hub.accept()  # nothing connected
     assert proc.returncode == 1 and "someone/no-such-model" in err and "Traceback" not in err
-    assert time.perf_counter() - start < 30
-    assert not (tmp_path / "o").exists()
+    assert "offline" in err and not (tmp_path / "o").exists()
 
 
 def test_ctrl_c_is_one_line_and_exit_130(tmp_path: Path) -> None:
@@ -361,7 +364,7 @@ def test_ctrl_c_is_one_line_and_exit_130(tmp_path: Path) -> None:
     line = proc.stdout.readline()  # the demo's header: the model is loaded and decoding
     assert line.startswith("blockdecode demo:"), line
     proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=60)
+    _, err = proc.communicate(timeout=600)  # a guard against a hang
     assert proc.returncode == 130
     assert err.strip().splitlines() == ["interrupted"]
     assert list(tmp_path.iterdir()) == []
@@ -387,6 +390,18 @@ def test_settings_are_checked_before_the_model_loads(command: str, capsys: pytes
             main(["generate", "--model", "/nonexistent", "--prompt", "x", "--acceptance", "topk:0"])
 
 
+@pytest.mark.parametrize("command", [["generate", "--prompt", "x"], ["demo"]])
+@pytest.mark.parametrize("drafter", ["auto", "suffix"])
+def test_an_empty_corpus_path_is_refused_not_the_current_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, command: list[str], drafter: str
+) -> None:
+    """--corpus "" would be Path(""), the current folder read whole: refused before loading, as the API refuses it."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "secret.txt").write_text("never drafted from")
+    with pytest.raises(SystemExit, match="^error: --corpus: an empty path names nothing: give files or folders$"):
+        main([*command, "--model", "/nonexistent", "--drafter", drafter, "--corpus", "notes.txt", "--corpus", ""])
+
+
 def test_a_corrupt_tokenizer_names_its_file(model_dir: Path, tmp_path: Path) -> None:
     import shutil
 
@@ -402,8 +417,9 @@ def test_the_first_generate_chooses_its_setting_without_decoding_to_search(
 ) -> None:
     """By default the first `generate` decodes at once (each call's tree ranked as it goes). With `--tree
     auto` and an empty cache, it predicts its setting from the statistics shipped beside it and a few
-    short timings: it decodes a few dozen tokens per drafter to
-    time the loop, never the hundreds a search by decoding took, and says so in one line."""
+    short timings: it decodes a few dozen tokens per drafter to time the loop, never the hundreds a search
+    by decoding took, and says so in one line. Counted in decodes and tokens, not seconds: a busy machine
+    is slower, never a reason to fail."""
     from blockdecode.decoding import calibrate
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
@@ -413,19 +429,17 @@ def test_the_first_generate_chooses_its_setting_without_decoding_to_search(
     )
     main(["--threads", "2", "generate", "--prompt", "def fib(n):", "--max-new-tokens", "16"])
     assert not decoded and "ranked trees" in capsys.readouterr().err  # the default ranks: nothing to choose first
-    began = time.perf_counter()
     main(["--threads", "2", "generate", "--prompt", "def fib(n):", "--max-new-tokens", "16", "--tree", "auto"])
-    seconds = time.perf_counter() - began
     err = capsys.readouterr().err
     assert err.count("choosing drafters and tree") == 1
     entries = json.loads((tmp_path / "blockdecode" / "calibration.json").read_text())
     assert any(key.startswith("cost|") for key in entries)  # the ranked default's cost curve, cached beside it
     (found,) = [entry for key, entry in entries.items() if not key.startswith("cost|")]
     assert found["statistics"] == "shipped"
-    # The sharp check: only the timing decodes, a few hundred tokens, where searching by decoding took
-    # thousands. The clock is a loose backstop (about 1 s on an idle 2-core CPU; a busy one is slower).
+    # Only the timing decodes: a warm-up and one timed decode per drafter, for its tree and its chain, a few
+    # hundred tokens in all, where searching by decoding took thousands; the statistics decode nothing.
+    assert set(decoded) <= {4, calibrate.COST_TOKENS} and len(decoded) <= len(calibrate.CHOICES) * 2 * 2
     assert sum(decoded) <= len(calibrate.CHOICES) * 2 * (4 + calibrate.COST_TOKENS)
-    assert found["seconds"] < 60 and seconds < 120
 
 
 def edit_config(folder: Path, **changes) -> None:

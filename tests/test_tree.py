@@ -183,6 +183,23 @@ def test_what_a_tree_cannot_take_is_refused() -> None:
         lm.generate(ids, 5, drafter="beam", tree=4)
 
 
+def test_auto_among_drafters_and_a_name_given_twice_are_refused_for_what_they_are() -> None:
+    """auto is the choice among drafters, so where one is named (joined to another, or a saved default) it is
+    refused without being offered back as a choice; a name given twice is called repeated, not unknown."""
+    model, ids, _ = case("llama")
+    lm = BlockwiseLM.from_base(model, k=4)
+    with pytest.raises(ValueError, match="^drafter 'ngram\\+ngram' names ngram twice: name each drafter once$"):
+        lm.generate(ids, 5, drafter="ngram+ngram", tree=4)
+    with pytest.raises(ValueError, match="^drafter 'auto\\+ngram': auto is the choice among drafters") as refused:
+        lm.generate(ids, 5, drafter="auto+ngram", tree=4)
+    assert "auto" not in str(refused.value).split(": name ")[1]
+    lm = perturb_heads(lm)
+    lm.default_drafters = "auto"  # what "auto" stands for on this model (trained heads): not itself
+    with pytest.raises(ValueError, match="^drafter 'auto': auto is the choice among drafters") as refused:
+        lm.plan("auto", prompts=[ids])
+    assert "auto" not in str(refused.value).split(": name ")[1]
+
+
 def test_relaxed_acceptance_on_a_tree_never_gains_less() -> None:
     model, ids, ref = case("qwen2")
     lm = perturb_heads(BlockwiseLM.from_base(model, k=6), seed=5, std=0.3)
@@ -218,18 +235,21 @@ def test_a_model_that_ignores_the_mask_falls_back_to_the_chain(monkeypatch: pyte
     assert max(out.stats.verified) <= 4  # chains of k-1 proposals, not trees
 
 
-def test_a_tree_past_what_a_forward_scores_is_refused_within_seconds_in_bounded_memory(tmp_path) -> None:
+def test_a_tree_past_what_a_forward_scores_is_refused_before_any_forward_in_bounded_memory(
+    tmp_path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
     """--tree 100000 with k=8 heads, whose lattice holds that many nodes, is refused by the parser (past
     the 1,024 of any model), and --tree 1000 by the plan (past this model's context): one line naming the
-    limit each (the last line), within seconds, in a process whose address space is capped at 6 GiB (the masks of such a
-    tree want more than 10 GB). The Python API refuses the same budget."""
+    limit each (the last line), before any module's forward runs or a tree gains a node (counted), and in a
+    process whose address space is capped at 6 GiB (the masks of such a tree want more than 10 GB). The Python
+    API refuses the same budget."""
     import os
     import resource
     import subprocess
     import sys
-    import time
     from pathlib import Path
 
+    from blockdecode.cli import main
     from blockdecode.pretraining.corpus import train_tokenizer
 
     tokenizer = train_tokenizer(["def f(x):\n    return x + 1\n" * 40], vocab_size=300)
@@ -240,17 +260,27 @@ def test_a_tree_past_what_a_forward_scores_is_refused_within_seconds_in_bounded_
     def limit_memory() -> None:
         resource.setrlimit(resource.RLIMIT_AS, (6 << 30, 6 << 30))
 
-    for tree, code, refusal in (
+    cases = (
         ("100000", 2, "blockdecode generate: error: argument --tree: must be off, auto, expected or a budget"),
         ("1000", 1, "error: tree=1000 exceeds the 256 candidate tokens"),
-    ):
-        argv = ["generate", "--model", str(tmp_path), "--prompt", "def f(x):", "--max-new-tokens", "16"]
-        argv += ["--drafter", "heads", "--tree", tree, "--dtype", "fp32"]
-        start = time.perf_counter()
-        proc = subprocess.run([sys.executable, "-m", "blockdecode.cli", *argv], capture_output=True, text=True,
-                              timeout=300, preexec_fn=limit_memory, cwd=Path(__file__).parents[1],
+    )
+    argv = ["generate", "--model", str(tmp_path), "--prompt", "def f(x):", "--max-new-tokens", "16"]
+    argv += ["--drafter", "heads", "--dtype", "fp32", "--tree"]
+    forwards, nodes, add_path = [], [], Tree.add_path
+    monkeypatch.setattr(Tree, "add_path", lambda tree, *a, **kw: nodes.append(a) or add_path(tree, *a, **kw))
+    hook = torch.nn.modules.module.register_module_forward_pre_hook(lambda module, args: forwards.append(module))
+    try:
+        for tree, code, refusal in cases:
+            with pytest.raises(SystemExit) as refused:
+                main([*argv, tree])
+            said = refused.value.code if code == 1 else capsys.readouterr().err.splitlines()[-1]
+            assert said.startswith(refusal) and forwards == [] and nodes == [], said
+    finally:
+        hook.remove()
+    for tree, code, refusal in cases:
+        proc = subprocess.run([sys.executable, "-m", "blockdecode.cli", *argv, tree], capture_output=True, text=True,
+                              timeout=600, preexec_fn=limit_memory, cwd=Path(__file__).parents[1],
                               env={**os.environ, "OMP_NUM_THREADS": "1"})  # fmt: skip
-        assert time.perf_counter() - start < 120
         assert proc.returncode == code and proc.stdout == "", proc.stderr[-2000:]
         assert "Traceback" not in proc.stderr
         assert proc.stderr.splitlines()[-1].startswith(refusal)

@@ -118,7 +118,9 @@ def check_drafter(drafter: str, tree: int | str | None) -> None:
 
 def check_corpus(drafter: str, corpus: list[str] | None) -> None:
     """--corpus is read by suffix lookup alone, which the default adds: with other drafters it is refused here, before
-    loading."""
+    loading; so is an empty path (Path("") is the current folder, read whole: never meant), as the API's corpus=."""
+    if corpus and not all(path.strip() for path in corpus):
+        raise ValueError("--corpus: an empty path names nothing: give files or folders")
     if corpus and drafter != "auto" and "suffix" not in drafter.split("+"):
         raise ValueError(f"--corpus is read by suffix lookup, and --drafter {drafter} has none: add --drafter suffix "
                          "or heads+suffix")  # fmt: skip

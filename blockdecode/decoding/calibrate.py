@@ -304,6 +304,8 @@ def calibrate(
         raise ValueError(f"{acceptance.spec} forces a chain's first proposals: there is no tree to calibrate for it")
     heads = isinstance(drafter, str) and (drafter == "auto" or "heads" in drafter)  # checked before it says a word
     k = lm.k if k is None else block_size(k, lm.k if heads else None)
+    if isinstance(drafter, str) and drafter != "auto":
+        drafter_names(drafter)  # an unknown name is refused before anything runs the model
     name = drafter if isinstance(drafter, str) else make_plan(lm.base, drafter, k, 1, lm=lm).drafter_name
     key = calibration_key(lm, name, k, acceptance)
     names = CHOICES if name == "auto" else (name,)

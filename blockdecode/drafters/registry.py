@@ -27,9 +27,14 @@ LOOKUPS = ("ngram", "suffix")  # cheap, and often long: asked first
 def drafter_names(spec: str) -> list[str]:
     """The names in `spec` ("heads", "ngram+heads", ...), in the order they fill a tree and are asked:
     the lookups first (their few paths are cheap and often long), the heads filling the rest, asked only
-    where they pay; a clear error for an unknown name."""
+    where they pay; one clear line for an unknown or repeated name, or auto (a choice, not a drafter)."""
     names = spec.split("+") if isinstance(spec, str) else []
-    if not names or any(name not in DRAFTERS for name in names) or len(set(names)) != len(names):
-        known = ", ".join([*DRAFTERS, "heads+ngram", "auto"])
+    known = ", ".join(DRAFTERS) + " or several joined by + (heads+ngram)"
+    if "auto" in names:  # resolved before a plan is made: here it names no drafter
+        raise ValueError(f"drafter {spec!r}: auto is the choice among drafters, not one of them: name {known}")
+    if not names or any(name not in DRAFTERS for name in names):
         raise ValueError(f"unknown drafter {spec!r}: choose {known}, or a Drafter object")
+    if len(set(names)) != len(names):
+        twice = next(name for name in names if names.count(name) > 1)
+        raise ValueError(f"drafter {spec!r} names {twice} twice: name each drafter once")
     return sorted(names, key=lambda n: n not in LOOKUPS)
