@@ -460,7 +460,7 @@ def test_the_exports_hold_every_field_the_engines_read(exported) -> None:
     proposal = spec["speculators_config"]["proposal_methods"][0]
     assert (
         proposal["speculative_tokens"] == K - 1
-        and Path(spec["speculators_config"]["verifier"]["name_or_path"]).is_dir()
+        and (exported["own-speculators"] / spec["speculators_config"]["verifier"]["name_or_path"]).is_dir()
     )
     own = load_file(str(exported["own-speculators"] / "model.safetensors"))
     assert own["lm_head.weight"].shape[0] == 128 and int(own["t2d"].sum()) == 128

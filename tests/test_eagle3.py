@@ -239,7 +239,7 @@ def test_the_speculators_export_holds_every_field_vllm_reads(exported) -> None:
     assert cfg["eagle_aux_hidden_state_layer_ids"] == [1, 2, 3]
     spec = cfg["speculators_config"]
     assert spec["default_proposal_method"] == "greedy" and spec["proposal_methods"][0]["speculative_tokens"] == K - 1
-    assert Path(spec["verifier"]["name_or_path"]).is_dir() and "speculators_version" in cfg
+    assert (folders["speculators"] / spec["verifier"]["name_or_path"]).is_dir() and "speculators_version" in cfg
     tensors = load_file(str(folders["speculators"] / "model.safetensors"))
     width, vocab = lm.base.config.hidden_size, vocab_size(lm.base)
     assert tensors["fc.weight"].shape == (width, 3 * width)

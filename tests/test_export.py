@@ -1,10 +1,13 @@
-"""Exported heads propose, in vLLM's Medusa format's own terms, exactly what blockdecode proposes.
+"""Exported heads propose, in vLLM's Medusa format's own terms, exactly what blockdecode proposes; the DFlash and
+EAGLE-3 exports read as the engines read them.
 
-The reader below is written from the format (config keys, weight names, per-head computation as
-vLLM's loader defines them), not from blockdecode's export code."""
+The readers below are written from the formats (config keys, weight names, per-head computation as vLLM's
+loader defines them; vLLM's DFlash config translation and weight loader, SGLang's mask lookup), not from
+blockdecode's export code."""
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
@@ -13,13 +16,18 @@ import torch
 from conftest import tiny
 from safetensors.torch import load_file
 from torch.nn import functional as F
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from blockdecode import BlockwiseLM, CheckpointError
 from blockdecode.cli import main
 from blockdecode.core.toy import toy_model
+from blockdecode.drafters.dflash.config import config_for as dflash_config
+from blockdecode.drafters.dflash.model import DFlash
+from blockdecode.drafters.eagle3.config import config_for as eagle3_config
+from blockdecode.drafters.eagle3.model import Eagle3
+from blockdecode.pretraining.corpus import train_tokenizer
 from blockdecode.serving import export as export_module
-from blockdecode.serving.export import export_heads, serve_command
+from blockdecode.serving.export import export_heads, serve_command, verifier_name
 
 
 class MedusaReader:
@@ -265,3 +273,206 @@ def test_cli_refuses_a_missing_model_or_an_unwritable_out_before_loading(tmp_pat
         with pytest.raises(SystemExit, match=f"^error: --out {out} cannot be written: {tmp_path / 'file'} is not a"):
             main(["export", "--model", str(tmp_path / "saved"), "--out", str(out)])
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file", "saved"]
+
+
+# ------------------------------------------------------------------ DFlash and EAGLE-3 exports, as engines read them
+
+
+def verifier_problems(folder: Path, verifier: dict, base: Path) -> list[str]:
+    """The speculators format's verifier as a reader on another machine takes it: a hub name, or a folder named
+    relative to the export, holding the base with the architectures it names."""
+    name, architectures = verifier.get("name_or_path"), verifier.get("architectures")
+    found = [] if architectures else ["verifier.architectures is empty"]
+    if not isinstance(name, str) or Path(name).is_absolute():
+        return [*found, f"verifier.name_or_path {name!r} is not a hub name or a path relative to the export"]
+    if (folder / name).resolve() != base.resolve():
+        return [*found, f"verifier.name_or_path {name!r} is not the base {base}"]
+    if json.loads((base / "config.json").read_text()).get("architectures") != architectures:
+        found.append(f"verifier.architectures {architectures} are not the base's")
+    return found
+
+
+class DFlashReader:
+    """An independent reader of a DFlash export, either layout, served with the base in `base`: vLLM's config
+    translation (`update_dflash`, the speculators format) and what `qwen3_dflash` builds and loads from it, and
+    SGLang's lookup of the mask token through the base's tokenizer. `problems` says, one line each, where an engine
+    would refuse the export or read it otherwise than blockdecode drafts with it."""
+
+    def __init__(self, folder: Path, base: Path):
+        self.folder, self.base = folder, base
+        self.config = json.loads((folder / "config.json").read_text())
+        self.weights = load_file(str(folder / "model.safetensors"))
+
+    def problems(self) -> list[str]:
+        cfg, found = self.config, []
+        if cfg.get("speculators_model_type") == "dflash":  # the layers' config, updated as update_dflash does
+            layer = dict(cfg["transformer_layer_config"])
+            dflash = {"mask_token_id": cfg["mask_token_id"], "causal": not cfg.get("sliding_window_non_causal", True)}
+            mask_token = cfg.get("mask_token")
+            found += verifier_problems(self.folder, cfg["speculators_config"]["verifier"], self.base)
+        else:  # z-lab's DFlashDraftModel, read as it is
+            layer, dflash = cfg, cfg["dflash_config"]
+            mask_token = dflash.get("mask_token")
+        for i in range(layer["num_hidden_layers"]):  # is_causal, else dflash_config.causal, else sliding layers only
+            causal = layer.get("is_causal", dflash.get("causal"))
+            if causal is None:
+                causal = (layer.get("layer_types") or ["full_attention"] * (i + 1))[i] == "sliding_attention"
+            if causal:
+                found.append(f"drafter layer {i} attends causally: its masks would not see the masks after them")
+        vocab = json.loads((self.base / "config.json").read_text())["vocab_size"]
+        mapped = (cfg.get("draft_vocab_size") or layer["vocab_size"]) != vocab  # a draft_id_to_target_id parameter
+        if "d2t" in self.weights and not mapped:
+            found.append("d2t is shipped for the base's own vocabulary, and the loader has no parameter to load it")
+        if mapped and "d2t" not in self.weights:
+            found.append("a draft vocabulary without d2t")
+        tokenizer = AutoTokenizer.from_pretrained(self.base)
+        token = mask_token or "<|MASK|>"  # SGLang's default
+        resolved = tokenizer.mask_token_id if tokenizer.mask_token == token else tokenizer.get_vocab().get(token)
+        if resolved is None:  # added, as SGLang adds a mask token the tokenizer lacks
+            tokenizer.add_special_tokens({"mask_token": token})
+            resolved = tokenizer.mask_token_id
+        if resolved != dflash["mask_token_id"]:
+            found.append(f"mask token {token!r} resolves to {resolved}, not mask_token_id {dflash['mask_token_id']}")
+        return found
+
+
+@functools.cache
+def small_tokenizer():
+    """A byte-level BPE of about 400 tokens: a toy base's 512 ids are a vocabulary padded past its tokenizer's."""
+    words = ("def", "return", "class", "import", "for", "while", "self", "print", "lambda", "yield", "if", "else")
+    picks = torch.randint(100 * len(words), (400, 8), generator=torch.Generator().manual_seed(0)).tolist()
+    text = "\n".join(" ".join(f"{words[p % len(words)]}{p // len(words)}" for p in line) for line in picks)
+    tokenizer = train_tokenizer([text], vocab_size=400)
+    assert MASK < len(tokenizer) < 450
+    return tokenizer
+
+
+MASK = 300  # an id the tokenizer has a token for
+
+
+def with_dflash(base, draft_vocab: int = 0, shared: bool = False, mask: int = MASK) -> BlockwiseLM:
+    """A model with a DFlash drafter of random weights (the exports' files are what is read here)."""
+    lm = BlockwiseLM.from_base(base, k=6)
+    vocab = lm.base.get_output_embeddings().weight.shape[0]
+    drafter = DFlash(dflash_config(lm.base, draft_vocab or vocab, mask, block_size=6, layers=2, shared_head=shared))
+    if draft_vocab:
+        drafter.set_vocabulary(torch.randperm(vocab, generator=torch.Generator().manual_seed(1))[:draft_vocab])
+    lm.attach_dflash(drafter)
+    return lm
+
+
+RUNS = {"own": {}, "draft": {"draft_vocab": 128}, "shared": {"shared": True}}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict[str, Path]:
+    """Saved models, each with its tokenizer: a DFlash drafter over the base's vocabulary with its own output layer
+    ("own"), over a draft vocabulary ("draft"), sharing the base's output layer ("shared"); an EAGLE-3 drafter."""
+    root = tmp_path_factory.mktemp("drafter-runs")
+    for name, kw in RUNS.items():
+        with_dflash(toy_model("qwen2", layers=4), **kw).save_pretrained(root / name, tokenizer=small_tokenizer())
+    lm = BlockwiseLM.from_base(toy_model("qwen2", layers=4), k=6)
+    lm.attach_eagle3(Eagle3(eagle3_config(lm.base, 512, k=6)))
+    lm.save_pretrained(root / "eagle3", tokenizer=small_tokenizer())
+    return {name: root / name for name in (*RUNS, "eagle3")}
+
+
+@pytest.mark.parametrize(
+    "run,fmt", [("own", "speculators"), ("draft", "speculators"), ("shared", "speculators"), ("shared", "dflash")]
+)
+def test_the_dflash_exports_read_as_vllm_and_sglang_read_them(runs, tmp_path, run: str, fmt: str) -> None:
+    """Non-causal layers, d2t only for a draft vocabulary, the verifier named by its architectures and a path
+    relative to the export, the mask token a string the exported tokenizer resolves to mask_token_id."""
+    main(["export", "--model", str(runs[run]), "--format", fmt, "--out", str(tmp_path / "out")])
+    reader = DFlashReader(tmp_path / "out", tmp_path / "out" / "base")
+    assert reader.problems() == []
+    assert ("d2t" in reader.weights) == (run == "draft") and ("t2d" in reader.weights) == (run == "draft")
+    named = reader.config["dflash_config"] if fmt == "dflash" else reader.config
+    assert named["mask_token"] == small_tokenizer().convert_ids_to_tokens(MASK) and named["mask_token_id"] == MASK
+    if fmt == "speculators":
+        assert reader.config["speculators_config"]["verifier"] == {"name_or_path": "base", "architectures":
+                                                                   ["Qwen2ForCausalLM"]}  # fmt: skip
+
+
+def test_the_reader_refuses_what_the_engines_would_misread(runs, tmp_path) -> None:
+    """Each fault the reader checks for, written into a sound export, is found."""
+    main(["export", "--model", str(runs["own"]), "--format", "speculators", "--out", str(tmp_path / "out")])
+    config = json.loads((tmp_path / "out" / "config.json").read_text())
+    faults = {
+        "attends causally": {"sliding_window_non_causal": False},
+        "architectures is empty": {"speculators_config": {**config["speculators_config"], "verifier": {
+            "name_or_path": "base", "architectures": []}}},  # fmt: skip
+        "not a hub name or a path relative": {"speculators_config": {**config["speculators_config"], "verifier": {
+            "name_or_path": str((tmp_path / "out" / "base").resolve()), "architectures": ["Qwen2ForCausalLM"]}}},
+        f"resolves to {len(small_tokenizer())}, not mask_token_id {MASK}": {"mask_token": None},
+    }  # fmt: skip
+    for fault, change in faults.items():
+        (tmp_path / "out" / "config.json").write_text(json.dumps(config | change))
+        assert any(fault in problem for problem in DFlashReader(tmp_path / "out", tmp_path / "out" / "base").problems())
+    reader = DFlashReader(tmp_path / "out", tmp_path / "out" / "base")
+    reader.config, reader.weights["d2t"] = config, torch.zeros(512, dtype=torch.long)
+    assert any("loader has no parameter" in problem for problem in reader.problems())
+
+
+def test_a_base_in_its_own_folder_is_the_verifier_by_a_relative_path_and_lends_its_tokenizer(tmp_path) -> None:
+    tiny("qwen2", layers=4).save_pretrained(tmp_path / "models" / "base")
+    small_tokenizer().save_pretrained(tmp_path / "models" / "base")
+    lm = with_dflash(AutoModelForCausalLM.from_pretrained(tmp_path / "models" / "base"))
+    lm.save_pretrained(tmp_path / "models" / "run", save_base=False)
+    served = export_heads(BlockwiseLM.from_pretrained(tmp_path / "models" / "run"), tmp_path / "exports" / "df",
+                          "speculators")  # fmt: skip
+    assert served == (tmp_path / "models" / "base").resolve()
+    reader = DFlashReader(tmp_path / "exports" / "df", served)
+    assert reader.problems() == []
+    assert reader.config["speculators_config"]["verifier"]["name_or_path"] == "../../models/base"
+
+
+def test_a_base_from_the_hub_is_the_verifier_by_its_hub_name(tmp_path) -> None:
+    snapshot = tmp_path / "hub" / "models--HuggingFaceTB--SmolLM2-135M" / "snapshots" / "93efa2f"
+    snapshot.mkdir(parents=True)
+    hub = "HuggingFaceTB/SmolLM2-135M"
+    assert verifier_name(str(snapshot), tmp_path / "out", base_apart=True) == hub
+    assert verifier_name(hub, tmp_path / "out", base_apart=False) == hub
+    assert verifier_name(None, tmp_path / "out", base_apart=False) == "base"
+    assert verifier_name(str(tmp_path / "model.gguf"), tmp_path / "out", base_apart=False) == "base"
+
+
+def test_a_mask_id_the_tokenizer_has_no_token_for_is_named_by_id_with_a_warning(tmp_path) -> None:
+    lm = with_dflash(toy_model("qwen2", layers=4), shared=True, mask=450)  # past the tokenizer's tokens
+    with pytest.warns(UserWarning, match="the base's tokenizer has no token for the DFlash mask id 450"):
+        export_heads(lm, tmp_path / "out", "dflash", tokenizer=small_tokenizer())
+    config = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert config["dflash_config"]["mask_token_id"] == 450 and "mask_token" not in config["dflash_config"]
+
+
+def test_the_eagle3_speculators_export_names_its_verifier_as_well(runs, tmp_path) -> None:
+    main(["export", "--model", str(runs["eagle3"]), "--format", "speculators", "--out", str(tmp_path / "out")])
+    verifier = json.loads((tmp_path / "out" / "config.json").read_text())["speculators_config"]["verifier"]
+    assert verifier_problems(tmp_path / "out", verifier, tmp_path / "out" / "base") == []
+
+
+def test_a_gguf_file_is_refused_as_holding_no_drafter_with_how_to_train_one(tmp_path, monkeypatch) -> None:
+    gguf = tmp_path / "x.gguf"
+    gguf.write_bytes(b"GGUF\x03\x00\x00\x00")
+    loads_nothing(monkeypatch)
+    said = rf"{gguf} is a GGUF file: it holds a base, and no drafter to export\. Train one on it \(`blockdecode train"
+    with pytest.raises(SystemExit, match=rf"^error: {said} --base {gguf} --data DATA --out RUN`\), then export RUN$"):
+        main(["export", "--model", str(gguf), "--out", str(tmp_path / "m")])
+    assert not (tmp_path / "m").exists()
+
+
+def test_a_drafter_run_is_pointed_at_the_formats_that_export_its_drafter(runs, tmp_path, monkeypatch) -> None:
+    loads_nothing(monkeypatch)
+    cases = [
+        ([], "own", r"this model holds a DFlash drafter, and \w+ heads, which vllm-medusa \(medusa heads\) cannot "
+                    r"hold: export the drafter with --format dflash or speculators$"),
+        ([], "eagle3", r"this model holds an EAGLE-3 drafter, .* --format eagle3 or speculators$"),
+        (["--format", "dflash"], "eagle3", r"dflash holds a DFlash drafter, and this model has none: it holds an "
+                                           r"EAGLE-3 drafter, which --format eagle3 or speculators exports$"),
+        (["--format", "eagle3"], "own", r"eagle3 holds an EAGLE-3 drafter, and this model has none: it holds a "
+                                        r"DFlash drafter, which --format dflash or speculators exports$"),
+    ]  # fmt: skip
+    for flags, run, said in cases:
+        with pytest.raises(SystemExit, match="^error: " + said):
+            main(["export", "--model", str(runs[run]), *flags, "--out", str(tmp_path / "m")])
+    assert not (tmp_path / "m").exists()

@@ -26,11 +26,11 @@ def run(args: argparse.Namespace) -> None:
     )
 
     heads, record = saved_heads(args.model)  # what the model holds, and whether it can go, before any weight loads
-    check_heads(heads, args.format)
     held = {
         "eagle3": (Path(args.model) / EAGLE3_FOLDER).is_dir(),
         "dflash": (Path(args.model) / DFLASH_FOLDER).is_dir(),
     }
+    check_heads(heads, args.format, held)
     kind = exported_drafter(args.format, held, args.drafter)
     check_destination(Path(args.out))
     dtype = saved_dtype(args.model) if args.dtype == "saved" else DTYPES[args.dtype]

@@ -77,7 +77,9 @@ class DFlashConfig:
             "target_hidden_size": self.target_hidden_size,
             "aux_hidden_state_layer_ids": list(self.target_layer_ids),
             "mask_token_id": self.mask_token_id,
-            "sliding_window_non_causal": False,
+            # the block's layers attend without causal order: vLLM's reader makes every layer causal where this is
+            # false, and speculators' own model reads true for layers without a sliding window
+            "sliding_window_non_causal": True,
             "sample_from_anchor": False,
             "speculators_config": {
                 "algorithm": "dflash",

@@ -171,12 +171,14 @@ class DFlash(DraftVocabulary):
 
     def files(self, layout: str | None = None, dtype: torch.dtype | None = None) -> tuple[dict, dict]:
         """The tensors and config.json of `layout`: "dflash" (z-lab's: no vocabulary map, the base's output layer)
-        or "speculators"; by default z-lab's where the drafter shares the base's output layer."""
+        or "speculators" (`d2t`/`t2d` only for a draft vocabulary: vLLM's DFlash has no map for the base's own, and
+        its loader refuses one); by default z-lab's where the drafter shares the base's output layer."""
         layout = layout or ("dflash" if self.config.shared_head else "speculators")
         config = self.config.zlab() if layout == "dflash" else self.config.speculators()
+        whole_vocabulary = self.config.draft_vocab_size == self.config.vocab_size
         tensors = {}
         for name, t in self.state_dict().items():
-            if layout == "dflash" and name in ("d2t", "t2d"):
+            if (layout == "dflash" or whole_vocabulary) and name in ("d2t", "t2d"):
                 continue
             t = t.detach().cpu()
             tensors[name] = (t.to(dtype) if dtype is not None and t.is_floating_point() else t).contiguous()
@@ -198,7 +200,7 @@ class DFlash(DraftVocabulary):
         raw = read_config(folder, CONFIG, "a DFlash drafter")
         drafter = cls(DFlashConfig.from_json(raw, config_path))
         state = read_tensors(weights)
-        if drafter.config.shared_head:  # z-lab's layout: the base's ids throughout
+        if drafter.config.draft_vocab_size == drafter.config.vocab_size:  # the base's ids throughout: no map written
             state = {**state, "d2t": drafter.d2t, "t2d": drafter.t2d}
         state.pop("embed_tokens.weight", None)  # speculators' copy of the base's own, which is shared here
         drafter.load_checked(state, weights, "a DFlash drafter")
