@@ -137,6 +137,7 @@ def test_a_curve_of_impossible_shape_is_measured_again_and_never_stored(
         ({1: 1.0, 2: 16.0}, "t(2) = 16.00 t(1)"),
         ({1: 1.0, 2: 1.0, 8: 0.5}, "t(8) = 0.50 t(1)"),
         ({1: 1.0, 2: -1.0}, "its times are not positive seconds"),
+        ({1: 1.0, 2: 2.1, 4: 0.91, 8: 2.15}, "t(4) = 0.91 t(1), below a shorter call's 2.10"),  # timed while busy
     ],
 )
 def test_what_shape_a_cost_curve_may_have(curve: dict[int, float], why: str) -> None:

@@ -83,14 +83,18 @@ def curve_key(base: torch.nn.Module, cache_implementation: str) -> str:
 
 
 def insane(curve: dict[int, float]) -> str:
-    """Why `curve` cannot be this machine's cost of a call ("" when it can): a time that is not positive, or t(q)
-    outside [SANE_LOW, SANE_HIGH q] t(1)."""
+    """Why `curve` cannot be this machine's cost of a call ("" when it can): a time that is not positive, t(q)
+    outside [SANE_LOW, SANE_HIGH q] t(1), or below SANE_LOW times a shorter call's (more tokens never cost much
+    less: a burst of other work slowed the shorter one)."""
     if not curve or not all(stored.is_number(t) and t > 0 for t in curve.values()):
         return "its times are not positive seconds"
-    t1 = curve[min(curve)]
+    t1, most = curve[min(curve)], 0.0
     for q, t in sorted(curve.items()):
         if not SANE_LOW <= t / t1 <= SANE_HIGH * q:
             return f"t({q}) = {t / t1:.2f} t(1)"
+        if t < SANE_LOW * most:
+            return f"t({q}) = {t / t1:.2f} t(1), below a shorter call's {most / t1:.2f}"
+        most = max(most, t)
     return ""
 
 
