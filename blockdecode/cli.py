@@ -12,6 +12,7 @@ from blockdecode.commands import (
     bench,
     bible,
     calibrate,
+    chat,
     demo,
     export,
     generate,
@@ -21,7 +22,7 @@ from blockdecode.commands import (
 )
 from blockdecode.commands.flags import Parser, is_text, positive_int
 
-COMMANDS = (generate, train, pretrain, pretrain_translation, bench, calibrate, export, bible, demo)
+COMMANDS = (generate, chat, train, pretrain, pretrain_translation, bench, calibrate, export, bible, demo)
 """Each module's `add_parser` adds its command's subparser, with `func` set to the module's `run`."""
 
 TRAINING = ("train", "pretrain", "pretrain-translation")
@@ -40,10 +41,11 @@ def main(argv: list[str] | None = None) -> None:
         if args.threads > 4 * (os.cpu_count() or 1):
             parser.error(f"--threads {args.threads}: this machine has {os.cpu_count()} CPUs")
         torch.set_num_threads(args.threads)
-    if getattr(args, "prompt", None) == "-":
-        args.prompt = sys.stdin.read()
-    if getattr(args, "prompt", None) is not None and not is_text(args.prompt):
-        parser.error("--prompt is not valid UTF-8 text")
+    for name in ("prompt", "chat", "system"):  # generate's text: "-" reads a prompt or a message from stdin
+        if name != "system" and getattr(args, name, None) == "-":
+            setattr(args, name, sys.stdin.read())
+        if getattr(args, name, None) is not None and not is_text(getattr(args, name)):
+            parser.error(f"--{name} is not valid UTF-8 text")
     try:
         with warnings.catch_warnings():
             warnings.showwarning = show_warning

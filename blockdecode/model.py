@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import json
 import os
 from collections.abc import Callable, Sequence
@@ -14,6 +13,7 @@ from safetensors.torch import save_file
 from torch import nn
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from blockdecode.chat import reply_to
 from blockdecode.core.hf import (
     check_loaded,
     context_length,
@@ -24,10 +24,10 @@ from blockdecode.core.hf import (
 )
 from blockdecode.core.io import CheckpointError, saving_folder, write_text
 from blockdecode.decoding.acceptance import Acceptance
+from blockdecode.decoding.arguments import Extras, check_beside_plan
 from blockdecode.decoding.choice import LOOKUP_DEPTH, choose_plan
 from blockdecode.decoding.healing import check_healing, heal_prompts
 from blockdecode.decoding.inputs import check_attention_mask, check_prompt, row_tokens
-from blockdecode.decoding.loop import decode
 from blockdecode.decoding.output import BlockwiseOutput
 from blockdecode.decoding.plan import DecodePlan
 from blockdecode.decoding.sampling import check_generator
@@ -65,24 +65,6 @@ def load(
         where = f"{directory}" + (f" nor its base {model.base_location}" if model.base_location else "")
         raise CheckpointError(f"no tokenizer in {where}: save one beside the model (tokenizer.save_pretrained)")
     return model.to(dtype).eval(), model.tokenizer
-
-
-def check_beside_plan(settings: dict[str, object]) -> None:
-    """A plan replaces every decode setting of `generate`: one given beside it (not left at its default)
-    would be ignored, a sampling one leaving the decode greedy, so it is refused by name."""
-    defaults = inspect.signature(BlockwiseLM.generate).parameters
-    given = [f"{name}={value!r}" for name, value in settings.items() if _given(value, defaults[name].default)]
-    if given:
-        raise ValueError(
-            f"plan= replaces every decode setting, so {', '.join(given)} would be ignored: pass "
-            f"{'it' if len(given) == 1 else 'them'} to lm.plan(...) instead"
-        )
-
-
-def _given(value: object, default: object) -> bool:
-    """Whether a setting holds other than its default (compared by value for plain values only: a tensor's
-    == is elementwise)."""
-    return value is not default and not (isinstance(value, str | int | float) and value == default)
 
 
 class BlockwiseLM(nn.Module):
@@ -251,6 +233,7 @@ class BlockwiseLM(nn.Module):
         return self.base.get_output_embeddings()(self.heads(hidden, embeds))
 
     plan = choose_plan  # lm.plan(...): every setting of a decode, resolved and checked once
+    chat = reply_to  # lm.chat(messages, tokenizer=None, max_new_tokens=256, **generate_kwargs): the next reply
 
     def generate(
         self,
@@ -273,6 +256,7 @@ class BlockwiseLM(nn.Module):
         heal: PreTrainedTokenizerBase | None = None,
         remember: bool = True,
         corpus: Corpus | None = None,
+        **kwargs: object,
     ) -> BlockwiseOutput:
         """Exact greedy decoding, several tokens per base-model call; or, with `do_sample=True`,
         sampling from exactly the distribution of `base.generate(do_sample=True, temperature=...,
@@ -318,7 +302,12 @@ class BlockwiseLM(nn.Module):
         `sources.corpus_index`, tokenized by `model.tokenizer` (set by `load`), indexed once and cached
         (`sources.cache_dir()`). `remember=False`: the decode neither reads nor adds to the memory. A corpus
         given to the default (`drafter="auto"`) adds suffix lookup to its drafters, as `stats.note` says; given
-        where named drafters hold no SuffixDrafter, it is refused (it would be ignored)."""
+        where named drafters hold no SuffixDrafter, it is refused (it would be ignored).
+
+        As `transformers`' generate: `eos_token_id` an id or a list (default: the generation config's), `stop_strings`
+        (with `tokenizer`, default `model.tokenizer`), `streamer` (fed each block as it stands) and `pad_token_id`;
+        any other keyword of its generate is ignored with a warning naming it (`blockdecode.decoding.arguments`)."""
+        extras = Extras.read(f"{type(self).__name__}.generate", kwargs, self.base, self.tokenizer)
         input_ids = check_prompt(self.base, input_ids, max_new_tokens, attention_mask)  # before any planning
         mask = check_attention_mask(self.base, input_ids, attention_mask)
         check_generator(generator, self.base.device)
@@ -340,7 +329,7 @@ class BlockwiseLM(nn.Module):
                     f"plan takes a DecodePlan from model.plan(...), got {type(plan).__name__} {plan!r}: a drafter by "
                     "name goes to drafter="
                 )
-            check_beside_plan(settings)
+            check_beside_plan(settings, self.generate)
         healing = None
         if heal is not None:
             healing = heal_prompts(heal, input_ids, mask)
@@ -351,7 +340,8 @@ class BlockwiseLM(nn.Module):
                 rows = [input_ids.new_tensor([tokens]) for tokens in row_tokens(input_ids, mask)]
                 plan = self.plan(**settings, prompts=rows, rows=len(rows), corpus=corpus is not None)
             plan = self.with_sources(plan, remember, corpus, heal)
-            out = decode(self.base, input_ids, max_new_tokens, plan, on_block, generator, mask, healing)
+            out = extras.decode(self.base, input_ids, max_new_tokens, plan, on_block, generator=generator,
+                                attention_mask=mask, healing=healing)  # fmt: skip
         if remember and any(isinstance(d, SuffixDrafter) for d in plan.drafters):
             self.memory.add(self._rows_of(out, mask))
         return out

@@ -544,7 +544,7 @@ SEED = "an integer from 0 to 2**64 - 1"
         (["pretrain-translation", "--corpus", "c", "--out", "o", "--heads", "1e3"],
          f"argument --heads: must be {INT64}, got 1e3"),
         (["bench", "--batches", "4,x"], "argument --batches: must be an integer >= 1, got x"),
-        (["generate"], "the following arguments are required: --prompt"),
+        (["generate"], "one of the arguments --prompt --chat is required"),
     ],
 )  # fmt: skip
 def test_a_bad_flag_is_one_line_naming_it_and_the_help(argv: list[str], error: str, tmp_path, monkeypatch, capsys):

@@ -151,7 +151,7 @@ def is_text(value: str) -> bool:
 
 NO_HEAL = (
     "continue a prompt that ends mid-token (in a bare newline or space) from its last token as it is, "
-    "not from its text (token healing, on by default; a translation is never healed)"
+    "not from its text (token healing, on by default; a translation or a --chat message is never healed)"
 )
 
 

@@ -1,4 +1,5 @@
-"""`blockdecode generate`: one prompt, completed blockwise; --compare checks it against transformers' greedy."""
+"""`blockdecode generate`: one prompt completed blockwise, or one --chat message answered through the chat
+template (never healed); --compare checks it against transformers' greedy."""
 
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ from blockdecode.drafters.heads import HEAD_TYPES
 
 
 def run(args: argparse.Namespace) -> None:
+    from blockdecode.chat import chat_ids, reply_text
     from blockdecode.core.hf import vocab_size
     from blockdecode.decoding.acceptance import parse_acceptance
     from blockdecode.decoding.healing import heal_prompts
@@ -50,6 +52,8 @@ def run(args: argparse.Namespace) -> None:
         raise ValueError(f"--acceptance {args.acceptance} is approximate, which has no exact meaning with --sample")
     check_drafter(args.drafter, args.tree)
     check_corpus(args.drafter, args.corpus)
+    if args.system is not None and args.chat is None:
+        raise ValueError("--system is the system message of a --chat message: add --chat")
     if args.eagle3 and "eagle3" not in args.drafter.split("+"):
         raise ValueError(f"--eagle3 drafts only where --drafter names it (eagle3, eagle3+suffix, ...), not "
                          f"{args.drafter}")  # fmt: skip
@@ -62,9 +66,14 @@ def run(args: argparse.Namespace) -> None:
         auto = args.drafter == "auto"
         uses = "the default drafts by suffix lookup" if auto else f"these {model.config.head_type} heads are untrained"
         print(f"note: {args.model} has no trained heads: {uses}", file=sys.stderr)
-    ids = check_prompt(model.base, tokenizer(args.prompt, return_tensors="pt").input_ids, args.max_new_tokens)
+    if args.chat is not None:  # the template's generation prompt ends where the reply begins: never healed
+        messages = [{"role": "system", "content": args.system}] if args.system is not None else []
+        ids = chat_ids(tokenizer, [*messages, {"role": "user", "content": args.chat}])
+    else:
+        ids = tokenizer(args.prompt, return_tensors="pt").input_ids
+    ids = check_prompt(model.base, ids, args.max_new_tokens)
     seq2seq = is_seq2seq(model.base)  # the output is the decoder's: a translation, not a continuation
-    heal = tokenizer if args.heal and not seq2seq else None
+    heal = tokenizer if args.heal and not seq2seq and args.chat is None else None
     healing = heal_prompts(heal, ids) if heal is not None else None
     if healing is not None and healing.healed:
         print(f"{healing.note()} (--no-heal: off)", file=sys.stderr)
@@ -78,7 +87,10 @@ def run(args: argparse.Namespace) -> None:
     generator.manual_seed(seed)
     corpus = [Path(p) for p in args.corpus] if args.corpus else None
     out = model.generate(ids, args.max_new_tokens, plan=plan, generator=generator, heal=heal, corpus=corpus)
-    print(tokenizer.decode(out.sequences[0], skip_special_tokens=seq2seq))
+    if args.chat is not None:
+        print(reply_text(tokenizer, out, ids.shape[1], plan.eos))
+    else:
+        print(tokenizer.decode(out.sequences[0], skip_special_tokens=seq2seq))
     s = out.stats
     print(
         f"\nblockwise ({plan.drafter_name}, k={plan.k}, {plan.setting}, {dtype_name(dtype)}): {s.new_tokens} tokens, "
@@ -115,7 +127,15 @@ def add_parser(sub) -> None:
     p.add_argument(
         "--model", default=DEFAULT_MODEL, help="saved BlockwiseLM or transformers folder, or GGUF (default: built-in)"
     )
-    p.add_argument("--prompt", required=True, help="the text to continue; - reads it from standard input")
+    given = p.add_mutually_exclusive_group(required=True)
+    given.add_argument("--prompt", help="the text to continue; - reads it from standard input")
+    given.add_argument(
+        "--chat",
+        metavar="MESSAGE",
+        help="a message to an instruct model, sent through its chat template (never healed), its reply printed; - "
+        "reads it from standard input",
+    )
+    p.add_argument("--system", default=None, help="with --chat: the system message before it")
     p.add_argument("--max-new-tokens", type=positive_int, default=64)
     add_drafting_flags(p)
     p.add_argument(

@@ -30,6 +30,7 @@ from blockdecode.decoding.ranking import OFFERED, Ranker, batch_width
 from blockdecode.decoding.reference import near_tie
 from blockdecode.decoding.rules import greedy_rules
 from blockdecode.decoding.sampling import check_generator, sampling_settings, speculative_sample
+from blockdecode.decoding.stopping import StopStrings, first_stop
 from blockdecode.drafters.base import Drafter, check_ids, check_paths, check_proposal
 from blockdecode.drafters.proposals import Lattice, Scored
 
@@ -46,6 +47,7 @@ def decode(
     generator: torch.Generator | None = None,
     attention_mask: torch.Tensor | None = None,
     healing: Healing | None = None,
+    stop_strings: StopStrings | None = None,
 ) -> BlockwiseOutput:
     """Greedy decoding of `model` as `plan` says (or sampling, if the plan samples), up to k tokens a
     call for every row of `input_ids` [B, T]: predict, verify, accept.
@@ -59,7 +61,8 @@ def decode(
     in training mode decodes in eval mode, and is put back as it was (`hf.eval_mode`).
     `healing` (`blockdecode.decoding.healing.heal_prompts`, whose own input_ids and attention_mask these are): each
     healed row's new tokens first write its dropped token's text again, as `generate` does with the
-    healing's `prefix_allowed_tokens_fn`: the first from the prefill, then one a call until they have."""
+    healing's `prefix_allowed_tokens_fn`: the first from the prefill, then one a call until they have.
+    `stop_strings`: a row also ends at the token that completes one, as `generate(stop_strings=...)` ends it."""
     prompt = check_prompt(model, input_ids, max_new_tokens, attention_mask)
     max_new_tokens = token_budget(max_new_tokens)
     mask = check_attention_mask(model, prompt, attention_mask)
@@ -74,7 +77,7 @@ def decode(
         base, start = open_decoder(model, prompt, plan.cache_implementation, room, mask)
         padding = None if is_seq2seq(model) else mask  # the decoder's: an encoder-decoder's start tokens have none
         run = Run(model, plan, start, padding, max_new_tokens, on_block, healing)
-        base.read_layers = run.read_layers
+        base.read_layers, run.stop_strings = run.read_layers, stop_strings
         logits, h = base.prefill(start, padding)
         run.feed(base, [list(range(start.shape[1])) if padding is None else padding[i].nonzero().view(-1).tolist()
                         for i in range(len(run.active))])  # fmt: skip
@@ -273,6 +276,8 @@ class Run:
     which only the loop writes, so a drafter that scribbles on what it is shown cannot change the
     result. `active`: the rows still decoding, in the order the adapter holds them."""
 
+    stop_strings: StopStrings | None = None  # where a row also ends (`decode` sets it)
+
     def __init__(self, model, plan: DecodePlan, start: torch.LongTensor, mask, max_new_tokens: int, on_block, healing):
         self.plan, self.on_block, self.start, self.healing = plan, on_block, start, healing
         self.prompt_len = start.shape[1]  # padding included: the length `generate`'s rules count
@@ -358,10 +363,10 @@ class Run:
         owners: Sequence[str] = (),
         top2: torch.Tensor | None = None,
     ) -> None:
-        """Append what a call gained for `row`, up to and including an EOS (generate stops there);
+        """Append what a call gained for `row`, up to and including an EOS or a stop string's end (generate stops);
         `owners`: the drafter that proposed each accepted node of `path`; `top2`: the two best scores
         where each token was chosen, kept on the device for `near_ties`."""
-        stop = next((i for i, t in enumerate(gained) if t in self.plan.eos), None)
+        stop = first_stop(gained, self.plan.eos, self.tokens[row], self.stop_strings)
         if stop is not None:
             gained, self.done[row] = gained[: stop + 1], True
         if top2 is not None:
