@@ -182,8 +182,8 @@ def test_a_ranked_chain_takes_a_prefix_of_the_drafters_chain_and_stays_greedy():
     ids = make_prompt(8, vocab_size(model), seed=2)
     ref = hf_greedy(model, ids, 40)
     lm = BlockwiseLM.from_base(model, k=6)
-    steep = Ranking(((1, 1.0), (2, 1.2), (64, 13.6)))  # a token costs a fifth of a call
     for accuracy, longest in ((1.0, 6), (0.0, 1)):
+        steep = Ranking(((1, 1.0), (2, 1.2), (64, 13.6)))  # a token costs a fifth of a call; nothing learnt before
         plan = make_plan(model, ScriptedDrafter(ref, vocab_size(model), accuracy), 6, eos_token_id=NO_EOS,
                          ranking=steep)  # fmt: skip
         out = lm.generate(ids, 40, plan=plan)
@@ -364,7 +364,24 @@ def test_the_next_sequence_starts_from_what_the_last_learnt_of_each_drafters_tim
     second = ranking.start()
     assert second.yields == {"heads": 0.01} and second.seconds_of == {"heads": 0.5}
     assert not second.worth_asking("heads", [scored([1, 2, 3, 4], "ngram", 0.6)], 4, 64)  # not asked at once
-    assert second.estimates.counts == {}  # what stands is learnt afresh: a sampled run repeats with its seed
+    assert second.estimates.counts == {}  # its own outcomes start afresh, from the last sequence's chances as priors
+    source = Source("heads", ("any",), 0.5)
+    assert second.estimates.chance(source) == pytest.approx(0.5 * PRIOR_WEIGHT / (PRIOR_WEIGHT + 1))  # one miss
+    assert Ranking(tuple(FLAT.items()), drafting=()).start().estimates.chance(source) == 0.5  # sampling: the prior
+
+
+def test_a_source_that_seldom_stood_in_the_last_sequence_is_not_offered_at_its_prior_again():
+    """Open chat on a step-shaped cost curve (fp32: 1 token a GEMV, 2-8 one GEMM at 1.5x): a lookup's paths at their
+    prior of 0.5 looked worth a call of 8 where a tenth stood; the next sequence starts from what the last found."""
+    ranking = Ranking(((1, 1.0), (2, 1.53), (8, 1.53), (64, 4.0)))
+    paths = [scored([1, 2, 3, 4, 5, 6, 7], "ngram", 0.5)]
+    first = ranking.start()
+    assert len(first.tree(paths, 16)) == 7
+    for _ in range(12):
+        first.tree(paths, 16)
+        first.observe([0])  # its first node never stood
+    ranking.keep(first)
+    assert len(ranking.start().tree(paths, 16)) == 0
 
 
 def test_a_ranked_chain_of_two_drafters_takes_each_call_the_one_expected_to_stand():

@@ -81,6 +81,16 @@ class Estimates:
             counts[0] *= self.decay
             counts[1] *= self.decay
 
+    def believed(self) -> dict[str, float]:
+        """Each tried source's chance as this sequence leaves it, by `source_name`: where the model's next sequence
+        starts from (`Ranking.keep`), so that a source that seldom stood in its last text is not offered at its
+        prior again (in open chat, a lookup's first token at 0.5 where a tenth stands)."""
+        return {
+            source_name(*k): (self.rates.get(source_name(*k), own_prior(*k)) * PRIOR_WEIGHT + h) / (PRIOR_WEIGHT + t)
+            for k, (h, t) in sorted(self.counts.items())
+            if t > 0
+        }
+
     def rates_seen(self, least: float = 5.0) -> dict[str, float]:
         """The hit rate of every source with at least `least` trials, by `source_name`."""
         return {source_name(*k): h / t for k, (h, t) in sorted(self.counts.items()) if t >= least}

@@ -52,11 +52,11 @@ class Ranking:
     """How a decode ranks its candidates: the machine's cost curve, (token count, seconds) pairs of one
     forward over a cached context, and the acceptance rates shipped with the model (`PRIORS`, by
     `source_name`), which replace the drafters' own priors where known. Each sequence ranks with its
-    own `Ranker`, from these; it starts from what the last sequence ranked with them learnt of each
-    drafter's time and yield (`learnt`), so a drafter that did not pay there is not asked at once again:
-    a short decode would spend most of its calls learning that anew. Which candidates stand is learnt
-    afresh each sequence. Under sampling (`drafting` set) nothing is carried over, and the drafters' times are
-    read from the cache, not measured: a seeded sampled run repeats, in this process and in another."""
+    own `Ranker`, from these; it starts from what the last sequences ranked with them learnt of each
+    drafter's time and yield and each source's chance (`learnt`), so a drafter that did not pay there is not asked
+    at once again: a short decode would spend most of its calls learning that anew. Under sampling (`drafting`
+    set) nothing is carried over, and the drafters' times are read from the cache, not measured: a seeded sampled
+    run repeats, in this process and in another."""
 
     cost: tuple[tuple[int, float], ...]
     rates: tuple[tuple[str, float], ...] = ()
@@ -76,11 +76,14 @@ class Ranking:
         ranker.clocked = [] if self.measured else None
         ranker.seconds_of.update(self.learnt.get("seconds", {}))
         ranker.yields.update(self.learnt.get("yields", {}))
+        ranker.estimates.rates.update(self.learnt.get("rates", {}))
         return ranker
 
     def keep(self, ranker: Ranker) -> None:
-        """What a finished sequence's ranker learnt of its drafters' time and yield, for the next one."""
+        """What a finished sequence's ranker learnt of its drafters' time and yield and of its sources' chances, for
+        the next one, which starts from them as priors (worth `PRIOR_WEIGHT` trials: its own text soon outweighs)."""
         self.learnt.update(seconds=dict(ranker.seconds_of), yields=dict(ranker.yields))
+        self.learnt["rates"] = {**self.learnt.get("rates", {}), **ranker.estimates.believed()}
 
 
 @dataclass
