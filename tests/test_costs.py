@@ -50,6 +50,7 @@ def new_process() -> None:
     """What a new process starts from: the cache file on disk, nothing in memory."""
     stored._CACHE.clear()
     costs._RANKINGS.clear()
+    costs._REMEASURED.clear()
 
 
 def curve_entry(cache: Path) -> tuple[str, dict[int, float]]:
@@ -180,3 +181,24 @@ def test_a_seed_repeats_on_a_plain_model_in_another_process(tiny_base, tmp_path:
     assert runs[0].stdout == runs[1].stdout == runs[2].stdout
     entries = json.loads((tmp_path / "blockdecode" / "calibration.json").read_text())
     assert sum(key.startswith("cost|") for key in entries) == 1
+
+
+def test_a_second_disproof_in_a_process_scales_the_curve_to_the_calls_without_timing_again(
+    cache: Path, timed: list, capsys: pytest.CaptureFixture
+) -> None:
+    """A machine whose load comes and goes disproves its curve again and again: measuring a 0.5B model's curve
+    takes seconds, so after once a process the curve is scaled to what the calls took, unstored."""
+    model = toy_model("llama", seed=4)
+    ids = make_prompt(24, 512, seed=4)
+    lm = BlockwiseLM.from_base(model, k=4)
+    lm.generate(ids, 8, eos_token_id=NO_EOS, drafter="ngram")
+    key, curve = curve_entry(cache)
+    new_process()
+    for slower in (50, 0.01):  # the same process: the cached curve too slow, then too fast
+        costs._RANKINGS.clear()
+        stored.entries()[key] = {"key": key, "cost": {str(q): slower * t for q, t in curve.items()}}
+        out = lm.generate(ids, 4 * CHECK_CALLS, eos_token_id=NO_EOS, drafter="ngram")
+        assert "the cost curve was measured again" in out.stats.note
+        assert_greedy_equal(model, ids, out.sequences, hf_greedy(model, ids, 4 * CHECK_CALLS, eos_token_id=NO_EOS))
+    assert len(timed) == 2  # the first measurement and the one re-timing; the second disproof only scaled
+    assert capsys.readouterr().err.count("measuring it again") == 1

@@ -318,8 +318,8 @@ class Run:
 
     def clock(self, model: PreTrainedModel, q: int, seconds: float) -> None:
         """One sequence's call verified `q` tokens in `seconds`: where its ranking checks the machine's cost curve
-        (`Ranker.clock`) and these calls disprove it, the curve is measured again over this sequence's last tokens,
-        replaces the cached one (`costs.remeasured`), and is what this decode and later ones rank with."""
+        (`Ranker.clock`) and these calls disprove it, it is measured again (once a process; then scaled to the calls:
+        `costs.remeasured`) and is what this decode and later ones rank with."""
         if len(self.rankers) != 1:
             return
         ranker = self.rankers[0]
@@ -328,7 +328,7 @@ class Run:
             return
         n = self.length(0)
         context = self.seq[:1, max(0, n - COST_CONTEXT) : n]
-        curve = remeasured(model, context, self.plan.cache_implementation, ranker.clocked, off)
+        curve = remeasured(model, context, self.plan.cache_implementation, ranker.clocked, off, dict(ranker.points))
         ranker.recost(curve)
         self.plan.ranking.learnt["cost"] = tuple(sorted(curve.items()))
         self.say(0, f"the cost curve was measured again: calls took {off:.2g}x what it said")
