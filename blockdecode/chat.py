@@ -9,17 +9,24 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Collection, Mapping, Sequence
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple, Protocol
 
 import torch
-from transformers import PreTrainedTokenizerBase
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from transformers.generation.streamers import BaseStreamer
 
 from blockdecode.core.hf import resolve_eos
 from blockdecode.decoding.output import BlockwiseOutput, DecodeStats
 
-if TYPE_CHECKING:
-    from blockdecode.model import BlockwiseLM
+
+class Replying(Protocol):
+    """What a reply needs of its model (a `BlockwiseLM`): its base, its tokenizer and `generate`."""
+
+    base: PreTrainedModel
+    tokenizer: PreTrainedTokenizerBase | None
+
+    def generate(self, input_ids: torch.LongTensor, max_new_tokens: int, **kwargs) -> BlockwiseOutput: ...
+
 
 Messages = Sequence[Mapping[str, str]]
 
@@ -42,7 +49,7 @@ def chat_ids(tokenizer: PreTrainedTokenizerBase, messages: Messages) -> torch.Lo
 
 
 def reply_to(
-    model: BlockwiseLM,
+    model: Replying,
     messages: Messages,
     tokenizer: PreTrainedTokenizerBase | None = None,
     max_new_tokens: int = 256,

@@ -21,6 +21,7 @@ from blockdecode.commands import (
     train,
 )
 from blockdecode.commands.flags import Parser, is_text, positive_int
+from blockdecode.core.hf import stay_offline
 
 COMMANDS = (generate, chat, train, pretrain, pretrain_translation, bench, calibrate, export, bible, demo)
 """Each module's `add_parser` adds its command's subparser, with `func` set to the module's `run`."""
@@ -61,16 +62,6 @@ def main(argv: list[str] | None = None) -> None:
 def show_warning(message, category, filename, lineno, file=None, line=None) -> None:
     """A library's warning as a line of the command's own, without Python's file, line and source."""
     print(f"warning: {message}", file=sys.stderr)
-
-
-def stay_offline() -> None:
-    """The command never reaches a model hub unless HF_HUB_OFFLINE=0 says it may. The variable is
-    read when huggingface_hub is imported, before this runs, so the setting goes to its module."""
-    from huggingface_hub import constants
-
-    if os.environ.get("HF_HUB_OFFLINE") is None and os.environ.get("TRANSFORMERS_OFFLINE") is None:
-        os.environ["HF_HUB_OFFLINE"] = "1"  # for child processes (torchrun, accelerate launch)
-        constants.HF_HUB_OFFLINE = True
 
 
 if __name__ == "__main__":

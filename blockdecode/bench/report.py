@@ -12,18 +12,13 @@ from pathlib import Path
 import torch
 
 from blockdecode.bench import batches
-from blockdecode.core import plots
+from blockdecode.core import hardware, plots
 from blockdecode.core.io import saving_folder, write_json, write_text
 
 
 def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+    """The CPU's model name, or what the platform says where /proc/cpuinfo gives none."""
+    return hardware.cpu_name() or platform.processor() or platform.machine()
 
 
 def package_version() -> str:

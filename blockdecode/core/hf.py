@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import inspect
 import operator
+import os
 import threading
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
@@ -327,3 +328,13 @@ def eval_mode(model: torch.nn.Module) -> Iterator[None]:
                 if not _HELD[m]:
                     del _HELD[m]
                     m.training = True
+
+
+def stay_offline() -> None:
+    """A command never reaches a model hub unless HF_HUB_OFFLINE=0 says it may. The variable is
+    read when huggingface_hub is imported, before this runs, so the setting goes to its module."""
+    from huggingface_hub import constants
+
+    if os.environ.get("HF_HUB_OFFLINE") is None and os.environ.get("TRANSFORMERS_OFFLINE") is None:
+        os.environ["HF_HUB_OFFLINE"] = "1"  # for child processes (torchrun, accelerate launch)
+        constants.HF_HUB_OFFLINE = True

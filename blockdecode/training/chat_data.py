@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 from blockdecode.chat import chat_ids, reply_text
-from blockdecode.core.hf import DTYPE_CHOICES, dtype_for, resolve_eos
+from blockdecode.core.hf import DTYPE_CHOICES, dtype_for, resolve_eos, stay_offline
 from blockdecode.core.io import append_jsonl, atomic_write, read_json, save_npy, write_json, write_text
 
 TRANS_DE_EN = Path("/usr/share/trans/de-en")  # Debian's trans-de-en: Ding dictionary lines "German :: English"
@@ -303,7 +303,6 @@ def to_npy(out_dir: str | Path, holdout: float = 0.1) -> tuple[Path, Path]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from blockdecode.cli import stay_offline
     from blockdecode.model import load
 
     stay_offline()
