@@ -14,7 +14,7 @@ from test_chat import BUDGET, chat_model, chat_tokenizer, greedy
 from blockdecode import load
 from blockdecode.chat import chat_ids
 from blockdecode.training import chat_data
-from blockdecode.training.chat_data import Prompt, answer, make_prompts, to_npy, user
+from blockdecode.training.chat_data import QUESTION_TOKENS, Prompt, answer, make_prompts, to_npy, user
 from blockdecode.training.data import load_tokens
 
 GERMAN = "Der neue Gewerbepark wird hunderte Arbeitsplätze schaffen."
@@ -46,7 +46,7 @@ def test_prompts_come_from_each_source_deterministically(monkeypatch, tmp_path, 
     prompts = make_prompts(30, seed=1)
     kinds = [p.kind for p in prompts]
     assert len(prompts) == 30 and {k: kinds.count(k) for k in set(kinds)} == {
-        "math": 4, "translation": 2, "open": 3, "prose": 9, "code": 12}  # fmt: skip
+        "math": 4, "translation": 2, "open": 3, "prose": 8, "self": 6, "code": 7}  # fmt: skip
     assert sum(len(p.messages) == 2 for p in prompts) == 3 and prompts == make_prompts(30, seed=1) != make_prompts(30)
     text = {k: [p.messages[0]["content"] for p in prompts if p.kind == k] for k in set(kinds)}
     # only example sentences of six words or more, without annotations ("(nicht)"), each taken once
@@ -56,12 +56,25 @@ def test_prompts_come_from_each_source_deterministically(monkeypatch, tmp_path, 
     assert all("```python\n" in t or t.startswith("Write a Python function `") for t in text["code"])
     assert all(t.startswith(("Summarize", "Read the passage", "Rewrite")) for t in text["prose"])
     assert all("step" in t for t in text["math"]) and all(t.startswith(("What is", "When")) for t in text["open"])
+    assert len(set(text["self"])) == 6 and all(t.startswith("Write one ") for t in text["self"])
     assert max(len(m["content"]) for p in prompts for m in p.messages) <= 1300  # passages capped near 1,200 chars
     monkeypatch.setattr(chat_data, "TRANS_DE_EN", tmp_path / "absent")
     kinds = [p.kind for p in make_prompts(30, seed=1)]
     assert (
-        "translation" not in kinds and kinds.count("code") == 14 and "no translation prompts" in capsys.readouterr().err
+        "translation" not in kinds and kinds.count("code") == 9 and "no translation prompts" in capsys.readouterr().err
     )
+
+
+def test_a_second_run_avoids_the_prompts_of_the_first(monkeypatch, tmp_path) -> None:
+    (tmp_path / "de-en").write_text(DING, encoding="utf-8")
+    monkeypatch.setattr(chat_data, "TRANS_DE_EN", tmp_path / "de-en")
+    first = make_prompts(30)
+    avoid = frozenset(p.messages[0]["content"] for p in first)
+    second = make_prompts(40, seed=1, avoid=avoid)
+    kinds = [p.kind for p in second]
+    assert len(second) == 40 and not avoid & {p.messages[0]["content"] for p in second}
+    assert kinds.count("translation") == 0 and kinds.count("self") == 8  # the two German sentences were taken
+    assert make_prompts(40, seed=1, avoid=avoid) == second and make_prompts(40, seed=1) != second
 
 
 def test_conversations_are_the_models_own_greedy_turns(chat, tmp_path, capsys) -> None:
@@ -105,6 +118,23 @@ def test_a_killed_run_resumes_to_the_same_file(chat, tmp_path, monkeypatch) -> N
         answer(chat.lm, chat.tok, PROMPTS, tmp_path / "killed", 8)
 
 
+def test_a_self_instruct_prompt_is_answered_as_the_models_own_question(chat, tmp_path) -> None:
+    ask = Prompt(
+        "self", [user("Write one factual question about pets that someone might ask. Reply with the question.")]
+    )
+    path = answer(chat.lm, chat.tok, [ask, PROMPTS[1]], tmp_path, BUDGET)
+    record = json.loads(path.read_text().splitlines()[0])
+    ids = chat_ids(chat.tok, ask.messages)  # the question: the model's greedy reply to the ask, its first line
+    written = chat.tok.decode(greedy(chat.lm.base, ids, QUESTION_TOKENS)[0, ids.shape[1] :], skip_special_tokens=True)
+    question = written.strip().split("\n")[0].strip().strip('"*').strip() or ask.messages[0]["content"]
+    assert record["kind"] == "self" and record["prompt"] == ask.messages
+    assert record["messages"][0] == user(question) and len(record["messages"]) == 2
+    assert record["ids"] == greedy(chat.lm.base, chat_ids(chat.tok, [user(question)]))[0].tolist()
+    assert answer(chat.lm, chat.tok, [ask, PROMPTS[1]], tmp_path, BUDGET).read_bytes() == path.read_bytes()  # resumes
+    with pytest.raises(ValueError, match="conversation 0 answers another prompt"):
+        answer(chat.lm, chat.tok, [PROMPTS[0], PROMPTS[1]], tmp_path, BUDGET)
+
+
 def test_a_torn_last_line_is_dropped_with_a_note(chat, tmp_path, capsys) -> None:
     whole = answer(chat.lm, chat.tok, PROMPTS[:3], tmp_path / "whole", BUDGET).read_bytes()
     path = answer(chat.lm, chat.tok, PROMPTS[:2], tmp_path / "torn", BUDGET)
@@ -131,9 +161,17 @@ def test_to_npy_joins_conversations_with_eos_and_holds_every_nth_out(chat, tmp_p
 
 
 def test_the_command_makes_prompts_answers_them_and_writes_the_arrays(chat, tmp_path, monkeypatch) -> None:
-    monkeypatch.setattr(chat_data, "make_prompts", lambda n, seed: PROMPTS[:n])
-    out = tmp_path / "data"
-    chat_data.main(["--gguf", str(chat.dir), "--out", str(out), "--prompts", "3", "--max-new-tokens", "8",
-                    "--threads", "1", "--dtype", "fp32"])  # fmt: skip
-    assert len((out / "conversations.jsonl").read_text().splitlines()) == 3
+    avoided = []
+    monkeypatch.setattr(chat_data, "make_prompts", lambda n, seed, avoid: avoided.append(avoid) or PROMPTS[:n])
+    out, flags = tmp_path / "data", ["--max-new-tokens", "8", "--threads", "1", "--dtype", "fp32"]
+    chat_data.main(["--gguf", str(chat.dir), "--out", str(out), "--prompts", "3", *flags])
+    assert len((out / "conversations.jsonl").read_text().splitlines()) == 3 and avoided == [frozenset()]
     assert {p.name for p in out.iterdir()} >= {"train.npy", "heldout.npy", "heldout.jsonl", "meta.json"}
+    first = out / "conversations.jsonl"
+    chat_data.main(["--gguf", str(chat.dir), "--out", str(tmp_path / "two"), "--prompts", "1", "--avoid", str(first),
+                    *flags])  # fmt: skip
+    assert avoided[1] == {p.messages[0]["content"] for p in PROMPTS[:3]}
+    with pytest.raises(SystemExit, match="--avoid: no conversations at .*absent.jsonl"):
+        chat_data.main(
+            ["--gguf", str(chat.dir), "--out", str(tmp_path / "x"), "--avoid", str(tmp_path / "absent.jsonl")]
+        )

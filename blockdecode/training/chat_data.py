@@ -4,11 +4,16 @@ made from what this machine holds, as token ids that `blockdecode train --data t
 No prompt comes from a benchmark. They are built from the standard library's functions (explain, document, write
 from a docstring, review), installed packages' descriptions and stdlib modules' docstrings (summarize, answer a
 question about a passage, simplify), math word problems from templates, German example sentences of Debian's
-trans-de-en dictionary (where installed) to translate, and open questions about modules and packages. A tenth ask a
-second turn after the model's own first answer, as MT-bench does. Each conversation is appended as one line,
-fsynced, so that a killed run loses at most the one it was answering, and a rerun continues after the last.
+trans-de-en dictionary (where installed) to translate, open questions about modules and packages, and questions the
+model writes itself (self-instruct: asked for a question of some kind on a topic, it writes one, then answers it in a
+conversation of its own). A tenth ask a second turn after the model's own first answer, as MT-bench does. `--avoid`
+leaves out the prompts of earlier runs, so that a second, larger set never repeats the first (nor its held-out part).
+Each conversation is appended as one line, fsynced, so that a killed run loses at most the one it was answering, and
+a rerun continues after the last.
 
     python -m blockdecode.training.chat_data --gguf qwen.gguf --out runs/qwen-chat/data --prompts 200
+    python -m blockdecode.training.chat_data --gguf qwen.gguf --out runs/qwen-chat/data2 --prompts 600 --seed 1 \
+        --avoid runs/qwen-chat/data/conversations.jsonl
 """
 
 from __future__ import annotations
@@ -39,7 +44,7 @@ from blockdecode.core.io import append_jsonl, atomic_write, read_json, save_npy,
 
 TRANS_DE_EN = Path("/usr/share/trans/de-en")  # Debian's trans-de-en: Ding dictionary lines "German :: English"
 PASSAGE_CHARS = 1200  # about 300 tokens: a passage or a function is cut to this
-SHARES = {"math": 0.15, "translation": 0.1, "open": 0.1, "prose": 0.3}  # code makes up the rest, and any shortfall
+SHARES = {"math": 0.15, "translation": 0.15, "open": 0.1, "prose": 0.25, "self": 0.2}  # code: the rest, any shortfall
 SKIP = {"test", "tests", "idle_test", "site-packages", "dist-packages", "__pycache__"}
 FOLLOW_UPS = ("Now make it shorter.", "Explain it to a beginner.", "Can you give an example?",
               "Sum up your answer in one sentence.")  # fmt: skip
@@ -62,6 +67,17 @@ MATH = (  # {lo-hi}: a number drawn from lo..hi
     "A farmer has {5-50} chickens and {2-20} cows. How many legs do the animals have in all?",
     "A book has {120-600} pages. Lena reads {10-40} pages a day. How many days does she need to finish it?",
 )
+SELF_ASK = "Write one {style} question about {topic} that someone might ask an AI assistant. Reply with the question."
+STYLES = ("factual", "how-to", "why", "comparison", "advice", "short creative writing", "reasoning")
+TOPICS = " ".join(
+    """history, geography, physics, chemistry, biology, astronomy, medicine, nutrition, cooking,
+    travel, sports, music, film, literature, poetry, art, economics, personal finance, law, politics, philosophy,
+    psychology, education, careers, language learning, mathematics, statistics, computer networks, databases,
+    web development, gardening, pets, operating systems, fitness, climate, energy, transport, architecture, fashion,
+    games, parenting, email writing, job interviews, marketing, famous people, world capitals, inventions,
+    holidays""".split()
+).split(", ")
+QUESTION_TOKENS = 48  # a self-instruct question is one sentence
 
 
 class Prompt(NamedTuple):
@@ -188,6 +204,12 @@ def translation(rng: random.Random, count: int) -> list[Prompt]:
     return [Prompt("translation", [user(f"Translate into English: {s}")]) for s in picked]
 
 
+def self_instruct(rng: random.Random, count: int) -> list[Prompt]:
+    """Asks for a question of a kind on a topic; `answer` has the model write it, then answer it."""
+    asks = [SELF_ASK.format(style=s, topic=t) for s in STYLES for t in TOPICS]
+    return [Prompt("self", [user(a)]) for a in rng.sample(asks, min(count, len(asks)))]
+
+
 def open_questions(rng: random.Random, count: int) -> list[Prompt]:
     names = [f"module `{m}`" for m in sorted(sys.stdlib_module_names) if not m.startswith("_")]
     packages = {d.metadata["Name"] for d in importlib.metadata.distributions()} - {None}
@@ -196,16 +218,18 @@ def open_questions(rng: random.Random, count: int) -> list[Prompt]:
     return [Prompt("open", [user(rng.choice(asks).format(n))]) for n in rng.sample(names, min(count, len(names)))]
 
 
-def make_prompts(n: int, seed: int = 0) -> list[Prompt]:
+def make_prompts(n: int, seed: int = 0, avoid: frozenset[str] = frozenset()) -> list[Prompt]:
     """`n` chat prompts from this machine's own text, each source's share as SHARES says, shuffled by `seed`; a
-    tenth of them get a second user turn."""
+    tenth of them get a second user turn. None opens with a message in `avoid` (an earlier run's first turns)."""
     if n < 1:
         raise ValueError(f"make_prompts needs n >= 1, got {n}")
-    sources = {"math": math, "translation": translation, "open": open_questions, "prose": prose, "code": code}
+    sources = {"math": math, "translation": translation, "open": open_questions, "prose": prose,
+               "self": self_instruct, "code": code}  # fmt: skip
     prompts: list[Prompt] = []
     for kind, source in sources.items():
         want = round(n * SHARES[kind]) if kind in SHARES else n - len(prompts)
-        prompts += source(random.Random(f"{seed}:{kind}"), want)
+        made = source(random.Random(f"{seed}:{kind}"), want + len(avoid))
+        prompts += [p for p in made if p.messages[0]["content"] not in avoid][:want]
     if len(prompts) < n:
         raise ValueError(f"this machine's text makes only {len(prompts)} prompts, not {n}")
     rng = random.Random(seed)
@@ -213,6 +237,19 @@ def make_prompts(n: int, seed: int = 0) -> list[Prompt]:
     for i in rng.sample(range(n), round(n / 10)):
         prompts[i] = Prompt(prompts[i].kind, [*prompts[i].messages, user(rng.choice(FOLLOW_UPS))])
     return prompts
+
+
+def asked(record: dict) -> list[dict]:
+    """The user turns a conversation was made from: a self-instruct one's ask, not the question the model wrote."""
+    return record.get("prompt") or [m for m in record["messages"] if m["role"] == "user"]
+
+
+def own_question(model, tokenizer, ask: dict, eos: list[int]) -> dict:
+    """Self-instruct: the model's reply to `ask`, its first line unquoted, as a user's turn."""
+    ids = chat_ids(tokenizer, [ask]).to(model.base.device)
+    reply = model.generate(ids, QUESTION_TOKENS, tokenizer=tokenizer)
+    text = reply_text(tokenizer, reply, ids.shape[1], eos).strip().split("\n")[0].strip().strip('"*').strip()
+    return user(text or ask["content"])
 
 
 def read_conversations(path: Path, repair: bool = False) -> list[dict]:
@@ -239,7 +276,8 @@ def answer(model, tokenizer, prompts: Sequence[Prompt], out_dir: str | Path, max
     """Each prompt's conversation, answered by `model.generate`'s exact greedy (the default drafter), appended to
     `out_dir/conversations.jsonl`: {"i", "kind", "messages" (the user's turns and the model's replies), "ids" (the
     templated conversation and the last reply, with its end of turn where it stopped), "reply_tokens" (the tokens
-    the model wrote, over all turns)}. A rerun continues after the last conversation saved."""
+    the model wrote, over all turns), "prompt" (the prompt's user turns)}. A self-instruct prompt's first turn is
+    the model's own question. A rerun continues after the last conversation saved."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     if tokenizer.eos_token_id is None:
@@ -254,21 +292,23 @@ def answer(model, tokenizer, prompts: Sequence[Prompt], out_dir: str | Path, max
     path = out / "conversations.jsonl"
     done = read_conversations(path, repair=True)
     for j, record in enumerate(done):
-        asked = [m for m in record["messages"] if m["role"] == "user"]
-        if j >= len(prompts) or record["i"] != j or [record["kind"], asked] != [prompts[j].kind, prompts[j].messages]:
+        if j >= len(prompts) or record["i"] != j or [record["kind"], asked(record)] != [*prompts[j]]:
             raise ValueError(f"{path}: conversation {j} answers another prompt than this run's: use a fresh --out "
                              "(or the same --prompts and --seed)")  # fmt: skip
     eos, start, tokens = resolve_eos(model.base, None), time.perf_counter(), 0
     for i in range(len(done), len(prompts)):
-        messages, written = [], 0
-        for turn in prompts[i].messages:
+        messages, written, turns = [], 0, prompts[i].messages
+        if prompts[i].kind == "self":
+            turns = [own_question(model, tokenizer, turns[0], eos), *turns[1:]]
+        for turn in turns:
             messages.append(turn)
             ids = chat_ids(tokenizer, messages).to(model.base.device)
             reply = model.generate(ids, max_new_tokens, tokenizer=tokenizer)
             conversation = reply.sequences[0, : ids.shape[1] + reply.stats.new_tokens].tolist()
             messages.append({"role": "assistant", "content": reply_text(tokenizer, reply, ids.shape[1], eos)})
             written += reply.stats.new_tokens
-        record = {"i": i, "kind": prompts[i].kind, "messages": messages, "ids": conversation, "reply_tokens": written}
+        record = {"i": i, "kind": prompts[i].kind, "messages": messages, "ids": conversation, "reply_tokens": written,
+                  "prompt": prompts[i].messages}  # fmt: skip
         append_jsonl(path, record)  # flushed and fsynced: a kill loses at most the conversation it was answering
         tokens += written
         if (i + 1) % 10 == 0 or i + 1 == len(prompts):
@@ -314,6 +354,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--prompts", type=int, default=200)
     parser.add_argument("--max-new-tokens", type=int, default=160)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--avoid", nargs="*", default=[], type=Path,
+                        help="conversations.jsonl of earlier runs: their prompts are left out")  # fmt: skip
     parser.add_argument("--holdout", type=float, default=0.1)
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     parser.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto")
@@ -321,7 +363,10 @@ def main(argv: list[str] | None = None) -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     try:
-        prompts = make_prompts(args.prompts, args.seed)
+        avoid = frozenset(asked(r)[0]["content"] for path in args.avoid for r in read_conversations(path))
+        if missing := [str(p) for p in args.avoid if not p.is_file()]:
+            raise ValueError(f"--avoid: no conversations at {', '.join(missing)}")
+        prompts = make_prompts(args.prompts, args.seed, avoid)
         print(f"chat data: {len(prompts)} prompts, {dict(Counter(p.kind for p in prompts))}", flush=True)
         model, tokenizer = load(args.gguf, dtype=dtype_for(args.dtype))
         answer(model, tokenizer, prompts, args.out, args.max_new_tokens)
