@@ -378,8 +378,10 @@ def test_the_command_line_trains_on_chosen_layers_and_exports_with_the_serving_c
 
     run, out = tmp_path / "run", tmp_path / "e3"
     common = ["train", "--base", str(tiny_base.dir), "--data", str(tiny_base.corpus), "--out", str(run)]
-    main([*common, "--head-type", "eagle3", "--aux-layers", "0", "1", "1", "--k", "4", "--steps", "2"])
+    main([*common, "--head-type", "eagle3", "--aux-layers", "0", "1", "1", "--k", "4", "--steps", "2",
+          "--head-hidden-size", "48"])  # fmt: skip
     main(["export", "--model", str(run), "--format", "speculators", "--out", str(out)])
+    assert Eagle3.load(run / "eagle3").config.intermediate_size == 48  # the drafter's MLP, narrower than the base's
     printed = capsys.readouterr().out
     assert json.loads((out / "config.json").read_text())["eagle_aux_hidden_state_layer_ids"] == [0, 1, 1]
     assert '"method": "eagle3"' in printed and "--speculative-algorithm EAGLE3" in printed

@@ -79,7 +79,8 @@ def add_parser(sub) -> None:
     p.add_argument(
         "--gamma", type=float, default=d.gamma, help="dflash: block position i's loss weighs exp(-(i - 1) / gamma)"
     )
-    p.add_argument("--head-hidden-size", type=int, default=d.head_hidden_size, help="0: the base's hidden size")
+    p.add_argument("--head-hidden-size", type=int, default=d.head_hidden_size,
+                   help="the heads' hidden layer (0: the base's width); eagle3: its MLP's (0: the base's)")  # fmt: skip
     p.add_argument(
         "--draft-vocab", type=int, default=d.draft_vocab, help="N: the heads score only their N most frequent targets"
     )

@@ -167,7 +167,8 @@ def train_eagle3(cfg: TrainConfig, loop, base, tokenizer, train_seqs, held_out, 
         lm = BlockwiseLM.from_base(base, k=cfg.k)
     lm.base_location = lm.base_location or str(Path(cfg.base).resolve())
     vocab = vocab_size(base)
-    drafter = Eagle3(config_for(base, cfg.draft_vocab or vocab, cfg.aux_layers, cfg.k))  # its layers checked now
+    mlp = {"intermediate_size": cfg.head_hidden_size} if cfg.head_hidden_size else {}  # else the base's MLP width
+    drafter = Eagle3(config_for(base, cfg.draft_vocab or vocab, cfg.aux_layers, cfg.k, **mlp))  # layers checked now
     if cfg.distill:
         with acc.main_process_first():
             train_seqs = distill_sequences(base.to(acc.device), train_seqs, cfg, show=loop.main)
