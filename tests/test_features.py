@@ -126,3 +126,21 @@ def test_a_refilled_pair_leaves_nothing_of_its_old_bytes_in_its_padding(tmp_path
     del loss
     with pytest.warns(UserWarning, match="1 of the 16 rows"):
         assert_same(cached_features(base, pairs, tmp_path / "damaged", chunk=8, show=False), whole)
+
+
+def test_the_outputs_are_read_from_a_whole_cache_of_layers_on_the_same_rows(whole, tmp_path, monkeypatch):
+    """EAGLE-3's cache (its layers' inputs, and the outputs beside them) serves the heads' run on the same rows
+    without another pass of the base; a cache of other rows, or one not yet whole, does not."""
+    seen = counting_forwards(monkeypatch)
+    with_layers = cached_features(tiny("llama"), ROWS, tmp_path, chunk=8, show=False, layers=(0, 1))
+    assert with_layers.aux is not None and len(seen) == 5
+    assert_same(cached_features(tiny("llama"), ROWS, tmp_path, chunk=8, show=False), whole)
+    assert len(seen) == 5 and [p.name.count("-layers-") for p in tmp_path.iterdir()] == [1]  # no pass, no new cache
+    cached_features(tiny("llama"), ROWS[:24], tmp_path, chunk=8, show=False)  # other rows: a cache of their own
+    assert len(seen) == 8
+    (layered,) = tmp_path.glob("*-layers-*")
+    done = np.load(layered / "done.npy", mmap_mode="r+")
+    done[-1] = False  # a fill of the layers stopped short: the outputs alone are computed, apart
+    done.flush()
+    assert_same(cached_features(tiny("llama"), ROWS, tmp_path, chunk=8, show=False), whole)
+    assert len(seen) == 13 and len(list(tmp_path.iterdir())) == 3

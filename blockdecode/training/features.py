@@ -92,6 +92,21 @@ def open_arrays(where: Path, layout: dict[str, tuple[tuple, type]]) -> dict[str,
     return arrays
 
 
+def whole_layer_caches(folder: Path, key: str) -> list[tuple[int, ...]]:
+    """The layers of each cache in `folder` of the rows `key` names that also holds some layers' inputs, filled
+    whole (its checksums are checked as it is opened, as any cache's)."""
+    held = []
+    for where in sorted(folder.glob(f"{key}-layers-*")):
+        try:
+            layers = tuple(int(i) for i in where.name.removeprefix(f"{key}-layers-").split("-"))
+            whole = bool(np.load(where / "done.npy", mmap_mode="r").all())
+        except (OSError, ValueError):
+            continue
+        if whole:
+            held.append(layers)
+    return held
+
+
 def row_logits(base: PreTrainedModel, rows: torch.LongTensor | Pairs) -> torch.Tensor:
     """The base's teacher-forced logits [N, L, V] on `rows` (-1 as padding): a causal LM's rows, or pairs' decoder
     rows with their sources encoded."""
@@ -115,7 +130,10 @@ def cached_features(
     decoder = decoder_rows(rows)
     n, length = decoder.shape
     width = base.get_output_embeddings().weight.shape[1]
-    where = Path(folder) / (features_key(base, rows) + ("-layers-" + "-".join(map(str, layers)) if layers else ""))
+    key = features_key(base, rows)
+    if not layers and (fuller := whole_layer_caches(Path(folder), key)):
+        layers = fuller[0]  # a cache of some layers' inputs on these rows holds the outputs too: one pass, not two
+    where = Path(folder) / (key + ("-layers-" + "-".join(map(str, layers)) if layers else ""))
     where.mkdir(parents=True, exist_ok=True)
     layout = {"hidden": ((n, length, width), np.float32), "argmax": ((n, length), np.int32)}
     layout |= {"loss": ((n, length), np.float32), "checksum": ((n,), np.uint32), "done": ((n,), np.bool_)}
