@@ -22,8 +22,13 @@ top-2 logit gap there says whether it is a near tie in the dtype (`decoding.refe
 
 Methods: `transformers`' greedy (the reference) and prompt lookup (`prompt_lookup_num_tokens=10`); llama.cpp's
 greedy on the same GGUF where llama-cpp-python is installed (`pip install .[llama]`; its own kernels, so its text
-may part from greedy's); blockdecode's default (`model.generate(ids, n)`); and each of `--drafters` alone, in one
-chain (heads, EAGLE-3 and DFlash only where the model has them trained).
+may part from greedy's); blockdecode's default (`model.generate(ids, n)`); each of `--drafters` alone, in one
+chain (heads, EAGLE-3 and DFlash only where the model has them trained); and each of `--ranked` as the default
+decodes (ranked trees), to weigh drafters the default could take.
+
+Drafters are chosen on prompts they never trained on, never on Spec-Bench: `--heldout runs/.../heldout.jsonl` runs
+the same protocol on the held-out conversations of a chat-data run (`blockdecode.training.chat_data`), a column a
+kind of prompt (code, prose, math, translation, open, self-instruct).
 
 The default model is Qwen2.5-Coder-0.5B-Instruct, Q4_K_M (Alibaba Cloud's Qwen team, Apache-2.0), joined from the
 registry's chunks (`benchmarks/instruct_models.py`, never committed). The defaults, 2 questions a subtask (14 turns)
@@ -72,12 +77,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     model = p.add_mutually_exclusive_group()
     model.add_argument("--gguf", type=Path, help="a GGUF file (default: Qwen2.5-Coder-0.5B-Instruct's, joined once)")
     model.add_argument("--model", type=Path, help="a model folder with its tokenizer, in place of a GGUF")
-    p.add_argument("--questions", type=Path, default=QUESTIONS, help="Spec-Bench's question.jsonl")
+    questions = p.add_mutually_exclusive_group()
+    questions.add_argument("--questions", type=Path, default=QUESTIONS, help="Spec-Bench's question.jsonl")
+    questions.add_argument("--heldout", type=Path, help="a chat-data run's heldout.jsonl, in place of Spec-Bench")
     p.add_argument("--per-subtask", type=int, default=2, help="questions a subtask, the first of each")
     p.add_argument("--max-new-tokens", type=int, default=128, help="new tokens a turn at most")
     p.add_argument("--methods", default=",".join(METHODS),
                    help=f"comma-separated, of {', '.join(METHODS)}; transformers' greedy always runs")  # fmt: skip
     p.add_argument("--drafters", default="ngram,suffix", help="comma-separated: blockdecode drafters, each alone")
+    p.add_argument("--ranked", default="", help="comma-separated drafter specs (eagle3+suffix), ranked as the default")
     p.add_argument("--threads", type=int, default=2)
     dtype_flag(p)
     p.add_argument("--out", type=Path, help="the JSON (and the PNG beside it); default results/specbench-MODEL.json")
@@ -104,6 +112,28 @@ def read_questions(path: Path) -> list[dict]:
         except (ValueError, KeyError, TypeError) as err:
             raise SystemExit(f"error: {path}:{i} is not a Spec-Bench question ({type(err).__name__}: {err})") from err
     return rows
+
+
+def read_heldout(path: Path) -> list[dict]:
+    """A chat-data run's held-out conversations as questions: {"question_id": its index, "category": its kind,
+    "turns": its user turns}; a self-instruct one's first turn is the question the model wrote."""
+    if not path.is_file():
+        raise SystemExit(f"error: no held-out conversations at {path}: pass a chat-data run's heldout.jsonl")
+    rows = []
+    for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        try:
+            row = json.loads(line)
+            turns = [m["content"] for m in row["messages"] if m["role"] == "user"]
+            rows.append({"question_id": row["i"], "category": row["kind"], "turns": turns})
+        except (ValueError, KeyError, TypeError) as err:
+            raise SystemExit(f"error: {path}:{i} is not a held-out conversation ({type(err).__name__}: {err})") from err
+    return rows
+
+
+def pick_heldout(rows: list[dict], n: int) -> list[tuple[str, dict]]:
+    """The first `n` held-out conversations of each kind, kind by kind in the order they first appear."""
+    kinds = list(dict.fromkeys(r["category"] for r in rows))
+    return [(kind, row) for kind in kinds for row in [r for r in rows if r["category"] == kind][:n]]
 
 
 def pick(rows: list[dict], n: int, where: Path | str = "the questions") -> list[tuple[str, dict]]:
@@ -171,6 +201,12 @@ def build_methods(lm, gguf: Path | None, args, context: int) -> tuple[dict[str, 
             notes.append(f"blockdecode {drafter} chain: skipped, the model has no trained {lacking[0]}")
         else:
             methods[f"blockdecode {drafter} chain"] = blockdecode_method(lm, drafter=drafter, tree=None)
+    for drafter in filter(None, args.ranked.split(",")):
+        lacking = [part for part in drafter.split("+") if not trained.get(part, True)]
+        if lacking:
+            notes.append(f"blockdecode {drafter} ranked: skipped, the model has no trained {lacking[0]}")
+        else:
+            methods[f"blockdecode {drafter} ranked"] = blockdecode_method(lm, drafter=drafter)
     return methods, notes
 
 
@@ -232,11 +268,16 @@ def accepted(rows: list[dict], method: str) -> float:
     return gained / max(1, sum(t["calls"][method] - 1 for t in turns))
 
 
+def subtasks_of(rows: list[dict]) -> list[str]:
+    """The columns: Spec-Bench's subtasks, or a held-out set's kinds, in the order the rows hold them."""
+    return list(dict.fromkeys(r["subtask"] for r in rows))
+
+
 def summarize(rows: list[dict], dtype: torch.dtype) -> dict:
     """Per subtask and overall: each method's tokens/s (mean over questions), speedup over greedy, mean accepted
     tokens; and the equality check: identical turns, and every departure with its gap."""
     methods = list(rows[0]["turns"][0]["seconds"])
-    groups = {subtask: [r for r in rows if r["subtask"] == subtask] for subtask in SUBTASKS}
+    groups = {subtask: [r for r in rows if r["subtask"] == subtask] for subtask in subtasks_of(rows)}
     groups["overall"] = rows
     tps = {m: {g: statistics.mean(question_speed(r, m) for r in found) for g, found in groups.items()} for m in methods}
     out = {
@@ -260,14 +301,15 @@ def table(report: dict) -> str:
     """The leaderboard, laid out as Spec-Bench's: a row a method, speedup per subtask, overall, mean accepted
     tokens; and how many turns each gave exactly greedy's text."""
     s = report["summary"]
-    head = ["× transformers' greedy", *SUBTASKS, "overall", "mean accepted", "identical"]
+    groups = list(s["tokens_per_second"][GREEDY])  # the subtasks, then "overall"
+    head = ["× transformers' greedy", *groups, "mean accepted", "identical"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for m, speedup in s["speedup"].items():
-        cells = [f"{speedup[g]:.2f}" for g in [*SUBTASKS, "overall"]]
+        cells = [f"{speedup[g]:.2f}" for g in groups]
         lines.append(f"| {m} | " + " | ".join(cells) + f" | {s['mean_accepted'][m]['overall']:.2f} | "
                      f"{s['identical_turns'][m]}/{s['turns']} |")  # fmt: skip
     greedy = s["tokens_per_second"][GREEDY]
-    lines.append(f"\n{GREEDY}: " + ", ".join(f"{g} {greedy[g]:.1f}" for g in [*SUBTASKS, "overall"]) + " tokens/s")
+    lines.append(f"\n{GREEDY}: " + ", ".join(f"{g} {greedy[g]:.1f}" for g in groups) + " tokens/s")
     return "\n".join(lines)
 
 
@@ -290,8 +332,10 @@ def equality_lines(report: dict) -> list[str]:
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
-    questions = read_questions(args.questions)
-    chosen = pick(questions, args.per_subtask, args.questions)
+    if args.heldout:
+        chosen, source = pick_heldout(read_heldout(args.heldout), args.per_subtask), args.heldout
+    else:
+        chosen, source = pick(read_questions(args.questions), args.per_subtask, args.questions), args.questions
     gguf = None if args.model else args.gguf or qwen_gguf()
     path = args.model or gguf
     dtype = dtype_for(args.dtype)
@@ -300,11 +344,12 @@ def main(argv: list[str] | None = None) -> dict:
     lm.eval()
     if not getattr(tokenizer, "chat_template", None):
         raise SystemExit(f"error: {path}'s tokenizer has no chat template, and Spec-Bench's questions are chat turns")
-    out = args.out or RESULTS / f"specbench-{Path(path).name.removesuffix('.gguf')}.json"
+    name = ("heldout-" if args.heldout else "") + Path(path).name.removesuffix(".gguf")
+    out = args.out or RESULTS / f"specbench-{name}.json"
     turns = sum(len(q["turns"]) for _, q in chosen)
     context = max(len(tokenizer(" ".join(q["turns"])).input_ids) for _, q in chosen) + 2 * (args.max_new_tokens + 64)
     methods, notes = build_methods(lm, gguf, args, context)
-    report = heading(Path(path).name, dtype, threads=args.threads, questions=str(args.questions),
+    report = heading(Path(path).name, dtype, threads=args.threads, questions=str(source),
                      per_subtask=args.per_subtask, max_new_tokens=args.max_new_tokens, turns=turns,
                      methods=list(methods), notes=notes,
                      speed="Spec-Bench's speed.py: a question's new tokens over its seconds, "
@@ -321,9 +366,10 @@ def main(argv: list[str] | None = None) -> dict:
     report["summary"] = summarize(rows, dtype)
     report["per_question"] = rows
     write_json(out, report)
-    groups = [*SUBTASKS, "overall"]
+    groups = [*subtasks_of(rows), "overall"]
     bars = {m: [report["summary"]["speedup"][m][g] for g in groups] for m in methods if m != GREEDY}
-    what = f"Spec-Bench, {args.per_subtask} question(s) a subtask, {args.max_new_tokens} new tokens at most"
+    what = "held-out chat prompts" if args.heldout else "Spec-Bench"
+    what += f", {args.per_subtask} question(s) a subtask, {args.max_new_tokens} new tokens at most"
     plot_bars(report, groups, bars, "speed × transformers' greedy", what, out.with_suffix(".png"))
     print(f"\n{title(report)}; {what}\n" + table(report))
     print("\n".join(equality_lines(report)))

@@ -134,3 +134,30 @@ def test_the_equality_check_flags_a_method_whose_output_differs(specbench, chat_
     assert all("FAULT" in line for line in specbench.equality_lines(report))
     bf16 = specbench.summarize(rows, torch.bfloat16)  # a clear gap is a fault in bf16 too; only a near tie is not
     assert [d["fault"] for d in bf16["departures"]] == [not d["near_tie"] for d in bf16["departures"]]
+
+
+def test_drafters_are_weighed_on_a_chat_data_runs_held_out_conversations(specbench, chat_model, tmp_path):
+    """`--heldout`: the held-out conversations of a chat-data run in place of Spec-Bench, a column a kind; `--ranked`:
+    a drafter spec decoded as the default decodes, beside it."""
+    held = [{"i": 0, "kind": "code", "messages": [{"role": "user", "content": "Explain the cat."},
+                                                  {"role": "assistant", "content": "A cat."}]},
+            {"i": 10, "kind": "self", "messages": [{"role": "user", "content": "Why do cats sit?"},
+                                                   {"role": "assistant", "content": "They do."},
+                                                   {"role": "user", "content": "Now say it shorter."}]},
+            {"i": 20, "kind": "code", "messages": [{"role": "user", "content": "Explain the mat."}]}]  # fmt: skip
+    path, out = tmp_path / "heldout.jsonl", tmp_path / "heldout.json"
+    path.write_text("".join(json.dumps(r) + "\n" for r in held))
+    assert [(kind, q["question_id"], len(q["turns"])) for kind, q in specbench.pick_heldout(
+        specbench.read_heldout(path), 1)] == [("code", 0, 1), ("self", 10, 2)]  # fmt: skip
+    report = specbench.main(["--model", str(chat_model), "--heldout", str(path), "--per-subtask", "2",
+                             "--max-new-tokens", "6", "--methods", "", "--drafters", "", "--ranked", "ngram,heads",
+                             "--dtype", "fp32", "--threads", "1", "--out", str(out)])  # fmt: skip
+    assert report["questions"] == str(path) and report["turns"] == 4
+    assert report["methods"] == ["transformers greedy", "blockdecode ngram ranked"]
+    assert any("heads ranked: skipped" in n for n in report["notes"])  # untrained heads
+    assert set(report["summary"]["speedup"]["blockdecode ngram ranked"]) == {"code", "self", "overall"}
+    assert report["summary"]["identical_turns"]["blockdecode ngram ranked"] == 4
+    assert "| × transformers' greedy | code | self | overall |" in specbench.table(report)
+    (tmp_path / "bad.jsonl").write_text('{"i": 1, "kind": "code"}\n')
+    with pytest.raises(SystemExit, match=r"bad.jsonl:1 is not a held-out conversation"):
+        specbench.read_heldout(tmp_path / "bad.jsonl")
