@@ -5,6 +5,7 @@ machine and the dtype: bf16 runs at about half fp32's speed on a CPU that emulat
 from __future__ import annotations
 
 import argparse
+import statistics
 import time
 from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
@@ -90,3 +91,24 @@ def llama_cpp_run(path: Path, threads: int, context: int, lookup: bool = False) 
         return Run(out, time.perf_counter() - start, calls=len(out))
 
     return run
+
+
+def llama_cpp_call_cost(path: Path, threads: int, context: int, prompt: list[int], qs: Collection[int],
+                        reps: int = 5) -> dict[int, float]:  # fmt: skip
+    """t(q): seconds of one llama.cpp call of q new tokens over `prompt` already in its cache, with the logits of
+    all q (what verifying q tokens needs), the median of `reps`, the q's taken in turn each round after a warm-up
+    round; as `decoding.timing.forward_cost` times `transformers`' forward."""
+    from llama_cpp import Llama
+
+    llm = Llama(str(path), n_ctx=context, n_threads=threads, n_threads_batch=threads, n_batch=512, verbose=False,
+                logits_all=True)  # fmt: skip
+    samples: dict[int, list[float]] = {q: [] for q in qs}
+    for rep in range(reps + 1):
+        for q in qs:
+            llm.reset()
+            llm.eval(prompt)
+            start = time.perf_counter()
+            llm.eval((prompt * q)[:q])  # any q tokens: a call costs the same whatever they are
+            if rep:
+                samples[q].append(time.perf_counter() - start)
+    return {q: statistics.median(samples[q]) for q in qs}

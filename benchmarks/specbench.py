@@ -18,7 +18,9 @@ seconds; a subtask's, the mean over its questions; a method's speedup, that mean
 after the prefill gained, the model's own bonus token counted (1.00 for greedy). Every method decodes every turn
 in turn, the order rotated from question to question so that machine drift hits all alike, after one short warm-up
 each. Each output is compared with greedy's: in fp32 it must be identical; where one parts from it, the reference's
-top-2 logit gap there says whether it is a near tie in the dtype (`decoding.reference.first_divergence`).
+top-2 logit gap there says whether it is a near tie in the dtype (`decoding.reference.first_divergence`). What a
+call of 1, 4 and 16 new tokens costs over the first prompt is timed in each engine (`call_ms`): what a verifying
+call pays, and why one engine's greedy may outrun another's blocks.
 
 Methods: `transformers`' greedy (the reference) and prompt lookup (`prompt_lookup_num_tokens=10`); llama.cpp's
 greedy on the same GGUF where llama-cpp-python is installed (`pip install .[llama]`; its own kernels, so its text
@@ -50,7 +52,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from common import RESULTS, dtype_flag, heading, llama_cpp_run, plot_bars, title
+from common import RESULTS, dtype_flag, heading, llama_cpp_call_cost, llama_cpp_run, plot_bars, title
 from instruct_models import qwen_gguf
 
 from blockdecode import load
@@ -58,6 +60,7 @@ from blockdecode.bench.methods import Run, transformers_run
 from blockdecode.core.hf import dtype_for, resolve_eos
 from blockdecode.core.io import write_json
 from blockdecode.decoding.reference import first_divergence
+from blockdecode.decoding.timing import forward_cost
 
 SUBTASKS = {"MT": None, "trans": "translation", "sum": "summarization", "QA": "qa", "math": "math_reasoning",
             "RAG": "rag"}  # fmt: skip
@@ -68,6 +71,7 @@ QUESTIONS = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "sp
 GREEDY = "transformers greedy"
 OWN_KERNELS = ("llama.cpp greedy",)  # another engine's arithmetic: its text parting from greedy's is no fault
 METHODS = ("prompt-lookup", "llama.cpp", "default")
+CALL_QS = (1, 4, 16)  # a call's cost in each engine at these many new tokens: what a verifying call pays
 
 Method = Callable[[torch.LongTensor, int], Run]
 
@@ -297,6 +301,15 @@ def summarize(rows: list[dict], dtype: torch.dtype) -> dict:
     return out
 
 
+def call_costs(lm, gguf: Path | None, ids: torch.LongTensor, threads: int, context: int) -> dict[str, dict]:
+    """Milliseconds of one call of q new tokens over the first prompt, for q in CALL_QS: `transformers`' bare
+    forward, and llama.cpp's (all q logits) on `gguf` where it runs; the median of 5 each."""
+    costs = {"transformers forward": forward_cost(lm.base, ids, CALL_QS, reps=5)}
+    if gguf is not None:
+        costs["llama.cpp"] = llama_cpp_call_cost(gguf, threads, context, ids[0].tolist(), CALL_QS)
+    return {engine: {str(q): 1000 * t for q, t in cost.items()} for engine, cost in costs.items()}
+
+
 def table(report: dict) -> str:
     """The leaderboard, laid out as Spec-Bench's: a row a method, speedup per subtask, overall, mean accepted
     tokens; and how many turns each gave exactly greedy's text."""
@@ -310,6 +323,8 @@ def table(report: dict) -> str:
                      f"{s['identical_turns'][m]}/{s['turns']} |")  # fmt: skip
     greedy = s["tokens_per_second"][GREEDY]
     lines.append(f"\n{GREEDY}: " + ", ".join(f"{g} {greedy[g]:.1f}" for g in groups) + " tokens/s")
+    for engine, ms in report.get("call_ms", {}).items():
+        lines.append(f"a call of {engine}: " + ", ".join(f"{ms[str(q)]:.1f} ms at {q}" for q in CALL_QS))
     return "\n".join(lines)
 
 
@@ -361,6 +376,7 @@ def main(argv: list[str] | None = None) -> dict:
     warm = chat_ids(tokenizer, [{"role": "user", "content": chosen[0][1]["turns"][0]}])
     for method in methods.values():  # first calls, the default's calibration and cost curve: not timed
         method(warm, min(16, args.max_new_tokens))
+    report["call_ms"] = call_costs(lm, gguf if "llama.cpp greedy" in methods else None, warm, args.threads, context)
     rows = measure(lm, tokenizer, chosen, methods, args.max_new_tokens,
                    done=lambda rows: write_json(out, {**report, "per_question": rows}))  # fmt: skip
     report["summary"] = summarize(rows, dtype)

@@ -112,6 +112,9 @@ def test_a_short_run_writes_every_subtask_the_heading_and_the_plot(specbench, ch
     assert saved["summary"] == json.loads(json.dumps(summary)) and saved["model"] == chat_model.name
     assert out.with_suffix(".png").stat().st_size > 0
     assert "| blockdecode default |" in specbench.table(report)
+    assert list(report["call_ms"]) == ["transformers forward"]  # llama.cpp: a folder is no GGUF
+    assert list(saved["call_ms"]["transformers forward"]) == ["1", "4", "16"]
+    assert "a call of transformers forward: " in specbench.table(saved)
 
 
 def test_the_equality_check_flags_a_method_whose_output_differs(specbench, chat_model):
