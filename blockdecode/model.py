@@ -104,6 +104,7 @@ class BlockwiseLM(nn.Module):
             )
         self.heads = build_heads(config).to(device=projection.weight.device, dtype=projection.weight.dtype)
         self.eagle3: Eagle3 | None = None  # an EAGLE-3 drafter on this base (`attach_eagle3`)
+        self.priors_folder: str | None = None  # the folder its drafters were read from, where their rates may lie
         self.dflash: DFlash | None = None  # a DFlash block drafter on this base (`attach_dflash`)
 
     @classmethod
@@ -466,6 +467,7 @@ class BlockwiseLM(nn.Module):
             model = cls(saved.base, saved.heads, base_location=saved.base_location)
             model.load_heads(saved.heads_state, saved.heads_file)
         model.default_drafters = saved.default_drafters
+        model.priors_folder = str(saved.folder) if saved.heads is not None else None
         if saved.eagle3 is not None:
             model.attach_eagle3(saved.eagle3, saved.eagle3_folder)
         if saved.dflash is not None:

@@ -20,6 +20,8 @@ from blockdecode import BlockwiseLM, builtin, gguf_cache, load
 from blockdecode.cli import main as cli_main
 from blockdecode.core.io import CheckpointError, cache_root
 from blockdecode.core.toy import toy_model
+from blockdecode.decoding.calibrate import record_rates
+from blockdecode.decoding.costs import model_ranking
 from blockdecode.gguf_cache import gguf_folder
 from blockdecode.loading import HEADS_CONFIG
 from blockdecode.pretraining.corpus import train_tokenizer
@@ -298,6 +300,12 @@ def test_drafters_shipped_for_a_base_are_attached_by_its_weights(tmp_path: Path,
     out = model.generate(ids, 24, eos_token_id=NO_EOS)
     assert_greedy_equal(model.base, ids, out.sequences, hf_greedy(model.base, ids, 24, eos_token_id=NO_EOS))
     assert not load(other)[0].heads_trained
+    ids = torch.tensor([[5, 6, 7, 8, 9, 10]])
+    assert model_ranking(model, ids).rates == ()  # no rates shipped yet: the drafters' own priors
+    rates = record_rates(trained, [ids], tmp_path / "shipped" / "toy", new_tokens=8, drafter="heads+suffix")
+    assert any(name.startswith("heads ") for name in rates)
+    model = load(base)[0]  # the rates shipped beside its drafters, not its base's folder, are where it starts
+    assert model.priors_folder == str(tmp_path / "shipped" / "toy") and dict(model_ranking(model, ids).rates) == rates
 
 
 def test_the_drafters_a_model_names_for_its_default_are_what_auto_ranks(tmp_path: Path) -> None:

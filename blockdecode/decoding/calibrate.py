@@ -365,12 +365,13 @@ def calibrate(
 # What tree="expected" starts from (blockdecode.decoding.ranking): recorded beside a model, and explained.
 
 
-def record_rates(lm, prompts: Sequence[torch.LongTensor], folder: str | Path, new_tokens: int = 64) -> dict:
-    """Decode `prompts` with every drafter in one ranked tree whose calls cost the same up to `CAP`
+def record_rates(lm, prompts: Sequence[torch.LongTensor], folder: str | Path, new_tokens: int = 64,
+                 drafter: str = "heads+ngram") -> dict:  # fmt: skip
+    """Decode `prompts` with `drafter`'s drafters in one ranked tree whose calls cost the same up to `CAP`
     tokens (so every candidate is verified, and every source tried), without forgetting, and save each
     source's hit rate beside the model in `folder` (`PRIORS`): the prior a sequence starts from."""
     flat = Ranking(((1, 1.0), (CAP + 1, 1.0)))
-    plan = make_plan(lm.base, "heads+ngram", lm.k, CAP, eos_token_id=[], lm=lm, ranking=flat)
+    plan = make_plan(lm.base, drafter, lm.k, CAP, eos_token_id=[], lm=lm, ranking=flat)
     seen = Estimates(decay=1.0)
     for ids in prompts:
         ranker = flat.start(decay=1.0)

@@ -210,12 +210,14 @@ _RANKINGS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # BlockwiseL
 
 def model_ranking(lm, context: torch.LongTensor, cache_implementation: str = "dynamic") -> Ranking:
     """The ranking for BlockwiseLM `lm` on this machine: its base's cost curve (`cost_curve`) and the rates shipped
-    beside it (`shipped_rates`), found once per set of weights, thread count and cache kind in a process, not at
-    every `generate`; a curve a decode measured again (`remeasured`) is what later sequences rank with."""
+    beside its drafters or its base (`shipped_rates`), found once per set of weights, thread count and cache kind in
+    a process, not at every `generate`; a curve a decode measured again (`remeasured`) is what later sequences rank
+    with."""
     key = (weights_key(lm.parameters()), torch.get_num_threads(), cache_implementation)
     known = _RANKINGS.get(lm)
     if known is None or known[0] != key:
         cost = cost_curve(lm.base, context, cache_implementation)
-        rates = shipped_rates(lm.base_location, weights_signature(lm.measured))
+        signature = weights_signature(lm.measured)  # the drafters' own folder first (the package's, for a GGUF)
+        rates = shipped_rates(lm.priors_folder, signature) or shipped_rates(lm.base_location, signature)
         _RANKINGS[lm] = known = (key, Ranking(tuple(sorted(cost.items())), tuple(sorted(rates.items())), measured=True))
     return known[1]
