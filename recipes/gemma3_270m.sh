@@ -52,6 +52,7 @@ from blockdecode import BlockwiseLM
 lm = BlockwiseLM.from_pretrained(sys.argv[1], dtype=torch.bfloat16)
 lm.heads.to(torch.bfloat16)
 lm.eagle3.to(torch.bfloat16)
+lm.eagle3.config.verifier["name_or_path"] = "google/gemma-3-270m"  # what engines load, not a local path
 lm.base_location = None  # the user's own copy of the GGUF is what they attach to
 lm.default_drafters = os.environ.get("DEFAULT_DRAFTERS") or None  # as benchmarks/real.py --ranked measured them
 lm.save_pretrained(sys.argv[2], save_base=False)

@@ -73,6 +73,7 @@ from blockdecode.decoding.calibrate import record_rates
 from blockdecode.loading import load_tokenizer
 lm = BlockwiseLM.from_pretrained(sys.argv[1], dtype=torch.bfloat16)
 lm.attach_eagle3(sys.argv[2])  # in the base's dtype, as the heads
+lm.eagle3.config.verifier["name_or_path"] = "Qwen/Qwen2.5-Coder-0.5B-Instruct"  # what engines load, not a local path
 lm.base_location = None  # the user's own copy of the GGUF is what they attach to
 lm.default_drafters = os.environ.get("DEFAULT_DRAFTERS") or None
 lm.save_pretrained(sys.argv[3], save_base=False)

@@ -334,3 +334,6 @@ def test_the_drafters_shipped_for_installed_bases_keep_their_budget_and_terms() 
         terms = "Gemma Terms of Use" if "gemma" in folder.name else "Apache License, Version 2.0"
         assert terms in (folder / "NOTICE").read_text()  # the upstream model's terms named beside them
         assert not list(folder.rglob("*.gguf")) and not (folder / "model.safetensors").exists()
+        for config in folder.glob("*/config.json"):  # a drafter names its verifier as engines load it, not a local path
+            verifier = json.loads(config.read_text())["speculators_config"]["verifier"]["name_or_path"]
+            assert not Path(verifier).is_absolute() and verifier.count("/") == 1, config
