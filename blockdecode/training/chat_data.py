@@ -363,9 +363,9 @@ def main(argv: list[str] | None = None) -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     try:
-        avoid = frozenset(asked(r)[0]["content"] for path in args.avoid for r in read_conversations(path))
         if missing := [str(p) for p in args.avoid if not p.is_file()]:
             raise ValueError(f"--avoid: no conversations at {', '.join(missing)}")
+        avoid = frozenset(asked(r)[0]["content"] for path in args.avoid for r in read_conversations(path))
         prompts = make_prompts(args.prompts, args.seed, avoid)
         print(f"chat data: {len(prompts)} prompts, {dict(Counter(p.kind for p in prompts))}", flush=True)
         model, tokenizer = load(args.gguf, dtype=dtype_for(args.dtype))
