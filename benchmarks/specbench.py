@@ -199,18 +199,14 @@ def build_methods(lm, gguf: Path | None, args, context: int) -> tuple[dict[str, 
     if "default" in asked:
         methods["blockdecode default"] = blockdecode_method(lm)
     trained = {"heads": lm.heads_trained, "eagle3": lm.eagle3 is not None, "dflash": lm.dflash is not None}
-    for drafter in filter(None, args.drafters.split(",")):
+    asked_drafters = [(d, "chain", {"tree": None}) for d in filter(None, args.drafters.split(","))]
+    asked_drafters += [(d, "ranked", {}) for d in filter(None, args.ranked.split(","))]  # as the default decodes
+    for drafter, how, settings in asked_drafters:
         lacking = [part for part in drafter.split("+") if not trained.get(part, True)]
         if lacking:
-            notes.append(f"blockdecode {drafter} chain: skipped, the model has no trained {lacking[0]}")
+            notes.append(f"blockdecode {drafter} {how}: skipped, the model has no trained {lacking[0]}")
         else:
-            methods[f"blockdecode {drafter} chain"] = blockdecode_method(lm, drafter=drafter, tree=None)
-    for drafter in filter(None, args.ranked.split(",")):
-        lacking = [part for part in drafter.split("+") if not trained.get(part, True)]
-        if lacking:
-            notes.append(f"blockdecode {drafter} ranked: skipped, the model has no trained {lacking[0]}")
-        else:
-            methods[f"blockdecode {drafter} ranked"] = blockdecode_method(lm, drafter=drafter)
+            methods[f"blockdecode {drafter} {how}"] = blockdecode_method(lm, drafter=drafter, **settings)
     return methods, notes
 
 
